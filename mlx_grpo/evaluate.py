@@ -1,0 +1,46 @@
+"""Accuracy on held-out prompts: one batched greedy decode, then the task's check."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .data import encode_prompt
+from .rewarding import score_completions
+from .rollout import SamplingConfig, sample_completions
+
+
+def columns_of(rows: list[dict], repeat: int = 1) -> dict[str, list]:
+    """Dataset columns (everything but the prompt), one entry per completion."""
+    keys = sorted({k for r in rows for k in r if k != "prompt"})
+    return {k: [r.get(k) for r in rows for _ in range(repeat)] for k in keys}
+
+
+def evaluate_accuracy(model, tokenizer, task, max_tokens: int, concurrency: int = 256,
+                      temperature: float = 0.0) -> dict:
+    """Mean of the task's accuracy reward over its held-out rows (greedy by default)."""
+    rows = task.eval_rows
+    if not rows or task.accuracy_reward is None:
+        return {"accuracy": None, "n": 0}
+    was_training = model.training
+    model.eval()
+    start = time.perf_counter()
+    prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
+    completions = sample_completions(
+        model, tokenizer, prompts, 1, SamplingConfig(temperature=temperature, max_tokens=max_tokens), concurrency
+    )
+    scores = score_completions(
+        [task.accuracy_reward], [1.0], [r["prompt"] for r in rows], [c.text for c in completions], columns_of(rows)
+    )
+    model.train(was_training)
+    values = next(iter(scores.parts.values()))
+    correct = np.array([v if v is not None else 0.0 for v in values])
+    return {
+        "accuracy": float(correct.mean()),
+        "n": len(rows),
+        "mean_length": float(np.mean([len(c.tokens) for c in completions])),
+        "truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
+        "seconds": time.perf_counter() - start,
+        "completions": [c.text for c in completions],
+    }

@@ -1,0 +1,124 @@
+"""The policy: a mlx-lm model and tokenizer, its trainable part, its reference.
+
+Adapters are saved in mlx-lm's own format (`adapters.safetensors` +
+`adapter_config.json`), so `mlx_lm.generate --adapter-path RUN_DIR` and
+`mlx_lm.fuse` work on a run folder unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
+from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
+from mlx_lm.tuner.utils import linear_to_lora_layers
+from mlx_lm.utils import load as mlx_lm_load
+
+EMBEDDED_MODEL = "embedded"
+FINE_TUNE_TYPES = ("lora", "dora", "full")
+_ADAPTER_TYPES = (LoRALinear, LoRASwitchLinear, LoRAEmbedding, DoRALinear, DoRAEmbedding)
+
+
+def embedded_model_path() -> Path:
+    """Folder of the tiny arith model that ships inside the package."""
+    return Path(str(resources.files("mlx_grpo") / "assets" / "tiny-arith"))
+
+
+def resolve_model_path(model: str | None) -> str:
+    if model in (None, "", EMBEDDED_MODEL):
+        return str(embedded_model_path())
+    return model
+
+
+def load_policy(model: str | None = None, adapter_path: str | None = None):
+    """Load (model, tokenizer) from a local folder or a Hugging Face repo id.
+
+    `model=None` loads the embedded tiny model. With `adapter_path`, the
+    adapters found there are applied (mlx-lm's format).
+    """
+    path = resolve_model_path(model)
+    if not Path(path).exists() and ("/" not in path or path.startswith((".", "/", "~"))):
+        raise FileNotFoundError(f"model not found: {path} (neither a folder nor a Hugging Face repo id)")
+    return mlx_lm_load(path, adapter_path=adapter_path)
+
+
+def prepare_for_training(model: nn.Module, fine_tune_type: str = "lora", lora: dict | None = None) -> dict:
+    """Make the trainable part of the model; returns the adapter config to save.
+
+    lora: {"rank", "scale", "dropout", "num_layers"}; num_layers=-1 means all.
+    """
+    if fine_tune_type not in FINE_TUNE_TYPES:
+        raise ValueError(f"fine_tune_type must be one of {FINE_TUNE_TYPES}")
+    lora = {"rank": 8, "scale": 20.0, "dropout": 0.0, "num_layers": -1, **(lora or {})}
+    num_layers = len(model.layers) if lora["num_layers"] in (-1, None) else int(lora["num_layers"])
+    params = {k: lora[k] for k in ("rank", "scale", "dropout")}
+    if fine_tune_type == "full":
+        model.unfreeze()
+    else:
+        model.freeze()
+        linear_to_lora_layers(model, num_layers, params, use_dora=fine_tune_type == "dora")
+    return {"fine_tune_type": fine_tune_type, "num_layers": num_layers, "lora_parameters": params}
+
+
+def trainable_parameter_count(model: nn.Module) -> int:
+    return sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module):
+    """Run the base model: every adapter layer is swapped for the layer it wraps.
+
+    This is the reference policy for LoRA/DoRA without a second copy of the
+    weights. Swapping (rather than zeroing the LoRA scale) is exact for DoRA too.
+    """
+    adapted = [(name, m) for name, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)]
+    base = [(name, m.embedding if hasattr(m, "embedding") else m.linear) for name, m in adapted]
+    if base:
+        model.update_modules(tree_unflatten(base))
+    try:
+        yield model
+    finally:
+        if adapted:
+            model.update_modules(tree_unflatten(adapted))
+
+
+@contextmanager
+def weights_swapped(model: nn.Module, params):
+    """Temporarily run the model with other weights (the full fine-tuning reference)."""
+    current = model.parameters()
+    model.update(params)
+    try:
+        yield model
+    finally:
+        model.update(current)
+
+
+def save_adapters(model: nn.Module, folder: Path, adapter_config: dict) -> None:
+    """Write adapters.safetensors + adapter_config.json the way mlx-lm does.
+
+    Files are written to a temporary name and renamed, so a reader never sees
+    a half-written file.
+    """
+    from .checkpoint import atomic_write_json, atomic_save_safetensors
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(model.trainable_parameters()))
+    atomic_save_safetensors(folder / "adapters.safetensors", weights)
+    atomic_write_json(folder / "adapter_config.json", adapter_config)
+
+
+def load_adapter_weights(model: nn.Module, folder: Path) -> None:
+    """Load trained weights saved by `save_adapters` into a prepared model."""
+    weights = mx.load(str(Path(folder) / "adapters.safetensors"))
+    model.load_weights(list(weights.items()), strict=False)
+
+
+def read_adapter_config(folder: Path) -> dict:
+    return json.loads((Path(folder) / "adapter_config.json").read_text())

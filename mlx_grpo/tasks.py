@@ -1,0 +1,127 @@
+"""Tasks: where prompts come from, how they are scored, what accuracy means.
+
+Each domain lives in the `rewards` package (its data or generator, prompt
+format and reward functions); this module only gathers what the trainer needs
+from it. `--data` replaces a task's prompts and `--reward-file/--reward`
+replace its rewards, so any mlx-lm model can be trained on any JSONL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .config import ConfigError, TrainConfig
+from .data import DataError, load_rows
+from .policy import EMBEDDED_MODEL
+from .rewarding import RewardFn, load_reward_functions, reward_name
+
+TASKS = ("arith", "custom")
+ARITH_TRAIN_PROBLEMS = 20_000
+
+
+@dataclass
+class Task:
+    name: str
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    reward_functions: list[RewardFn]
+    reward_weights: list[float]
+    system_prompt: str | None
+    # 1.0 when a completion is right; the before/after "accuracy" is its mean.
+    accuracy_reward: Callable | None
+    warnings: list[str]
+
+
+def recommended_settings(task: str, model: str | None) -> dict:
+    """Settings a task recommends, below the YAML file and the typed flags.
+
+    The arith values are tuned for the embedded tiny model (measured numbers
+    in the README); with another model only the completion length is set.
+    """
+    if task == "arith":
+        tuned_for_tiny = model in (None, "", EMBEDDED_MODEL)
+        settings = {"max_tokens": 48}
+        if tuned_for_tiny:
+            settings.update(lr=2e-3, steps=100, batch_size=8, group_size=8, warmup_steps=5,
+                            micro_batch_size=64, save_every=50)
+        return settings
+    return {}
+
+
+def _custom_rewards(config: TrainConfig) -> list[RewardFn]:
+    if not config.reward_file:
+        raise ConfigError("this task needs --reward-file FILE --reward NAME (no built-in rewards)")
+    try:
+        return load_reward_functions(config.reward_file, config.reward)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _hold_out(rows: list[dict], n: int, warnings: list[str], source: str):
+    """Split a file with no test split: its last rows become the held-out set."""
+    n = min(n, len(rows) // 10)
+    if n == 0:
+        warnings.append(f"{source}: too few rows to hold any out; no before/after accuracy")
+        return rows, []
+    warnings.append(f"{source} has no test split: holding out its last {n} rows for evaluation")
+    return rows[:-n], rows[-n:]
+
+
+def load_task(config: TrainConfig) -> Task:
+    warnings: list[str] = []
+    if config.task not in TASKS:
+        raise ConfigError(f"unknown task {config.task!r}; choose from {', '.join(TASKS)}")
+
+    if config.task == "arith":
+        from rewards import arith
+
+        train = arith.generate_problems(ARITH_TRAIN_PROBLEMS, seed=config.seed, split="train")
+        test = arith.generate_problems(config.eval_num_problems, seed=0, split="test")
+        functions = [arith.correctness_reward, arith.format_reward]
+        weights = [1.0, 0.0]  # the format reward is watched, not optimised
+        system_prompt, accuracy = arith.SYSTEM_PROMPT, arith.correctness_reward
+    else:
+        train = test = None
+        functions, weights, system_prompt, accuracy = [], [], None, None
+
+    if config.data:
+        try:
+            train, note = load_rows(config.data, "train")
+            warnings += [note] if note else []
+            test, note = load_rows(config.data, "test")
+            warnings += [note] if note else []
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+        if not test:
+            train, test = _hold_out(train, config.eval_num_problems, warnings, config.data)
+    elif train is None:
+        raise ConfigError("task 'custom' needs --data (a JSONL file, a folder or a dataset name)")
+
+    if config.reward_file:
+        functions = _custom_rewards(config)
+        weights = [1.0] * len(functions)
+        accuracy = functions[0]
+    elif config.reward:
+        by_name = {reward_name(f): (f, w) for f, w in zip(functions, weights)}
+        unknown = [n for n in config.reward if n not in by_name]
+        if unknown:
+            raise ConfigError(f"task {config.task!r} has no reward {unknown[0]!r}; it has {', '.join(by_name)}")
+        functions = [by_name[n][0] for n in config.reward]
+        weights = [1.0] * len(functions)
+    elif not functions:
+        functions = _custom_rewards(config)
+        weights = [1.0] * len(functions)
+    if config.reward_weights is not None:
+        weights = list(config.reward_weights)
+
+    return Task(
+        name=config.task,
+        train_rows=train,
+        eval_rows=test[: config.eval_num_problems],
+        reward_functions=functions,
+        reward_weights=weights,
+        system_prompt=config.system_prompt if config.system_prompt is not None else system_prompt,
+        accuracy_reward=accuracy,
+        warnings=warnings,
+    )

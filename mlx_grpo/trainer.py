@@ -1,0 +1,379 @@
+"""The GRPO loop: rollout, score, advantage, update(s), log, checkpoint, eval.
+
+One step:
+  1. take `batch_size` prompts (a fixed, seeded order, so a resumed run sees the same ones);
+  2. sample `group_size` completions for each, keeping ids and behaviour log-probs;
+  3. score them and compute group-baseline advantages;
+  4. `num_iterations` times: accumulate gradients over micro-batches, clip the
+     global norm, step AdamW (warmup + cosine schedule);
+  5. append metrics and completions to the run folder; checkpoint every `save_every`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_map
+
+from . import checkpoint as ckpt
+from .advantages import advantage_stats, group_advantages
+from .config import TrainConfig, dump_yaml
+from .data import encode_prompt
+from .evaluate import columns_of, evaluate_accuracy
+from .losses import BatchShape, policy_loss, token_logprobs
+from .policy import (adapters_disabled, load_adapter_weights, load_policy, prepare_for_training,
+                     resolve_model_path, save_adapters, weights_swapped)
+from .rewarding import part_means, score_completions
+from .rollout import SamplingConfig, sample_completions
+from .tasks import Task, load_task
+
+# Chunk the vocabulary projection when one micro-batch's logits would exceed this many floats.
+_CHUNK_LOGITS_ABOVE = 2**27
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    accuracy_before: float | None
+    accuracy_after: float | None
+    eval_n: int
+    history: list[dict] = field(default_factory=list)
+
+    def summary_line(self) -> str:
+        if self.accuracy_before is None or self.accuracy_after is None:
+            return f"run saved to {self.run_dir}"
+        gain = self.accuracy_after - self.accuracy_before
+        return (f"accuracy {self.accuracy_before:.2f} -> {self.accuracy_after:.2f} "
+                f"({gain:+.2f}) on {self.eval_n} held-out problems")
+
+
+def make_optimizer(config: TrainConfig) -> optim.Optimizer:
+    """AdamW with linear warmup then cosine decay, over every optimizer update."""
+    total = config.steps * config.num_iterations
+    warmup = min(config.warmup_steps, max(total - 1, 0))
+    decay = optim.cosine_decay(config.lr, max(total - warmup, 1), end=config.lr * config.min_lr_ratio)
+    schedule = (optim.join_schedules([optim.linear_schedule(config.lr / warmup, config.lr, warmup), decay], [warmup])
+                if warmup > 0 else decay)
+    return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
+
+
+def batch_rows(rows: list[dict], step: int, batch_size: int, seed: int) -> list[dict]:
+    """The prompts of `step` (1-based): a fresh seeded shuffle per pass over the data."""
+    n = len(rows)
+    picked = []
+    for position in range((step - 1) * batch_size, step * batch_size):
+        epoch, index = divmod(position, n)
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        picked.append(rows[int(order[index])])
+    return picked
+
+
+@dataclass
+class RolloutBatch:
+    """Padded arrays for the update: row i = prompt + completion of sequence i."""
+
+    tokens: np.ndarray  # (N, L) int32, right-padded
+    mask: np.ndarray  # (N, L-1) 1 where the target token is a completion token
+    behaviour_logp: np.ndarray  # (N, L-1) log mu at the targets, 0 elsewhere
+    advantages: np.ndarray  # (N,)
+    lengths: np.ndarray  # (N,) prompt + completion lengths
+
+
+def build_batch(completions, advantages) -> RolloutBatch:
+    n = len(completions)
+    lengths = np.array([len(c.prompt_tokens) + len(c.tokens) for c in completions])
+    width = int(lengths.max())
+    tokens = np.zeros((n, width), dtype=np.int32)
+    mask = np.zeros((n, width - 1), dtype=np.float32)
+    behaviour = np.zeros((n, width - 1), dtype=np.float32)
+    for i, c in enumerate(completions):
+        p, k = len(c.prompt_tokens), len(c.tokens)
+        tokens[i, :p] = c.prompt_tokens
+        tokens[i, p:p + k] = c.tokens
+        # target position t predicts tokens[t + 1]: completion token j sits at p + j.
+        mask[i, p - 1:p - 1 + k] = 1.0
+        behaviour[i, p - 1:p - 1 + k] = c.logprobs
+    return RolloutBatch(tokens, mask, behaviour, np.asarray(advantages, dtype=np.float32), lengths)
+
+
+def micro_batches(batch: RolloutBatch, size: int):
+    """Slices of `size` sequences, each padded only to its own longest row."""
+    for start in range(0, len(batch.lengths), size):
+        rows = slice(start, start + size)
+        width = int(batch.lengths[rows].max())
+        yield (mx.array(batch.tokens[rows, :width]), mx.array(batch.mask[rows, :width - 1]),
+               mx.array(batch.behaviour_logp[rows, :width - 1]), mx.array(batch.advantages[rows]))
+
+
+def _chunk_size(config: TrainConfig, model, batch: RolloutBatch) -> int | None:
+    if config.logprob_chunk_size:
+        return config.logprob_chunk_size
+    vocab = model.model.embed_tokens.weight.shape[0] if hasattr(model, "model") else 0
+    floats = min(config.micro_batch_size, len(batch.lengths)) * batch.tokens.shape[1] * vocab
+    return 128 if floats > _CHUNK_LOGITS_ABOVE else None
+
+
+def reference_logprobs(model, config: TrainConfig, batch: RolloutBatch, ref_params, chunk) -> list[mx.array]:
+    """log pi_ref at the targets, per micro-batch: the base model (adapters off) or frozen weights."""
+    out = []
+    context = weights_swapped(model, ref_params) if ref_params is not None else adapters_disabled(model)
+    with context:
+        for tokens, _, _, _ in micro_batches(batch, config.micro_batch_size):
+            logp, _ = token_logprobs(model, tokens, config.temperature, chunk)
+            mx.eval(logp)
+            out.append(mx.stop_gradient(logp))
+    return out
+
+
+def update(model, optimizer, config: TrainConfig, batch: RolloutBatch, ref_logps, chunk) -> dict:
+    """`num_iterations` optimizer steps on one rollout batch. Returns averaged statistics."""
+    sizes = BatchShape(
+        num_sequences=len(batch.lengths),
+        num_tokens=int(batch.mask.sum()),
+        num_micro_batches=math.ceil(len(batch.lengths) / config.micro_batch_size),
+        max_tokens=config.max_tokens,
+    )
+
+    def loss_fn(model, tokens, mask, behaviour, advantages, ref):
+        logp, entropy = token_logprobs(model, tokens, config.temperature, chunk)
+        loss, stats = policy_loss(
+            logp, behaviour, advantages, mask, sizes, loss_type=config.loss,
+            epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high, beta=config.beta, ref_logp=ref,
+        )
+        stats["entropy"] = (entropy * mask).sum()
+        return loss, stats
+
+    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    totals: dict[str, float] = {}
+    losses, norms, clipped, skipped = [], [], [], 0
+    for _ in range(config.num_iterations):
+        grads, loss_sum = None, 0.0
+        for i, (tokens, mask, behaviour, advantages) in enumerate(micro_batches(batch, config.micro_batch_size)):
+            ref = ref_logps[i] if ref_logps else None
+            (loss, stats), g = loss_and_grad(model, tokens, mask, behaviour, advantages, ref)
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            mx.eval(grads, loss, stats)
+            loss_sum += loss.item()
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v.item()
+        grads, norm = optim.clip_grad_norm(grads, config.max_grad_norm)
+        norm = norm.item()
+        if not math.isfinite(norm) or not math.isfinite(loss_sum):
+            skipped += 1  # a NaN/Inf step would poison the weights: leave them untouched
+        else:
+            optimizer.update(model, grads)
+            mx.eval(model.trainable_parameters(), optimizer.state)
+        losses.append(loss_sum)
+        norms.append(norm)
+        clipped.append(norm > config.max_grad_norm)
+    tokens = max(totals.get("tokens", 0.0), 1.0)
+    metrics = {
+        "loss": float(np.mean(losses)),
+        "grad_norm": float(norms[-1]),
+        "grad_norm/max": float(np.max(norms)),
+        "grad_clipped": bool(clipped[-1]),
+        "grad_clipped_frac": float(np.mean(clipped)),
+        "clip_fraction": totals.get("clipped", 0.0) / tokens,
+        "ratio/mean": totals.get("ratio", tokens) / tokens,
+        "entropy": totals.get("entropy", 0.0) / tokens,
+        "skipped_updates": skipped,
+    }
+    if "kl" in totals:
+        metrics["kl"] = totals["kl"] / tokens
+    return metrics
+
+
+def _kl_to_reference(batch: RolloutBatch, ref_logps, micro_batch_size: int) -> float:
+    """Mean k3 KL of the sampling policy to the reference, from the behaviour log-probs.
+
+    With beta = 0 the loss has no KL term; this keeps KL visible anyway.
+    """
+    total, count = 0.0, 0.0
+    for (_, mask, behaviour, _), ref in zip(micro_batches(batch, micro_batch_size), ref_logps):
+        log_ratio = ref - behaviour
+        total += ((mx.exp(log_ratio) - log_ratio - 1) * mask).sum().item()
+        count += mask.sum().item()
+    return total / max(count, 1.0)
+
+
+def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig):
+    prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
+    model.eval()
+    start = time.perf_counter()
+    completions = sample_completions(
+        model, tokenizer, prompts, config.group_size,
+        SamplingConfig(config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens),
+        config.decode_concurrency,
+    )
+    rollout_s = time.perf_counter() - start
+    g = config.group_size
+    scores = score_completions(
+        task.reward_functions, task.reward_weights,
+        [r["prompt"] for r in rows for _ in range(g)], [c.text for c in completions], columns_of(rows, g),
+    )
+    return completions, scores, rollout_s
+
+
+def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, step: int, ref_params) -> tuple[dict, list]:
+    """One GRPO step; returns (metrics, completion records)."""
+    start = time.perf_counter()
+    mx.reset_peak_memory()
+    rows = batch_rows(task.train_rows, step, config.batch_size, config.seed)
+    completions, scores, rollout_s = rollout_and_score(model, tokenizer, task, rows, config)
+    g = config.group_size
+    advantages = group_advantages(scores.total, g, config.scale_rewards, config.scale_eps)
+    batch = build_batch(completions, advantages)
+
+    update_start = time.perf_counter()
+    model.train()
+    chunk = _chunk_size(config, model, batch)
+    ref_logps = reference_logprobs(model, config, batch, ref_params, chunk)
+    metrics = {"step": step}
+    metrics.update(update(model, optimizer, config, batch, ref_logps if config.beta > 0 else None, chunk))
+    # The rate the last update used (absent only if every update so far was skipped).
+    metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
+    if "kl" not in metrics:
+        metrics["kl"] = _kl_to_reference(batch, ref_logps, config.micro_batch_size)
+    update_s = time.perf_counter() - update_start
+
+    grouped = scores.total.reshape(-1, g)
+    lengths = np.array([len(c.tokens) for c in completions])
+    generated = int(lengths.sum())
+    metrics.update({
+        "reward/mean": float(scores.total.mean()),
+        "reward/std": float(scores.total.std()),
+        "reward/best_of_n": float(grouped.max(axis=1).mean()),
+        **{f"reward/{name}/mean": value for name, value in part_means(scores.parts).items()},
+        **{f"reward/{name}/errors": n for name, n in scores.errors.items()},
+        **advantage_stats(scores.total, advantages, g),
+        "completion/mean_length": float(lengths.mean()),
+        "completion/truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
+        "tokens_per_s": generated / max(rollout_s, 1e-9),
+        "train/tokens_per_s": float(batch.lengths.sum()) * config.num_iterations / max(update_s, 1e-9),
+        "time/rollout_s": rollout_s,
+        "time/update_s": update_s,
+        "time/step_s": time.perf_counter() - start,
+        "memory/peak_gb": mx.get_peak_memory() / 1e9,
+    })
+
+    records = []
+    for i, c in enumerate(completions):
+        row = rows[c.prompt_index]
+        records.append({
+            "step": step, "prompt": row["prompt"], "completion": c.text,
+            "reward": float(scores.total[i]),
+            "rewards": {name: values[i] for name, values in scores.parts.items()},
+            "advantage": float(advantages[i]), "finish_reason": c.finish_reason, "length": len(c.tokens),
+        })
+    for name, example in scores.error_examples.items():
+        metrics[f"reward/{name}/error_example"] = example
+    return metrics, records
+
+
+def _append_jsonl(path: Path, records: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, default=str) + "\n")
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop records written after the checkpoint we resume from."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    ckpt.atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    return Path("checkpoints") / f"{config.task}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None) -> RunResult:
+    """Run (or resume) a training run described by `config`.
+
+    on_event(kind, data) is told about progress: "start", "eval", "step",
+    "checkpoint", "end". The CLI draws its live display from these.
+    """
+    emit = on_event or (lambda kind, data: None)
+    run_dir = Path(config.resume or config.output or default_run_dir(config))
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    mx.random.seed(config.seed)
+    model, tokenizer = load_policy(config.model)
+    task = load_task(config)
+    adapter_config = prepare_for_training(model, config.fine_tune_type, {
+        "rank": config.lora_rank, "scale": config.lora_scale,
+        "dropout": config.lora_dropout, "num_layers": config.lora_layers,
+    })
+    adapter_config["model"] = resolve_model_path(config.model)
+    ref_params = (tree_map(lambda x: x, model.parameters())
+                  if config.beta > 0 and config.fine_tune_type == "full" else None)
+    optimizer = make_optimizer(config)
+
+    start_step, state = 0, {}
+    resumed = config.resume and ckpt.latest_checkpoint(run_dir) is not None
+    if resumed:
+        folder = ckpt.latest_checkpoint(run_dir)
+        weights, opt_state, state = ckpt.load_checkpoint(folder)
+        model.load_weights(list(weights.items()), strict=False)
+        optimizer.state = opt_state
+        ckpt.restore_rng(state)
+        start_step = int(state["step"])
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            _truncate_jsonl(run_dir / name, start_step)
+    ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
+    emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
+                   "warnings": task.warnings})
+
+    before = state.get("eval_before")
+    if before is None and not resumed:
+        result = evaluate_accuracy(model, tokenizer, task, config.max_tokens, config.decode_concurrency)
+        before = result["accuracy"]
+        emit("eval", {"when": "before", **result})
+
+    history = []
+
+    def save(step: int):
+        weights = dict(tree_flatten(model.trainable_parameters()))
+        ckpt.save_checkpoint(run_dir, step, weights, adapter_config, optimizer.state,
+                             {"eval_before": before, "data_position": step * config.batch_size},
+                             keep_last=config.keep_checkpoints)
+        save_adapters(model, run_dir, adapter_config)
+        emit("checkpoint", {"step": step})
+
+    for step in range(start_step + 1, config.steps + 1):
+        metrics, records = train_step(model, tokenizer, optimizer, task, config, step, ref_params)
+        if config.eval_every and step % config.eval_every == 0 and step < config.steps:
+            result = evaluate_accuracy(model, tokenizer, task, config.max_tokens, config.decode_concurrency)
+            metrics["eval/accuracy"] = result["accuracy"]
+            emit("eval", {"when": step, **result})
+        _append_jsonl(run_dir / "metrics.jsonl", [metrics])
+        _append_jsonl(run_dir / "completions.jsonl", records)
+        history.append(metrics)
+        emit("step", {"metrics": metrics, "records": records, "total": config.steps})
+        if step % config.save_every == 0 or step == config.steps:
+            save(step)
+
+    if start_step >= config.steps and ckpt.latest_checkpoint(run_dir) is None:
+        save(config.steps)
+    result = evaluate_accuracy(model, tokenizer, task, config.max_tokens, config.decode_concurrency)
+    emit("eval", {"when": "after", **result})
+    _append_jsonl(run_dir / "metrics.jsonl", [{"step": config.steps, "eval/accuracy": result["accuracy"], "final": True}])
+    outcome = RunResult(run_dir, before, result["accuracy"], result["n"], history)
+    ckpt.atomic_write_json(run_dir / "summary.json", {
+        "accuracy_before": before, "accuracy_after": result["accuracy"], "eval_n": result["n"],
+        "steps": config.steps, "line": outcome.summary_line(),
+    })
+    emit("end", {"result": outcome})
+    return outcome
