@@ -48,7 +48,9 @@ class BatchShape:
 
 
 def _logprobs_and_entropy(logits, targets, temperature):
-    logits = logits.astype(mx.float32) / temperature
+    if logits.dtype in (mx.float16, mx.bfloat16):  # softmax in half precision loses the tails
+        logits = logits.astype(mx.float32)
+    logits = logits / temperature
     lse = mx.logsumexp(logits, axis=-1)
     logp = mx.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1) - lse
     # Entropy is only watched, never optimised here: keep it out of the backward pass.
@@ -84,14 +86,18 @@ def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0,
     module, project = head
     hidden = model.model(inputs)
 
-    def chunk(params, h, t):
-        module.update(params)
-        return _logprobs_and_entropy(project(h), t, temperature)
+    def chunk_fn(t):
+        # Targets are closed over: checkpoint would otherwise try to
+        # differentiate with respect to the integer indices.
+        def chunk(params, h):
+            module.update(params)
+            return _logprobs_and_entropy(project(h), t, temperature)
 
-    chunk = mx.checkpoint(chunk)
+        return mx.checkpoint(chunk)
+
     params = module.parameters()
     parts = [
-        chunk(params, hidden[:, s : s + chunk_size], targets[:, s : s + chunk_size])
+        chunk_fn(targets[:, s : s + chunk_size])(params, hidden[:, s : s + chunk_size])
         for s in range(0, inputs.shape[1], chunk_size)
     ]
     logp = mx.concatenate([p[0] for p in parts], axis=1)
