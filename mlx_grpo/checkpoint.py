@@ -25,7 +25,6 @@ import shutil
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 CHECKPOINTS = "checkpoints"
@@ -84,8 +83,7 @@ def save_checkpoint(run_dir: Path, step: int, adapter_weights: dict, adapter_con
 
     adapter_weights: flat {name: array} of the trained weights.
     optimizer_state: the optimizer's (nested) state tree.
-    state: JSON-able trainer state (step, data position, ...); the MLX random
-    state is added here.
+    state: JSON-able trainer state (step, data position, random seeds, ...).
     """
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
@@ -98,7 +96,7 @@ def save_checkpoint(run_dir: Path, step: int, adapter_weights: dict, adapter_con
     mx.save_safetensors(str(tmp / "adapters.safetensors"), adapter_weights)
     flat_opt = dict(tree_flatten(optimizer_state))
     mx.save_safetensors(str(tmp / "optimizer.safetensors"), flat_opt)
-    state = dict(state, step=step, rng_key=np.array(mx.random.state[0]).tolist())
+    state = dict(state, step=step)
     (tmp / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
     (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, sort_keys=True))
     for f in tmp.iterdir():
@@ -143,11 +141,3 @@ def load_checkpoint(folder: Path):
         raise RuntimeError(f"checkpoint {folder} is unreadable or corrupt: {e}") from e
     return weights, tree_unflatten(list(opt_flat.items())), state
 
-
-def restore_rng(state: dict) -> None:
-    """Put MLX's global random state back where the checkpoint left it.
-
-    Call it after everything that draws random numbers while setting up (LoRA
-    initialisation), so the next rollout samples what the original run sampled.
-    """
-    mx.random.state[0] = mx.array(np.array(state["rng_key"], dtype=np.uint32))

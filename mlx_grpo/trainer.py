@@ -224,9 +224,20 @@ def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: Tr
     return completions, scores, rollout_s
 
 
+def step_seed(seed: int, step: int) -> int:
+    """The random seed of one step.
+
+    Re-seeding MLX's generator at every step from (seed, step) makes step k
+    sample the same completions whether or not the run was resumed before it:
+    the random state a checkpoint needs is just (seed, step).
+    """
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+
+
 def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, step: int, ref_params) -> tuple[dict, list]:
     """One GRPO step; returns (metrics, completion records)."""
     start = time.perf_counter()
+    mx.random.seed(step_seed(config.seed, step))
     mx.reset_peak_memory()
     rows = batch_rows(task.train_rows, step, config.batch_size, config.seed)
     completions, scores, rollout_s = rollout_and_score(model, tokenizer, task, rows, config)
@@ -328,7 +339,6 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         weights, opt_state, state = ckpt.load_checkpoint(folder)
         model.load_weights(list(weights.items()), strict=False)
         optimizer.state = opt_state
-        ckpt.restore_rng(state)
         start_step = int(state["step"])
         for name in ("metrics.jsonl", "completions.jsonl"):
             _truncate_jsonl(run_dir / name, start_step)
@@ -347,7 +357,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     def save(step: int):
         weights = dict(tree_flatten(model.trainable_parameters()))
         ckpt.save_checkpoint(run_dir, step, weights, adapter_config, optimizer.state,
-                             {"eval_before": before, "data_position": step * config.batch_size},
+                             {"eval_before": before, "data_position": step * config.batch_size,
+                              "rng": {"seed": config.seed, "next_step_seed": step_seed(config.seed, step + 1)}},
                              keep_last=config.keep_checkpoints)
         save_adapters(model, run_dir, adapter_config)
         emit("checkpoint", {"step": step})
