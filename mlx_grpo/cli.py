@@ -22,7 +22,7 @@ err = Console(stderr=True)
 
 
 def fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

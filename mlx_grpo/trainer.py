@@ -318,11 +318,10 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     """
     emit = on_event or (lambda kind, data: None)
     run_dir = Path(config.resume or config.output or default_run_dir(config))
-    run_dir.mkdir(parents=True, exist_ok=True)
-
     mx.random.seed(config.seed)
+    task = load_task(config)  # first: a bad data file or reward is reported before a slow model load
     model, tokenizer = load_policy(config.model)
-    task = load_task(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
     adapter_config = prepare_for_training(model, config.fine_tune_type, {
         "rank": config.lora_rank, "scale": config.lora_scale,
         "dropout": config.lora_dropout, "num_layers": config.lora_layers,

@@ -1,0 +1,78 @@
+"""Config layering (defaults < task < file < typed flags), validation, and the
+CLI's one-line errors."""
+
+import pytest
+from typer.testing import CliRunner
+
+from mlx_grpo.cli import app
+from mlx_grpo.config import ConfigError, TrainConfig, build_config
+from mlx_grpo.tasks import recommended_settings
+
+
+def write(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_precedence_defaults_task_file_flags(tmp_path):
+    path = write(tmp_path, "lr: 0.5\ngroup_size: 3\ntemperature: 0.9\n")
+    c = build_config({"group_size": 5, "beta": None}, path, task_defaults=recommended_settings)
+    assert c.group_size == 5  # typed flag beats the file
+    assert c.lr == 0.5  # file beats the task's recommendation
+    assert c.temperature == 0.9  # file beats the default
+    assert c.beta == TrainConfig.beta  # a flag that was not typed (None) overrides nothing
+    assert c.max_tokens == recommended_settings("arith", None)["max_tokens"]  # task beats default
+    assert c.epsilon_low == TrainConfig.epsilon_low  # nobody set it
+
+
+def test_task_recommendations_only_tuned_for_the_embedded_model():
+    assert "lr" in recommended_settings("arith", None)
+    assert "lr" not in recommended_settings("arith", "Qwen/Qwen2.5-0.5B-Instruct")
+
+
+def test_data_or_reward_file_without_task_means_custom(tmp_path):
+    rewards = tmp_path / "r.py"
+    rewards.write_text("def f(prompts, completions): return [0.0] * len(completions)\n")
+    c = build_config({"data": "x.jsonl", "reward_file": str(rewards), "reward": ["f"]})
+    assert c.task == "custom"
+    assert build_config({}).task == "arith"
+
+
+def test_dashed_keys_lists_and_numbers_from_yaml(tmp_path):
+    path = write(tmp_path, "group-size: 4\nreward: [a, b]\nreward_weights: [1, 0.5]\nlr: 1e-5\n")
+    c = build_config({}, path)
+    assert c.group_size == 4 and c.reward == ["a", "b"] and c.reward_weights == [1.0, 0.5] and c.lr == 1e-5
+
+
+@pytest.mark.parametrize("text, message", [
+    ("group_sise: 4\n", "did you mean 'group_size'"),
+    ("group_size: 1\n", "group_size must be at least 2"),
+    ("group_size: four\n", "group_size: expected an integer"),
+    ("temperature: 0\n", "temperature must be > 0"),
+    ("loss: ppo\n", "loss must be one of"),
+    ("scale_rewards: std\n", "scale_rewards must be one of"),
+    ("epsilon_low: 1.5\n", "epsilon_low must be in [0, 1)"),
+    ("- just\n- a list\n", "expected a mapping"),
+    ("lr: [1, 2\n", "not valid YAML"),
+    ("reward: [a]\nreward_weights: [1, 2]\n", "reward_weights has 2 entries but 1 rewards"),
+])
+def test_bad_files_are_rejected_clearly(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        build_config({}, write(tmp_path, text))
+
+
+def test_cli_errors_are_one_line_and_exit_2(tmp_path):
+    runner = CliRunner()
+    for args, fragment in [
+        (["train", "--group-size", "1"], "group_size must be at least 2"),
+        (["train", "--config", str(tmp_path / "missing.yaml")], "config file not found"),
+        (["train", "--loss", "nope"], "loss must be one of"),
+        (["train", "--resume", str(tmp_path)], "not a run folder"),
+        (["train", "--data", str(tmp_path / "none.jsonl"), "--reward-file", __file__, "--reward", "f"],
+         "data file not found"),
+    ]:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert fragment in result.output
+        assert "Traceback" not in result.output
