@@ -61,7 +61,7 @@ def train(
     lora_rank: Optional[int] = typer.Option(None, help="LoRA rank."),
     micro_batch_size: Optional[int] = typer.Option(None, help="Sequences per forward/backward (gradients are accumulated)."),
     decode_concurrency: Optional[int] = typer.Option(None, help="Sequences decoded at once during rollouts."),
-    eval_every: Optional[int] = typer.Option(None, help="Evaluate every N steps (0: only before and after)."),
+    eval_steps: Optional[int] = typer.Option(None, help="Evaluate every N steps (0: only before and after)."),
     eval_num_problems: Optional[int] = typer.Option(None, help="Held-out problems for the accuracy measurement."),
     seed: Optional[int] = typer.Option(None, help="Seed: the same seed gives the same run."),
     output: Optional[Path] = typer.Option(None, help="Run folder (default checkpoints/<task>-<time>)."),

@@ -77,7 +77,7 @@ class TrainConfig:
     resume: str | None = None  # run folder to continue
     save_every: int = 50
     keep_checkpoints: int = 2
-    eval_every: int = 0  # 0: evaluate only before and after training
+    eval_steps: int = 0  # 0: evaluate only before and after training
     eval_num_problems: int = 200
     log_every: int = 1
 
@@ -206,7 +206,7 @@ def validate(c: TrainConfig) -> None:
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",
                  "lora_rank", "log_every", "keep_checkpoints"):
         need(getattr(c, name) >= 1, f"{name} must be at least 1, got {getattr(c, name)}")
-    for name in ("warmup_steps", "eval_every", "top_k", "weight_decay", "beta", "min_p"):
+    for name in ("warmup_steps", "eval_steps", "top_k", "weight_decay", "beta", "min_p"):
         need(getattr(c, name) >= 0, f"{name} must be >= 0, got {getattr(c, name)}")
     need(c.group_size >= 2, "group_size must be at least 2: the group mean is the baseline, "
          "so a group of 1 always has advantage 0 and nothing is learned")

@@ -4,10 +4,19 @@ Each domain lives in the `rewards` package (its data or generator, prompt
 format and reward functions); this module only gathers what the trainer needs
 from it. `--data` replaces a task's prompts and `--reward-file/--reward`
 replace its rewards, so any mlx-lm model can be trained on any JSONL.
+
+A built-in task is a module in `rewards` (registered in BUILTIN_TASKS) that defines:
+
+    SYSTEM_PROMPT: str | None
+    REWARDS: list[tuple[callable, float]]      reward functions and their weights
+    accuracy_reward(prompts, completions, **columns) -> list[float]   1.0 = right
+    load_rows(split: str, config: TrainConfig) -> list[dict]          "train" / "test"
+    recommended_settings(model: str | None) -> dict                   below YAML and flags
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,7 +25,8 @@ from .data import DataError, load_rows
 from .policy import EMBEDDED_MODEL
 from .rewarding import RewardFn, load_reward_functions, reward_name
 
-TASKS = ("arith", "custom")
+BUILTIN_TASKS = {"gsm8k": "rewards.gsm8k"}
+TASKS = ("arith", *BUILTIN_TASKS, "custom")
 ARITH_TRAIN_PROBLEMS = 20_000
 
 
@@ -46,6 +56,8 @@ def recommended_settings(task: str, model: str | None) -> dict:
             settings.update(lr=2e-3, steps=100, batch_size=8, group_size=8, warmup_steps=5,
                             micro_batch_size=64, save_every=50)
         return settings
+    if task in BUILTIN_TASKS:
+        return importlib.import_module(BUILTIN_TASKS[task]).recommended_settings(model)
     return {}
 
 
@@ -81,11 +93,21 @@ def load_task(config: TrainConfig) -> Task:
         functions = [arith.correctness_reward, arith.format_reward]
         weights = [1.0, 0.0]  # the format reward is watched, not optimised
         system_prompt, accuracy = arith.SYSTEM_PROMPT, arith.correctness_reward
+    elif config.task in BUILTIN_TASKS:
+        # The module reads its own data, from --data too: its columns are its own.
+        module = importlib.import_module(BUILTIN_TASKS[config.task])
+        try:
+            train, test = module.load_rows("train", config), module.load_rows("test", config)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"task {config.task!r}: could not load its data ({e})") from None
+        functions = [fn for fn, _ in module.REWARDS]
+        weights = [w for _, w in module.REWARDS]
+        system_prompt, accuracy = module.SYSTEM_PROMPT, module.accuracy_reward
     else:
         train = test = None
         functions, weights, system_prompt, accuracy = [], [], None, None
 
-    if config.data:
+    if config.data and config.task not in BUILTIN_TASKS:
         try:
             train, note = load_rows(config.data, "train")
             warnings += [note] if note else []

@@ -364,7 +364,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
 
     for step in range(start_step + 1, config.steps + 1):
         metrics, records = train_step(model, tokenizer, optimizer, task, config, step, ref_params)
-        if config.eval_every and step % config.eval_every == 0 and step < config.steps:
+        if config.eval_steps and step % config.eval_steps == 0 and step < config.steps:
             result = evaluate_accuracy(model, tokenizer, task, config.max_tokens, config.decode_concurrency)
             metrics["eval/accuracy"] = result["accuracy"]
             emit("eval", {"when": step, **result})
