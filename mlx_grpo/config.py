@@ -54,6 +54,7 @@ class TrainConfig:
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     beta: float = 0.0  # KL(k3) weight to the reference model
+    kl_every: int = 10  # with beta = 0, measure KL to the reference every N steps (0: never)
     scale_rewards: str = "none"  # none | group | batch
     scale_eps: float = 1e-4
 
@@ -206,7 +207,7 @@ def validate(c: TrainConfig) -> None:
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",
                  "lora_rank", "log_every", "keep_checkpoints"):
         need(getattr(c, name) >= 1, f"{name} must be at least 1, got {getattr(c, name)}")
-    for name in ("warmup_steps", "eval_steps", "top_k", "weight_decay", "beta", "min_p"):
+    for name in ("warmup_steps", "eval_steps", "top_k", "weight_decay", "beta", "min_p", "kl_every"):
         need(getattr(c, name) >= 0, f"{name} must be >= 0, got {getattr(c, name)}")
     need(c.group_size >= 2, "group_size must be at least 2: the group mean is the baseline, "
          "so a group of 1 always has advantage 0 and nothing is learned")

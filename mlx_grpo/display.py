@@ -29,6 +29,7 @@ class TrainDisplay:
         self.log_every = log_every
         self.progress = None
         self.task_id = None
+        self.last_kl = None  # KL is not measured every step when beta = 0
 
     def __call__(self, kind: str, data: dict) -> None:
         getattr(self, f"on_{kind}", lambda d: None)(data)
@@ -59,6 +60,8 @@ class TrainDisplay:
 
     def on_step(self, d):
         m = d["metrics"]
+        self.last_kl = m.get("kl", self.last_kl)
+        m = {**m, "kl": self.last_kl}
         if self.progress is not None:
             self.progress.update(self.task_id, completed=m["step"], summary=step_summary(m))
         elif m["step"] % self.log_every == 0 or m["step"] == d["total"]:

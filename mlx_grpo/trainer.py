@@ -248,12 +248,15 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     update_start = time.perf_counter()
     model.train()
     chunk = _chunk_size(config, model, batch)
-    ref_logps = reference_logprobs(model, config, batch, ref_params, chunk)
+    # The reference costs a forward pass: every step when the loss needs it,
+    # every kl_every steps when it is only watched.
+    watch_kl = config.beta == 0 and config.kl_every > 0 and (step % config.kl_every == 0 or step == 1)
+    ref_logps = reference_logprobs(model, config, batch, ref_params, chunk) if config.beta > 0 or watch_kl else None
     metrics = {"step": step}
     metrics.update(update(model, optimizer, config, batch, ref_logps if config.beta > 0 else None, chunk))
     # The rate the last update used (absent only if every update so far was skipped).
     metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
-    if "kl" not in metrics:
+    if watch_kl:
         metrics["kl"] = _kl_to_reference(batch, ref_logps, config.micro_batch_size)
     update_s = time.perf_counter() - update_start
 
