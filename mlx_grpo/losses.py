@@ -1,4 +1,4 @@
-"""Token log-probabilities and the PPO-clipped GRPO objective.
+"""The PPO-clipped GRPO objective (token log-probs come from logprobs.py).
 
 Per completion token t, with logp = log pi_theta(o_t) at temperature T, the
 behaviour log-prob log mu(o_t) recorded by the sampler, and the advantage A of
@@ -28,14 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
-import mlx.nn as nn
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-
-# Models whose logits are exactly head(model.model(inputs)): for these the
-# output projection can be applied a chunk of positions at a time.
-_PLAIN_HEAD_MODEL_TYPES = {"qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "smollm3"}
-
 
 @dataclass
 class BatchShape:
@@ -45,64 +39,6 @@ class BatchShape:
     num_tokens: int
     num_micro_batches: int
     max_tokens: int
-
-
-def _logprobs_and_entropy(logits, targets, temperature):
-    if logits.dtype in (mx.float16, mx.bfloat16):  # softmax in half precision loses the tails
-        logits = logits.astype(mx.float32)
-    logits = logits / temperature
-    lse = mx.logsumexp(logits, axis=-1)
-    logp = mx.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1) - lse
-    # Entropy is only watched, never optimised here: keep it out of the backward pass.
-    probs = mx.softmax(mx.stop_gradient(logits), axis=-1)
-    entropy = mx.stop_gradient(lse) - mx.sum(probs * mx.stop_gradient(logits), axis=-1)
-    return logp, entropy
-
-
-def _output_head(model):
-    if getattr(model, "model_type", None) not in _PLAIN_HEAD_MODEL_TYPES:
-        return None
-    if hasattr(model, "lm_head"):
-        return model.lm_head, model.lm_head
-    embed = model.model.embed_tokens
-    return embed, embed.as_linear
-
-
-def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0, chunk_size: int | None = None):
-    """Log-prob (at `temperature`) and entropy of each next token.
-
-    tokens: (B, L) int array. Returns two (B, L-1) arrays: position t scores
-    tokens[:, t+1] given tokens[:, :t+1].
-
-    With `chunk_size`, the vocabulary projection runs `chunk_size` positions at
-    a time under `mx.checkpoint`, so no (B, L, vocab) float32 tensor is kept for
-    the backward pass: with a 150k vocabulary that tensor alone is gigabytes.
-    """
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    head = _output_head(model) if chunk_size else None
-    if head is None or inputs.shape[1] <= chunk_size:
-        return _logprobs_and_entropy(model(inputs), targets, temperature)
-
-    module, project = head
-    hidden = model.model(inputs)
-
-    def chunk_fn(t):
-        # Targets are closed over: checkpoint would otherwise try to
-        # differentiate with respect to the integer indices.
-        def chunk(params, h):
-            module.update(params)
-            return _logprobs_and_entropy(project(h), t, temperature)
-
-        return mx.checkpoint(chunk)
-
-    params = module.parameters()
-    parts = [
-        chunk_fn(targets[:, s : s + chunk_size])(params, hidden[:, s : s + chunk_size])
-        for s in range(0, inputs.shape[1], chunk_size)
-    ]
-    logp = mx.concatenate([p[0] for p in parts], axis=1)
-    entropy = mx.concatenate([p[1] for p in parts], axis=1)
-    return logp, entropy
 
 
 def kl_k3(logp, ref_logp):

@@ -30,7 +30,8 @@ from .advantages import advantage_stats, group_advantages
 from .config import TrainConfig, dump_yaml
 from .data import encode_prompt
 from .evaluate import columns_of, evaluate_accuracy
-from .losses import BatchShape, policy_loss, token_logprobs
+from .logprobs import completion_logprobs
+from .losses import BatchShape, policy_loss
 from .policy import (adapters_disabled, load_adapter_weights, load_policy, prepare_for_training,
                      resolve_model_path, save_adapters, weights_swapped)
 from .rewarding import part_means, score_completions
@@ -80,77 +81,102 @@ def batch_rows(rows: list[dict], step: int, batch_size: int, seed: int) -> list[
 
 @dataclass
 class RolloutBatch:
-    """Padded arrays for the update: row i = prompt + completion of sequence i."""
+    """The update's arrays, group by group: rows i*G .. i*G+G-1 continue prompt i."""
 
-    tokens: np.ndarray  # (N, L) int32, right-padded
-    mask: np.ndarray  # (N, L-1) 1 where the target token is a completion token
-    behaviour_logp: np.ndarray  # (N, L-1) log mu at the targets, 0 elsewhere
+    prompts: list[list[int]]  # one per group
+    completions: np.ndarray  # (N, K) int32 sampled ids, right-padded
+    mask: np.ndarray  # (N, K) 1 on real completion tokens
+    behaviour_logp: np.ndarray  # (N, K) log mu of each sampled token, 0 on padding
     advantages: np.ndarray  # (N,)
-    lengths: np.ndarray  # (N,) prompt + completion lengths
+    group_size: int
 
 
-def build_batch(completions, advantages) -> RolloutBatch:
+@dataclass
+class MicroBatch:
+    prompts: mx.array  # (P, Lp) left-padded
+    left_padding: mx.array  # (P,)
+    completions: mx.array  # (P*G, K)
+    mask: mx.array
+    behaviour_logp: mx.array
+    advantages: mx.array
+
+
+def build_batch(completions, advantages, group_size: int) -> RolloutBatch:
     n = len(completions)
-    lengths = np.array([len(c.prompt_tokens) + len(c.tokens) for c in completions])
-    width = int(lengths.max())
+    width = max(len(c.tokens) for c in completions)
     tokens = np.zeros((n, width), dtype=np.int32)
-    mask = np.zeros((n, width - 1), dtype=np.float32)
-    behaviour = np.zeros((n, width - 1), dtype=np.float32)
+    mask = np.zeros((n, width), dtype=np.float32)
+    behaviour = np.zeros((n, width), dtype=np.float32)
     for i, c in enumerate(completions):
-        p, k = len(c.prompt_tokens), len(c.tokens)
-        tokens[i, :p] = c.prompt_tokens
-        tokens[i, p:p + k] = c.tokens
-        # target position t predicts tokens[t + 1]: completion token j sits at p + j.
-        mask[i, p - 1:p - 1 + k] = 1.0
-        behaviour[i, p - 1:p - 1 + k] = c.logprobs
-    return RolloutBatch(tokens, mask, behaviour, np.asarray(advantages, dtype=np.float32), lengths)
+        k = len(c.tokens)
+        tokens[i, :k], mask[i, :k], behaviour[i, :k] = c.tokens, 1.0, c.logprobs
+    prompts = [completions[g * group_size].prompt_tokens for g in range(n // group_size)]
+    return RolloutBatch(prompts, tokens, mask, behaviour, np.asarray(advantages, dtype=np.float32), group_size)
 
 
-def micro_batches(batch: RolloutBatch, size: int):
-    """Slices of `size` sequences, each padded only to its own longest row."""
-    for start in range(0, len(batch.lengths), size):
-        rows = slice(start, start + size)
-        width = int(batch.lengths[rows].max())
-        yield (mx.array(batch.tokens[rows, :width]), mx.array(batch.mask[rows, :width - 1]),
-               mx.array(batch.behaviour_logp[rows, :width - 1]), mx.array(batch.advantages[rows]))
+def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
+    """Whole groups, about `size` sequences each, each padded only as far as it needs."""
+    g = batch.group_size
+    groups_per = max(1, size // g)
+    out = []
+    for first in range(0, len(batch.prompts), groups_per):
+        prompts = batch.prompts[first:first + groups_per]
+        rows = slice(first * g, (first + len(prompts)) * g)
+        width = int(batch.mask[rows].sum(axis=1).max())
+        longest = max(len(p) for p in prompts)
+        padded = np.zeros((len(prompts), longest), dtype=np.int32)
+        for i, p in enumerate(prompts):
+            padded[i, longest - len(p):] = p
+        out.append(MicroBatch(
+            mx.array(padded), mx.array([longest - len(p) for p in prompts]),
+            mx.array(batch.completions[rows, :width]), mx.array(batch.mask[rows, :width]),
+            mx.array(batch.behaviour_logp[rows, :width]), mx.array(batch.advantages[rows]),
+        ))
+    return out
 
 
 def _chunk_size(config: TrainConfig, model, batch: RolloutBatch) -> int | None:
     if config.logprob_chunk_size:
         return config.logprob_chunk_size
     vocab = model.model.embed_tokens.weight.shape[0] if hasattr(model, "model") else 0
-    floats = min(config.micro_batch_size, len(batch.lengths)) * batch.tokens.shape[1] * vocab
+    floats = min(config.micro_batch_size, len(batch.advantages)) * batch.completions.shape[1] * vocab
     return 128 if floats > _CHUNK_LOGITS_ABOVE else None
 
 
-def reference_logprobs(model, config: TrainConfig, batch: RolloutBatch, ref_params, chunk) -> list[mx.array]:
-    """log pi_ref at the targets, per micro-batch: the base model (adapters off) or frozen weights."""
+def _logprobs(model, mb: MicroBatch, config: TrainConfig, chunk):
+    return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, config.group_size,
+                               config.temperature, chunk)
+
+
+def reference_logprobs(model, config: TrainConfig, parts: list[MicroBatch], ref_params, chunk) -> list[mx.array]:
+    """log pi_ref of the completion tokens, per micro-batch: the base model (adapters off) or frozen weights."""
     out = []
     context = weights_swapped(model, ref_params) if ref_params is not None else adapters_disabled(model)
     with context:
-        for tokens, _, _, _ in micro_batches(batch, config.micro_batch_size):
-            logp, _ = token_logprobs(model, tokens, config.temperature, chunk)
+        for mb in parts:
+            logp, _ = _logprobs(model, mb, config, chunk)
             mx.eval(logp)
             out.append(mx.stop_gradient(logp))
     return out
 
 
-def update(model, optimizer, config: TrainConfig, batch: RolloutBatch, ref_logps, chunk) -> dict:
+def update(model, optimizer, config: TrainConfig, batch: RolloutBatch, parts: list[MicroBatch], ref_logps,
+           chunk) -> dict:
     """`num_iterations` optimizer steps on one rollout batch. Returns averaged statistics."""
     sizes = BatchShape(
-        num_sequences=len(batch.lengths),
+        num_sequences=len(batch.advantages),
         num_tokens=int(batch.mask.sum()),
-        num_micro_batches=math.ceil(len(batch.lengths) / config.micro_batch_size),
+        num_micro_batches=len(parts),
         max_tokens=config.max_tokens,
     )
 
-    def loss_fn(model, tokens, mask, behaviour, advantages, ref):
-        logp, entropy = token_logprobs(model, tokens, config.temperature, chunk)
+    def loss_fn(model, mb: MicroBatch, ref):
+        logp, entropy = _logprobs(model, mb, config, chunk)
         loss, stats = policy_loss(
-            logp, behaviour, advantages, mask, sizes, loss_type=config.loss,
+            logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, loss_type=config.loss,
             epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high, beta=config.beta, ref_logp=ref,
         )
-        stats["entropy"] = (entropy * mask).sum()
+        stats["entropy"] = (entropy * mb.mask).sum()
         return loss, stats
 
     loss_and_grad = nn.value_and_grad(model, loss_fn)
@@ -158,9 +184,9 @@ def update(model, optimizer, config: TrainConfig, batch: RolloutBatch, ref_logps
     losses, norms, clipped, skipped = [], [], [], 0
     for _ in range(config.num_iterations):
         grads, loss_sum = None, 0.0
-        for i, (tokens, mask, behaviour, advantages) in enumerate(micro_batches(batch, config.micro_batch_size)):
+        for i, mb in enumerate(parts):
             ref = ref_logps[i] if ref_logps else None
-            (loss, stats), g = loss_and_grad(model, tokens, mask, behaviour, advantages, ref)
+            (loss, stats), g = loss_and_grad(model, mb, ref)
             grads = g if grads is None else tree_map(mx.add, grads, g)
             mx.eval(grads, loss, stats)
             loss_sum += loss.item()
@@ -193,16 +219,16 @@ def update(model, optimizer, config: TrainConfig, batch: RolloutBatch, ref_logps
     return metrics
 
 
-def _kl_to_reference(batch: RolloutBatch, ref_logps, micro_batch_size: int) -> float:
+def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
     """Mean k3 KL of the sampling policy to the reference, from the behaviour log-probs.
 
     With beta = 0 the loss has no KL term; this keeps KL visible anyway.
     """
     total, count = 0.0, 0.0
-    for (_, mask, behaviour, _), ref in zip(micro_batches(batch, micro_batch_size), ref_logps):
-        log_ratio = ref - behaviour
-        total += ((mx.exp(log_ratio) - log_ratio - 1) * mask).sum().item()
-        count += mask.sum().item()
+    for mb, ref in zip(parts, ref_logps):
+        log_ratio = ref - mb.behaviour_logp
+        total += ((mx.exp(log_ratio) - log_ratio - 1) * mb.mask).sum().item()
+        count += mb.mask.sum().item()
     return total / max(count, 1.0)
 
 
@@ -243,7 +269,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     completions, scores, rollout_s = rollout_and_score(model, tokenizer, task, rows, config)
     g = config.group_size
     advantages = group_advantages(scores.total, g, config.scale_rewards, config.scale_eps)
-    batch = build_batch(completions, advantages)
+    batch = build_batch(completions, advantages, g)
 
     update_start = time.perf_counter()
     model.train()
@@ -251,13 +277,14 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     # The reference costs a forward pass: every step when the loss needs it,
     # every kl_every steps when it is only watched.
     watch_kl = config.beta == 0 and config.kl_every > 0 and (step % config.kl_every == 0 or step == 1)
-    ref_logps = reference_logprobs(model, config, batch, ref_params, chunk) if config.beta > 0 or watch_kl else None
+    parts = micro_batches(batch, config.micro_batch_size)
+    ref_logps = reference_logprobs(model, config, parts, ref_params, chunk) if config.beta > 0 or watch_kl else None
     metrics = {"step": step}
-    metrics.update(update(model, optimizer, config, batch, ref_logps if config.beta > 0 else None, chunk))
+    metrics.update(update(model, optimizer, config, batch, parts, ref_logps if config.beta > 0 else None, chunk))
     # The rate the last update used (absent only if every update so far was skipped).
     metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
     if watch_kl:
-        metrics["kl"] = _kl_to_reference(batch, ref_logps, config.micro_batch_size)
+        metrics["kl"] = _kl_to_reference(parts, ref_logps)
     update_s = time.perf_counter() - update_start
 
     grouped = scores.total.reshape(-1, g)
@@ -273,7 +300,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         "completion/mean_length": float(lengths.mean()),
         "completion/truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
         "tokens_per_s": generated / max(rollout_s, 1e-9),
-        "train/tokens_per_s": float(batch.lengths.sum()) * config.num_iterations / max(update_s, 1e-9),
+        "train/tokens_per_s": (sum(map(len, batch.prompts)) + generated) * config.num_iterations / max(update_s, 1e-9),
         "time/rollout_s": rollout_s,
         "time/update_s": update_s,
         "time/step_s": time.perf_counter() - start,

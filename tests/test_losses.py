@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_grpo.losses import LOSS_TYPES, BatchShape, kl_k3, policy_loss, token_logprobs
+from mlx_grpo.logprobs import token_logprobs
+from mlx_grpo.losses import LOSS_TYPES, BatchShape, kl_k3, policy_loss
 from mlx_grpo.policy import load_policy, prepare_for_training
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.data import encode_prompt
-from mlx_grpo.losses import token_logprobs
+from mlx_grpo.logprobs import token_logprobs
 from mlx_grpo.policy import load_policy
 from mlx_grpo.rollout import SamplingConfig, sample_completions
 

@@ -1,0 +1,150 @@
+"""Log-probabilities of completion tokens under the policy (or the reference).
+
+Two ways to the same numbers:
+
+- `token_logprobs(model, tokens)`: one forward pass over whole sequences.
+- `completion_logprobs(...)`: the GRPO shape. The G completions of a prompt
+  share it, so the prompt runs through the model once and its keys and values
+  are shared by all G completions (through a small cache object that mlx-lm's
+  attention layers accept). With arith prompts of ~30 tokens and completions
+  of ~12 this does 2.5x fewer token-forwards; gradients flow into the shared
+  prompt positions exactly as they would through G separate copies.
+
+Prompts in one call are left-padded to a common length, with padded key
+positions masked out; RoPE attention depends on relative positions only, so
+the padding does not change the result.
+
+Both can apply the vocabulary projection a chunk of positions at a time under
+`mx.checkpoint`, so no (batch, length, vocab) float32 tensor is kept for the
+backward pass: with a 150k vocabulary that tensor alone is gigabytes.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+# Models whose logits are exactly head(model.model(inputs)): for these the
+# output projection can be chunked.
+_PLAIN_HEAD_MODEL_TYPES = {"qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "smollm3"}
+
+
+def _logprobs_and_entropy(logits, targets, temperature):
+    if logits.dtype in (mx.float16, mx.bfloat16):  # softmax in half precision loses the tails
+        logits = logits.astype(mx.float32)
+    logits = logits / temperature
+    lse = mx.logsumexp(logits, axis=-1)
+    logp = mx.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1) - lse
+    # Entropy is only watched, never optimised here: keep it out of the backward pass.
+    probs = mx.softmax(mx.stop_gradient(logits), axis=-1)
+    entropy = mx.stop_gradient(lse) - mx.sum(probs * mx.stop_gradient(logits), axis=-1)
+    return logp, entropy
+
+
+def _output_head(model):
+    if getattr(model, "model_type", None) not in _PLAIN_HEAD_MODEL_TYPES:
+        return None
+    if hasattr(model, "lm_head"):
+        return model.lm_head, model.lm_head
+    embed = model.model.embed_tokens
+    return embed, embed.as_linear
+
+
+def _project(head, hidden, targets, temperature, chunk_size):
+    """Log-probs of `targets` from hidden states, `chunk_size` positions at a time."""
+    module, project = head
+    if not chunk_size or hidden.shape[1] <= chunk_size:
+        return _logprobs_and_entropy(project(hidden), targets, temperature)
+
+    def chunk_fn(t):
+        # Targets are closed over: checkpoint would otherwise try to
+        # differentiate with respect to the integer indices.
+        def chunk(params, h):
+            module.update(params)
+            return _logprobs_and_entropy(project(h), t, temperature)
+
+        return mx.checkpoint(chunk)
+
+    params = module.parameters()
+    parts = [
+        chunk_fn(targets[:, s : s + chunk_size])(params, hidden[:, s : s + chunk_size])
+        for s in range(0, hidden.shape[1], chunk_size)
+    ]
+    return mx.concatenate([p[0] for p in parts], axis=1), mx.concatenate([p[1] for p in parts], axis=1)
+
+
+def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0, chunk_size: int | None = None):
+    """Log-prob (at `temperature`) and entropy of each next token.
+
+    tokens: (B, L) int array. Returns two (B, L-1) arrays: position t scores
+    tokens[:, t+1] given tokens[:, :t+1].
+    """
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    head = _output_head(model)
+    if head is None:
+        return _logprobs_and_entropy(model(inputs), targets, temperature)
+    return _project(head, model.model(inputs), targets, temperature, chunk_size)
+
+
+class SharedPromptCache:
+    """One layer's cache: the prompts' keys/values, reused by each prompt's G completions.
+
+    First call (the prompt pass) stores the keys and values; the second (the
+    completion pass) repeats them G times and puts the completion's own keys
+    after them. Nothing is updated in place, so the whole thing is differentiable.
+    """
+
+    def __init__(self, left_padding: mx.array, group_size: int):
+        self.left_padding = left_padding  # (P,) pad tokens before each prompt
+        self.group_size = group_size
+        self.keys = self.values = None
+        self.offset = 0
+
+    def update_and_fetch(self, keys, values):
+        if self.keys is None:
+            self.keys, self.values = keys, values
+            self.offset = keys.shape[2]
+            return keys, values
+        shared_k = mx.repeat(self.keys, self.group_size, axis=0)
+        shared_v = mx.repeat(self.values, self.group_size, axis=0)
+        return mx.concatenate([shared_k, keys], axis=2), mx.concatenate([shared_v, values], axis=2)
+
+    def make_mask(self, n: int, return_array: bool = False, window_size=None):
+        pad = self.left_padding
+        if self.offset > 0:
+            pad = mx.repeat(pad, self.group_size, axis=0)
+        keys = mx.arange(self.offset + n)
+        queries = mx.arange(self.offset, self.offset + n)
+        causal = queries[:, None] >= keys[None]
+        not_padding = keys[None, None, None, :] >= pad[:, None, None, None]
+        mask = causal[None, None] & not_padding
+        if self.offset == 0:
+            # A padded query position would see no key at all (a NaN softmax
+            # that poisons gradients); let it see itself. Its output is unused.
+            mask = mask | mx.eye(n, dtype=mx.bool_)[None, None]
+        return mask
+
+    @property
+    def state(self):
+        return self.keys, self.values
+
+
+def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.array, completions: mx.array,
+                        group_size: int, temperature: float = 1.0, chunk_size: int | None = None):
+    """Log-prob and entropy of every completion token, each prompt run once.
+
+    prompts: (P, Lp) left-padded with `left_padding[i]` pad tokens in row i.
+    completions: (P * group_size, K) right-padded; rows i*G .. i*G+G-1 continue prompt i.
+    Returns two (P * group_size, K) arrays: [r, j] scores completions[r, j].
+    """
+    head = _output_head(model)
+    layers = len(model.layers)
+    cache = [SharedPromptCache(left_padding, group_size) for _ in range(layers)]
+    forward = model.model if head is not None else model  # hidden states, or logits
+    first = mx.repeat(forward(prompts, cache=cache)[:, -1:], group_size, axis=0)
+    if completions.shape[1] > 1:
+        rest = forward(completions[:, :-1], cache=cache)
+        first = mx.concatenate([first, rest], axis=1)
+    if head is not None:
+        return _project(head, first, completions, temperature, chunk_size)
+    return _logprobs_and_entropy(first, completions, temperature)
