@@ -6,14 +6,16 @@ end with one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import inspect
 import sys
+import typing
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
 
-from .config import ConfigError, build_config
+from .config import _HINTS, FIELDS, ConfigError, build_config, field_help
 from .data import DataError
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
@@ -31,58 +33,46 @@ def _root():
     """GRPO-style reinforcement-learning fine-tuning of language models with MLX."""
 
 
-@app.command()
-def train(
-    model: Optional[str] = typer.Option(None, help="Local mlx-lm model folder or Hugging Face id. Default: the embedded tiny model."),
-    data: Optional[str] = typer.Option(None, help="JSONL of {\"prompt\", ...} rows, a folder with train.jsonl/test.jsonl, or a dataset name."),
-    task: Optional[str] = typer.Option(None, help="Built-in task: arith (default), or custom (with --data and --reward-file)."),
-    reward_file: Optional[Path] = typer.Option(None, help="Python file with reward functions fn(prompts, completions, **columns)."),
-    reward: Optional[List[str]] = typer.Option(None, help="Reward function name (repeat for several)."),
-    reward_weights: Optional[str] = typer.Option(None, help="Comma-separated weights, one per --reward."),
-    system_prompt: Optional[str] = typer.Option(None, help="System prompt (overrides the task's)."),
-    config: Optional[Path] = typer.Option(None, help="YAML file of settings; typed flags override it."),
-    steps: Optional[int] = typer.Option(None, help="Number of GRPO steps."),
-    batch_size: Optional[int] = typer.Option(None, help="Prompts per step."),
-    group_size: Optional[int] = typer.Option(None, help="Completions sampled per prompt."),
-    max_tokens: Optional[int] = typer.Option(None, help="Completion length limit in tokens."),
-    temperature: Optional[float] = typer.Option(None, help="Sampling temperature of the rollouts."),
-    top_p: Optional[float] = typer.Option(None, help="Nucleus sampling threshold (1 = off)."),
-    top_k: Optional[int] = typer.Option(None, help="Top-k sampling (0 = off)."),
-    min_p: Optional[float] = typer.Option(None, help="Min-p sampling (0 = off)."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate (AdamW, warmup then cosine)."),
-    loss: Optional[str] = typer.Option(None, help="Objective: grpo | bnpo | dr_grpo | dapo (normalisation of the clipped loss)."),
-    num_iterations: Optional[int] = typer.Option(None, help="Updates per rollout batch (>1 reuses rollouts: ratio and clipping matter)."),
-    epsilon_low: Optional[float] = typer.Option(None, help="Lower clip range: ratio >= 1 - epsilon_low."),
-    epsilon_high: Optional[float] = typer.Option(None, help="Upper clip range: ratio <= 1 + epsilon_high."),
-    beta: Optional[float] = typer.Option(None, help="Weight of the KL (k3) penalty to the reference model."),
-    scale_rewards: Optional[str] = typer.Option(None, help="Advantage scaling: none (default) | group | batch."),
-    max_grad_norm: Optional[float] = typer.Option(None, help="Global gradient-norm clip."),
-    fine_tune_type: Optional[str] = typer.Option(None, help="lora (default) | dora | full."),
-    lora_rank: Optional[int] = typer.Option(None, help="LoRA rank."),
-    micro_batch_size: Optional[int] = typer.Option(None, help="Sequences per forward/backward (gradients are accumulated)."),
-    decode_concurrency: Optional[int] = typer.Option(None, help="Sequences decoded at once during rollouts."),
-    eval_steps: Optional[int] = typer.Option(None, help="Evaluate every N steps (0: only before and after)."),
-    eval_num_problems: Optional[int] = typer.Option(None, help="Held-out problems for the accuracy measurement."),
-    seed: Optional[int] = typer.Option(None, help="Seed: the same seed gives the same run."),
-    output: Optional[Path] = typer.Option(None, help="Run folder (default checkpoints/<task>-<time>)."),
-    resume: Optional[Path] = typer.Option(None, help="Continue the run in this folder from its last checkpoint."),
-    save_every: Optional[int] = typer.Option(None, help="Checkpoint every N steps (and at the end)."),
-):
-    """Train a model with GRPO. With no arguments: the embedded tiny model on the arith task."""
-    flags = {k: v for k, v in locals().items() if k not in ("config", "resume")}
-    for key in ("reward_file", "output"):
-        flags[key] = str(flags[key]) if flags[key] is not None else None
-    flags["reward"] = list(reward) if reward else None
-    config_file = str(config) if config else None
-    if resume is not None:
-        if not (resume / "config.yaml").is_file():
-            fail(f"--resume {resume}: not a run folder (no config.yaml)")
-        config_file = config_file or str(resume / "config.yaml")
-        flags["resume"] = str(resume)
-        flags["output"] = str(resume)
+def _option_type(name: str):
+    """The CLI type of a setting: lists are repeatable flags, everything else optional."""
+    hint = _HINTS[name]
+    if name == "reward":
+        return Optional[List[str]]
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    if typing.get_origin(base) is list:
+        return Optional[str]  # comma-separated, e.g. --reward-weights 1,0.2
+    return Optional[base]
 
-    from .tasks import recommended_settings
+
+def _train_signature() -> inspect.Signature:
+    """One flag per TrainConfig field, help text from the field's comment.
+
+    Every flag defaults to None, meaning "not typed": only typed flags override
+    the config file and the task's settings.
+    """
+    helps = field_help()
+    params = [
+        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                          default=typer.Option(None, help="YAML file of settings; typed flags override it.")),
+    ]
+    for name in FIELDS:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=_option_type(name),
+                                        default=typer.Option(None, help=helps.get(name, ""))))
+    return inspect.Signature(params)
+
+
+def train(**flags):
+    """Train a model with GRPO. With no arguments: the embedded tiny model on the arith task."""
+    config_file = str(flags.pop("config")) if flags.get("config") else None
+    resume = flags.get("resume")
+    if resume is not None:
+        if not (Path(resume) / "config.yaml").is_file():
+            fail(f"--resume {resume}: not a run folder (no config.yaml)")
+        config_file = config_file or str(Path(resume) / "config.yaml")
+        flags["output"] = resume
+
     from .display import TrainDisplay
+    from .tasks import recommended_settings
     from .trainer import train as run_training
 
     try:
@@ -94,6 +84,10 @@ def train(
             display.stop()
     except (ConfigError, DataError, FileNotFoundError) as e:
         fail(str(e))
+
+
+train.__signature__ = _train_signature()
+app.command()(train)
 
 
 def main():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -38,53 +40,59 @@ class TrainConfig:
     system_prompt: str | None = None  # overrides the task's system prompt
 
     # Rollouts
-    steps: int = 100
+    steps: int = 100  # GRPO steps (one rollout batch each)
     batch_size: int = 8  # prompts per step
     group_size: int = 8  # completions per prompt
     max_tokens: int = 256  # completion length limit
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+    temperature: float = 1.0  # sampling temperature; log-probs are taken at the same temperature
+    top_p: float = 1.0  # nucleus sampling (1: off)
+    top_k: int = 0  # top-k sampling (0: off)
+    min_p: float = 0.0  # min-p sampling (0: off)
     decode_concurrency: int = 256  # sequences decoded at once; independent of micro_batch_size
 
     # Objective
-    loss: str = "grpo"
+    loss: str = "grpo"  # grpo | bnpo | dr_grpo | dapo: how token terms are normalised
     num_iterations: int = 1  # updates per rollout batch (>1 reuses rollouts; the ratio matters)
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
+    epsilon_low: float = 0.2  # ratio clipped below at 1 - epsilon_low
+    epsilon_high: float = 0.2  # ratio clipped above at 1 + epsilon_high (clip-higher: > epsilon_low)
     beta: float = 0.0  # KL(k3) weight to the reference model
     kl_every: int = 10  # with beta = 0, measure KL to the reference every N steps (0: never)
     scale_rewards: str = "none"  # none | group | batch
-    scale_eps: float = 1e-4
+    scale_eps: float = 1e-4  # added to the std when scaling advantages
 
     # Optimisation
     fine_tune_type: str = "lora"  # lora | dora | full
-    lora_rank: int = 8
-    lora_scale: float = 20.0
-    lora_dropout: float = 0.0
+    lora_rank: int = 8  # LoRA rank
+    lora_scale: float = 20.0  # LoRA output scale (mlx-lm's convention, not alpha)
+    lora_dropout: float = 0.0  # dropout on the LoRA input
     lora_layers: int = -1  # how many of the last blocks get adapters; -1: all
-    lr: float = 1e-5
-    warmup_steps: int = 10
+    lr: float = 1e-5  # peak learning rate (AdamW)
+    warmup_steps: int = 10  # linear warmup, in optimizer updates
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # global gradient-norm clip; the norm before clipping is logged
     micro_batch_size: int = 16  # sequences per forward/backward; gradients are accumulated
     logprob_chunk_size: int | None = None  # positions per vocabulary-projection chunk; None: automatic
 
     # Bookkeeping
-    seed: int = 0
+    seed: int = 0  # the same seed gives the same run
     output: str | None = None  # run folder; default checkpoints/<task>-<time>
     resume: str | None = None  # run folder to continue
-    save_every: int = 50
-    keep_checkpoints: int = 2
-    eval_steps: int = 0  # 0: evaluate only before and after training
-    eval_num_problems: int = 200
-    log_every: int = 1
+    save_every: int = 50  # checkpoint every N steps, and at the end
+    keep_checkpoints: int = 2  # how many step checkpoints to keep
+    eval_steps: int = 0  # evaluate every N steps; 0: only before and after training
+    eval_num_problems: int = 200  # held-out problems for accuracy (greedy decoding)
+    log_every: int = 1  # print a line every N steps when not on a terminal
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _HINTS = typing.get_type_hints(TrainConfig)
+
+
+def field_help() -> dict[str, str]:
+    """Each setting's comment in TrainConfig above: the one description, used by --help."""
+    source = inspect.getsource(TrainConfig)
+    return dict(re.findall(r"^\s+(\w+): [^=\n]+=[^#\n]+#\s*(.+)$", source, flags=re.M))
 
 
 def _coerce(name: str, value):
