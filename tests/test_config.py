@@ -76,3 +76,17 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path):
         assert result.exit_code == 2, (args, result.output)
         assert fragment in result.output
         assert "Traceback" not in result.output
+
+
+def test_every_setting_has_a_flag_and_a_readme_entry():
+    from pathlib import Path
+
+    from mlx_grpo.config import FIELDS, field_help
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    help_text = CliRunner().invoke(app, ["train", "--help"], terminal_width=200).output
+    helps = field_help()
+    for name in FIELDS:
+        assert f"`{name}`" in readme, f"README lacks the setting {name}"
+        assert f"--{name.replace('_', '-')}" in help_text, f"no flag for {name}"
+        assert helps.get(name), f"{name} has no description comment in TrainConfig"
