@@ -114,6 +114,21 @@ def build_batch(completions, advantages, group_size: int) -> RolloutBatch:
     return RolloutBatch(prompts, tokens, mask, behaviour, np.asarray(advantages, dtype=np.float32), group_size)
 
 
+def groups_with_signal(batch: RolloutBatch) -> RolloutBatch:
+    """Only the groups whose advantages are not all zero.
+
+    With beta = 0 a completion with advantage 0 contributes exactly nothing to
+    the loss or its gradient, so leaving its group out of the forward and
+    backward passes changes no number and saves the work (often half the
+    groups, when every completion of a prompt is right or every one is wrong).
+    """
+    g = batch.group_size
+    keep = [i for i in range(len(batch.prompts)) if np.any(batch.advantages[i * g:(i + 1) * g] != 0)]
+    rows = np.concatenate([np.arange(i * g, (i + 1) * g) for i in keep]) if keep else np.zeros(0, dtype=int)
+    return RolloutBatch([batch.prompts[i] for i in keep], batch.completions[rows], batch.mask[rows],
+                        batch.behaviour_logp[rows], batch.advantages[rows], g)
+
+
 def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
     """Whole groups, about `size` sequences each, each padded only as far as it needs."""
     g = batch.group_size
@@ -160,15 +175,13 @@ def reference_logprobs(model, config: TrainConfig, parts: list[MicroBatch], ref_
     return out
 
 
-def update(model, optimizer, config: TrainConfig, batch: RolloutBatch, parts: list[MicroBatch], ref_logps,
+def update(model, optimizer, config: TrainConfig, sizes: BatchShape, parts: list[MicroBatch], ref_logps,
            chunk) -> dict:
-    """`num_iterations` optimizer steps on one rollout batch. Returns averaged statistics."""
-    sizes = BatchShape(
-        num_sequences=len(batch.advantages),
-        num_tokens=int(batch.mask.sum()),
-        num_micro_batches=len(parts),
-        max_tokens=config.max_tokens,
-    )
+    """`num_iterations` optimizer steps on one rollout batch. Returns averaged statistics.
+
+    `sizes` describes the whole batch (normalisation); `parts` may leave out
+    groups that contribute nothing (see groups_with_signal).
+    """
 
     def loss_fn(model, mb: MicroBatch, ref):
         logp, entropy = _logprobs(model, mb, config, chunk)
@@ -183,7 +196,10 @@ def update(model, optimizer, config: TrainConfig, batch: RolloutBatch, parts: li
     totals: dict[str, float] = {}
     losses, norms, clipped, skipped = [], [], [], 0
     for _ in range(config.num_iterations):
-        grads, loss_sum = None, 0.0
+        # Zero gradients when no group carries signal: the optimizer still steps
+        # (as it would on an all-zero batch), keeping the schedule and moments in order.
+        grads = tree_map(mx.zeros_like, model.trainable_parameters()) if not parts else None
+        loss_sum = 0.0
         for i, mb in enumerate(parts):
             ref = ref_logps[i] if ref_logps else None
             (loss, stats), g = loss_and_grad(model, mb, ref)
@@ -277,14 +293,19 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     # The reference costs a forward pass: every step when the loss needs it,
     # every kl_every steps when it is only watched.
     watch_kl = config.beta == 0 and config.kl_every > 0 and (step % config.kl_every == 0 or step == 1)
-    parts = micro_batches(batch, config.micro_batch_size)
-    ref_logps = reference_logprobs(model, config, parts, ref_params, chunk) if config.beta > 0 or watch_kl else None
+    all_parts = micro_batches(batch, config.micro_batch_size)
+    # bnpo divides by each micro-batch's own token count, so its micro-batches must stay whole.
+    skip_silent = config.beta == 0 and config.loss != "bnpo"
+    parts = micro_batches(groups_with_signal(batch), config.micro_batch_size) if skip_silent else all_parts
+    sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
+                       num_micro_batches=len(all_parts), max_tokens=config.max_tokens)
     metrics = {"step": step}
-    metrics.update(update(model, optimizer, config, batch, parts, ref_logps if config.beta > 0 else None, chunk))
+    if watch_kl:
+        metrics["kl"] = _kl_to_reference(all_parts, reference_logprobs(model, config, all_parts, ref_params, chunk))
+    ref_logps = reference_logprobs(model, config, parts, ref_params, chunk) if config.beta > 0 else None
+    metrics.update(update(model, optimizer, config, sizes, parts, ref_logps, chunk))
     # The rate the last update used (absent only if every update so far was skipped).
     metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
-    if watch_kl:
-        metrics["kl"] = _kl_to_reference(parts, ref_logps)
     update_s = time.perf_counter() - update_start
 
     grouped = scores.total.reshape(-1, g)
