@@ -1,17 +1,21 @@
 """Batched sampling of completion groups with mlx-lm's BatchGenerator.
 
 Every prompt x group member is decoded concurrently (up to `concurrency`
-sequences at once). For each completion we keep exactly what the policy
-gradient needs: the sampled token ids (never decoded and re-encoded), each
-token's behaviour log-prob at the sampling temperature, and why it stopped.
+sequences at once). Each prompt is prefilled once and its KV cache handed to
+all G members of its group, instead of G identical prefills. For each
+completion we keep exactly what the policy gradient needs: the sampled token
+ids (never decoded and re-encoded), each token's behaviour log-prob at the
+sampling temperature, and why it stopped.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 
@@ -53,6 +57,25 @@ def _tempered_logprobs(raw_logprobs: list[mx.array], tokens: list[int], temperat
     return mx.take_along_axis(logprobs, idx, axis=-1).squeeze(-1)
 
 
+def _prefilled_cache(model, prompt: list[int]):
+    """KV cache of the prompt minus its last token (the generator feeds that one)."""
+    cache = make_prompt_cache(model)
+    if len(prompt) > 1:
+        model(mx.array([prompt[:-1]]), cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache
+
+
+def _shared_caches(model, prompts: list[list[int]], group_size: int):
+    """One prefill per prompt; each group member gets its own copy of the result."""
+    caches = []
+    for prompt in prompts:
+        cache = _prefilled_cache(model, prompt)
+        for _ in range(group_size):
+            caches.append(copy.deepcopy(cache))
+    return caches
+
+
 def sample_completions(
     model,
     tokenizer,
@@ -84,7 +107,11 @@ def sample_completions(
         prefill_batch_size=min(concurrency, len(flat_prompts)),
     )
     try:
-        uids = generator.insert(flat_prompts)
+        uids = generator.insert(
+            [p[-1:] for p in flat_prompts],
+            caches=_shared_caches(model, prompts, group_size),
+            all_tokens=[list(p[:-1]) for p in flat_prompts],
+        )
         position = {uid: i for i, uid in enumerate(uids)}
         tokens = [[] for _ in flat_prompts]
         logprobs = [[] for _ in flat_prompts]
