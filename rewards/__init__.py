@@ -1,0 +1,1 @@
+"""Reward functions and tasks, one module per domain."""

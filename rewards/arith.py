@@ -1,0 +1,239 @@
+"""The embedded synthetic task "arith": short English word problems.
+
+Each problem is a one- or two-step sum over small numbers, written the way GSM8K writes
+its worked solutions: one equation per line, then a final line ``#### N``. Rewards score
+the number after the last ``####``.
+
+The problems are deliberately small (single-digit operands, answers below 100) so that a
+tiny model trained on this machine in minutes can do the arithmetic; what it has to get
+right is which operation the story asks for.
+
+Train and test never share a problem: every prompt belongs to exactly one split, decided
+by a hash of its text, and ``generate_problems`` only returns prompts of the split asked for.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import zlib
+
+# The tiny model is trained without a system prompt, so none is used.
+SYSTEM_PROMPT: str | None = None
+
+# (name, subject pronoun at the start of a sentence, the same inside a sentence)
+NAMES = [
+    ("Tom", "He", "he"),
+    ("Sam", "He", "he"),
+    ("Ben", "He", "he"),
+    ("Max", "He", "he"),
+    ("Leo", "He", "he"),
+    ("Ann", "She", "she"),
+    ("Eva", "She", "she"),
+    ("Mia", "She", "she"),
+    ("Zoe", "She", "she"),
+    ("Lily", "She", "she"),
+]
+ITEMS = ["apples", "pens", "books", "cards", "coins", "shells", "stamps", "marbles"]
+
+# The kinds of problem ("templates"), in a fixed order.
+TEMPLATES = ["add", "give", "groups", "two_step", "fewer"]
+
+# Every prompt whose hash falls in this bucket belongs to the test split.
+_TEST_BUCKETS = 5
+
+
+def compute(x: int, op: str, y: int) -> int:
+    """The value of ``x op y`` for the operations the task uses."""
+    if op == "+":
+        return x + y
+    if op == "-":
+        return x - y
+    if op == "*":
+        return x * y
+    raise ValueError(f"unknown operation {op!r}")
+
+
+def format_solution(steps: list[tuple[int, str, int]]) -> tuple[str, int]:
+    """Write equations, one per line, then ``#### result``; returns (text, result).
+
+    ``steps`` are (x, op, y) triples; the result of the last one is the final answer.
+    """
+    lines = []
+    result = 0
+    for x, op, y in steps:
+        result = compute(x, op, y)
+        lines.append(f"{x} {op} {y} = {result}")
+    lines.append(f"#### {result}")
+    return "\n".join(lines), result
+
+
+def correct_steps(template: str, numbers: list[int]) -> list[tuple[int, str, int]]:
+    """The equations of the right worked solution for a template and its numbers."""
+    if template == "add":
+        a, b = numbers
+        return [(a, "+", b)]
+    if template in ("give", "fewer"):
+        a, b = numbers
+        return [(a, "-", b)]
+    if template == "groups":
+        a, b = numbers
+        return [(a, "*", b)]
+    if template == "two_step":
+        a, b, c = numbers
+        return [(a, "+", b), (a + b, "-", c)]
+    raise ValueError(f"unknown template {template!r}")
+
+
+def _draw_numbers(rng: random.Random, template: str) -> list[int]:
+    """Operands for a template: small, and with a positive answer."""
+    if template in ("add", "give", "fewer"):
+        # a > b keeps both a + b and a - b positive.
+        a = rng.randint(3, 9)
+        b = rng.randint(2, a - 1)
+        return [a, b]
+    if template == "groups":
+        return [rng.randint(2, 9), rng.randint(2, 9)]
+    if template == "two_step":
+        a = rng.randint(2, 9)
+        b = rng.randint(2, 9)
+        c = rng.randint(2, a + b - 1)
+        return [a, b, c]
+    raise ValueError(f"unknown template {template!r}")
+
+
+def _write_prompt(rng: random.Random, template: str, numbers: list[int]) -> str:
+    """The question text for a template: a name, an item and the numbers."""
+    name, He, he = rng.choice(NAMES)
+    item = rng.choice(ITEMS)
+    if template == "add":
+        a, b = numbers
+        return f"{name} has {a} {item}. {He} buys {b} more. How many {item} does {he} have now?"
+    if template == "give":
+        a, b = numbers
+        return f"{name} has {a} {item}. {He} gives {b} to a friend. How many {item} does {he} have left?"
+    if template == "groups":
+        a, b = numbers
+        return f"{name} has {a} bags with {b} {item} in each bag. How many {item} does {he} have?"
+    if template == "two_step":
+        a, b, c = numbers
+        return f"{name} has {a} {item}. {He} buys {b} more, then loses {c}. How many {item} are left?"
+    if template == "fewer":
+        a, b = numbers
+        other = rng.choice([n for n in NAMES if n[0] != name])[0]
+        return f"{name} has {a} {item}. {other} has {b} fewer {item} than {name}. How many {item} does {other} have?"
+    raise ValueError(f"unknown template {template!r}")
+
+
+def split_of(prompt: str) -> str:
+    """Which split a prompt belongs to ("train" or "test"), fixed by a hash of its text."""
+    return "test" if zlib.crc32(prompt.encode("utf-8")) % _TEST_BUCKETS == 0 else "train"
+
+
+def make_problem(rng: random.Random, template: str | None = None) -> dict:
+    """One random problem (of any split); the template is drawn uniformly unless given."""
+    if template is None:
+        template = rng.choice(TEMPLATES)
+    numbers = _draw_numbers(rng, template)
+    prompt = _write_prompt(rng, template, numbers)
+    solution, result = format_solution(correct_steps(template, numbers))
+    return {
+        "prompt": prompt,
+        "answer": str(result),
+        "solution": solution,
+        "template": template,
+        "numbers": numbers,
+    }
+
+
+def generate_problems(n: int, seed: int, split: str = "train") -> list[dict]:
+    """``n`` problems of one split, the same ones for the same (seed, split).
+
+    Each dict has "prompt" (question text, no chat formatting), "answer" (the final number
+    as a string), "solution" (worked solution ending in ``#### N``), "template" and
+    "numbers" (the operands).
+
+    Test problems are distinct from each other (a clean held-out set). Train problems are
+    independent draws, so a prompt can repeat in a long list: insisting on distinct ones
+    would starve the templates with few possible prompts and skew the mix.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, not {n}")
+    # A string seed makes Python's RNG independent of the interpreter's hash seed.
+    rng = random.Random(f"arith/{split}/{seed}")
+    problems: list[dict] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(problems) < n:
+        attempts += 1
+        if attempts > 100 * n + 1000:
+            raise ValueError(f"cannot find {n} distinct {split} problems")
+        problem = make_problem(rng)
+        if split_of(problem["prompt"]) != split:
+            continue
+        if split == "test":
+            if problem["prompt"] in seen:
+                continue
+            seen.add(problem["prompt"])
+        problems.append(problem)
+    return problems
+
+
+_ANSWER_RE = re.compile(r"####\s*(-?\s*[\d,]*\d(?:\.\d+)?)")
+
+
+def extract_answer(text: str) -> str | None:
+    """The number after the last ``####`` with spaces and commas removed, else None."""
+    if not isinstance(text, str):
+        return None
+    marker = text.rfind("####")
+    if marker < 0:
+        return None
+    match = _ANSWER_RE.match(text, marker)
+    if match is None:
+        return None
+    return match.group(1).replace(",", "").replace(" ", "")
+
+
+def _as_text(completion) -> str:
+    """Completion text from a plain string or from chat messages (last message's content)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    if isinstance(completion, (list, tuple)) and completion:
+        return _as_text(completion[-1])
+    return ""
+
+
+def _same_number(a: str | None, b) -> bool:
+    """Whether two numbers written as text are equal (False if either is not a number)."""
+    if a is None or b is None:
+        return False
+    try:
+        return float(a) == float(str(b).replace(",", "").strip())
+    except ValueError:
+        return False
+
+
+def correctness_reward(prompts, completions, answer, **kwargs) -> list[float]:
+    """1.0 where the completion's final ``#### N`` equals the answer numerically, else 0.0."""
+    return [
+        1.0 if _same_number(extract_answer(_as_text(c)), a) else 0.0
+        for c, a in zip(completions, answer)
+    ]
+
+
+_FINAL_LINE_RE = re.compile(r"#### -?\d[\d,]*(\.\d+)?")
+
+
+def format_reward(prompts, completions, **kwargs) -> list[float]:
+    """1.0 where the completion ends with a well-formed ``#### N`` line, else 0.0."""
+    scores = []
+    for c in completions:
+        lines = _as_text(c).strip().splitlines()
+        ok = bool(lines) and _FINAL_LINE_RE.fullmatch(lines[-1].strip()) is not None
+        scores.append(1.0 if ok else 0.0)
+    return scores
