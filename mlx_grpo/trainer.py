@@ -218,19 +218,20 @@ def update(model, optimizer, config: TrainConfig, sizes: BatchShape, parts: list
         losses.append(loss_sum)
         norms.append(norm)
         clipped.append(norm > config.max_grad_norm)
-    tokens = max(totals.get("tokens", 0.0), 1.0)
+    tokens = totals.get("tokens", 0.0)
     metrics = {
         "loss": float(np.mean(losses)),
         "grad_norm": float(norms[-1]),
         "grad_norm/max": float(np.max(norms)),
         "grad_clipped": bool(clipped[-1]),
         "grad_clipped_frac": float(np.mean(clipped)),
-        "clip_fraction": totals.get("clipped", 0.0) / tokens,
-        "ratio/mean": totals.get("ratio", tokens) / tokens,
-        "entropy": totals.get("entropy", 0.0) / tokens,
+        # Token statistics cover the tokens trained on; none when every group was silent.
+        "clip_fraction": totals["clipped"] / tokens if tokens else None,
+        "ratio/mean": totals["ratio"] / tokens if tokens else None,
+        "entropy": totals["entropy"] / tokens if tokens else None,
         "skipped_updates": skipped,
     }
-    if "kl" in totals:
+    if "kl" in totals and tokens:
         metrics["kl"] = totals["kl"] / tokens
     return metrics
 
