@@ -52,6 +52,8 @@ class TrainDisplay:
             self.progress.start()
 
     def on_eval(self, d):
+        if d["when"] == "after":
+            self.stop()  # the finished bar stays above the final numbers
         if d.get("accuracy") is None:
             return
         label = {"before": "before training", "after": "after training"}.get(d["when"], f"at step {d['when']}")
