@@ -18,6 +18,8 @@ import random
 import re
 import zlib
 
+from rewards import completion_text
+
 # The tiny model is trained without a system prompt, so none is used.
 SYSTEM_PROMPT: str | None = None
 
@@ -197,17 +199,6 @@ def extract_answer(text: str) -> str | None:
     return match.group(1).replace(",", "").replace(" ", "")
 
 
-def _as_text(completion) -> str:
-    """Completion text from a plain string or from chat messages (last message's content)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    if isinstance(completion, (list, tuple)) and completion:
-        return _as_text(completion[-1])
-    return ""
-
-
 def _same_number(a: str | None, b) -> bool:
     """Whether two numbers written as text are equal (False if either is not a number)."""
     if a is None or b is None:
@@ -221,7 +212,7 @@ def _same_number(a: str | None, b) -> bool:
 def correctness_reward(prompts, completions, answer, **kwargs) -> list[float]:
     """1.0 where the completion's final ``#### N`` equals the answer numerically, else 0.0."""
     return [
-        1.0 if _same_number(extract_answer(_as_text(c)), a) else 0.0
+        1.0 if _same_number(extract_answer(completion_text(c)), a) else 0.0
         for c, a in zip(completions, answer)
     ]
 
@@ -233,7 +224,7 @@ def format_reward(prompts, completions, **kwargs) -> list[float]:
     """1.0 where the completion ends with a well-formed ``#### N`` line, else 0.0."""
     scores = []
     for c in completions:
-        lines = _as_text(c).strip().splitlines()
+        lines = completion_text(c).strip().splitlines()
         ok = bool(lines) and _FINAL_LINE_RE.fullmatch(lines[-1].strip()) is not None
         scores.append(1.0 if ok else 0.0)
     return scores

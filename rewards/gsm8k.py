@@ -38,6 +38,8 @@ import threading
 from fractions import Fraction
 from pathlib import Path
 
+from rewards import completion_text
+
 SYSTEM_PROMPT: str | None = (
     "Solve the math problem step by step, showing your reasoning. "
     "Then give the final answer on its own last line in the form `#### N`, "
@@ -178,7 +180,7 @@ def find_answer(text: str, last_number: bool = True) -> tuple[str, str] | None:
     raw is the marker's whole content (a boxed expression, the text inside the
     tags) before any number is read from it; math-verify reads it as LaTeX.
     """
-    text = _as_text(text)
+    text = completion_text(text)
     cleaned = _clean(text)
     matches = list(_HASH_ANSWER.finditer(cleaned))
     if matches:
@@ -207,7 +209,7 @@ def extract_answer(text, last_number: bool = True) -> str | None:
         return None
     where, raw = found
     if where == "hash":
-        return _hash_answer(_clean(_as_text(text)))
+        return _hash_answer(_clean(completion_text(text)))
     return _last_number(_clean(raw))
 
 
@@ -263,24 +265,13 @@ def _math_verify_match(raw: str, gold) -> bool | None:
 
 def is_correct(completion, gold, last_number: bool = True) -> bool:
     """Whether a completion's final answer equals the gold number."""
-    text = _as_text(completion)
+    text = completion_text(completion)
     if answers_match(extract_answer(text, last_number), gold):
         return True
     found = find_answer(text, last_number)
     # math-verify only widens what is accepted (expressions such as "6 \times 7"
     # in a box); the extraction order above stays the one that decides.
     return bool(found) and found[0] in ("boxed", "answer_tag") and _math_verify_match(found[1], gold) is True
-
-
-def _as_text(completion) -> str:
-    """Completion text from a plain string or from chat messages (last message's content)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    if isinstance(completion, (list, tuple)) and completion:
-        return _as_text(completion[-1])
-    return ""
 
 
 # ---------------------------------------------------------------------------
@@ -296,7 +287,7 @@ def format_reward(prompts, completions, **kwargs) -> list[float]:
     """1.0 where the completion's last non-empty line is "#### N" with N a number, else 0.0."""
     scores = []
     for c in completions:
-        lines = [line.strip() for line in _as_text(c).splitlines() if line.strip()]
+        lines = [line.strip() for line in completion_text(c).splitlines() if line.strip()]
         last = lines[-1] if lines else ""
         ok = last.startswith("####") and canonical_number(last[4:]) is not None
         scores.append(1.0 if ok else 0.0)
