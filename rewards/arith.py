@@ -99,7 +99,7 @@ def _draw_numbers(rng: random.Random, template: str) -> list[int]:
     if template == "two_step":
         a = rng.randint(2, 9)
         b = rng.randint(2, 9)
-        c = rng.randint(2, a + b - 1)
+        c = rng.randint(2, min(9, a + b - 1))  # single digit, like every other operand
         return [a, b, c]
     raise ValueError(f"unknown template {template!r}")
 

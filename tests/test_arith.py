@@ -150,3 +150,15 @@ def test_embedded_model_loads_and_tokenizer_round_trips(embedded):
 
     logits = model(mx.array([ids]))
     assert logits.shape == (1, len(ids), model.args.vocab_size)
+
+
+def test_embedded_tokenizer_json_matches_the_loaded_tokenizer(embedded):
+    """tokenizer.json alone (what transformers 4 loads) gives the ids the model was trained on."""
+    from tokenizers import Tokenizer
+
+    _, tokenizer = embedded
+    raw = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+    for problem in arith.generate_problems(20, seed=0, split="test"):
+        chat = f"<|im_start|>user\n{problem['prompt']}<|im_end|>\n<|im_start|>assistant\n"
+        for text in (chat, problem["solution"]):
+            assert raw.encode(text, add_special_tokens=False).ids == tokenizer.encode(text, add_special_tokens=False)
