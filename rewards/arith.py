@@ -97,9 +97,11 @@ def _draw_numbers(rng: random.Random, template: str) -> list[int]:
     if template == "groups":
         return [rng.randint(2, 9), rng.randint(2, 9)]
     if template == "two_step":
-        a = rng.randint(2, 9)
-        b = rng.randint(2, 9)
-        c = rng.randint(2, min(9, a + b - 1))  # single digit, like every other operand
+        # a + b stays below 10, so both steps use the same one-digit facts as the
+        # one-step problems.
+        a = rng.randint(2, 7)
+        b = rng.randint(2, 9 - a)
+        c = rng.randint(2, a + b - 1)
         return [a, b, c]
     raise ValueError(f"unknown template {template!r}")
 
