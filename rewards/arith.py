@@ -1,6 +1,6 @@
 """The embedded synthetic task "arith": short English word problems.
 
-Each problem is a one- or two-step sum over small numbers, written the way GSM8K writes
+Each problem is a one- or two-step calculation with small numbers, written the way GSM8K writes
 its worked solutions: one equation per line, then a final line ``#### N``. Rewards score
 the number after the last ``####``.
 
@@ -41,7 +41,7 @@ ITEMS = ["apples", "pens", "books", "cards", "coins", "shells", "stamps", "marbl
 # The kinds of problem ("templates"), in a fixed order.
 TEMPLATES = ["add", "give", "groups", "two_step", "fewer"]
 
-# Every prompt whose hash falls in this bucket belongs to the test split.
+# One prompt in this many (by a hash of its text) belongs to the test split.
 _TEST_BUCKETS = 5
 
 

@@ -465,7 +465,7 @@ def main() -> None:
             "loss_history": history,
         },
         "eval": {
-            "problems": f'arith.generate_problems({args.eval_problems}, seed=0, split="test")',
+            "problem_set": f'arith.generate_problems({args.eval_problems}, seed=0, split="test")',
             "greedy": "temperature 0",
             "sampled": "temperature 1.0, 8 samples per problem",
             "max_tokens": 40,
