@@ -10,7 +10,8 @@ A built-in task is a module in `rewards` (registered in BUILTIN_TASKS) that defi
     SYSTEM_PROMPT: str | None
     REWARDS: list[tuple[callable, float]]      reward functions and their weights
     accuracy_reward(prompts, completions, **columns) -> list[float]   1.0 = right
-    load_rows(split: str, config: TrainConfig) -> list[dict]          "train" / "test"
+    load_rows(split: str, config: TrainConfig) -> list[dict] | None   "train" / "test";
+                                       None: read --data with the generic loader
     recommended_settings(model: str | None) -> dict                   below YAML and flags
 """
 
@@ -22,12 +23,10 @@ from typing import Callable
 
 from .config import ConfigError, TrainConfig
 from .data import DataError, load_rows
-from .policy import EMBEDDED_MODEL
 from .rewarding import RewardFn, load_reward_functions, reward_name
 
-BUILTIN_TASKS = {"gsm8k": "rewards.gsm8k"}
-TASKS = ("arith", *BUILTIN_TASKS, "custom")
-ARITH_TRAIN_PROBLEMS = 20_000
+BUILTIN_TASKS = {"arith": "rewards.arith", "gsm8k": "rewards.gsm8k"}
+TASKS = (*BUILTIN_TASKS, "custom")
 
 
 @dataclass
@@ -44,20 +43,7 @@ class Task:
 
 
 def recommended_settings(task: str, model: str | None) -> dict:
-    """Settings a task recommends, below the YAML file and the typed flags.
-
-    The arith values are tuned for the embedded tiny model (measured numbers
-    in the README); with another model only the completion length is set.
-    """
-    if task == "arith":
-        tuned_for_tiny = model in (None, "", EMBEDDED_MODEL)
-        settings = {"max_tokens": 48}
-        if tuned_for_tiny:
-            # lr 5e-4 and above drove the tiny model into runaway completions
-            # (KL > 5 within 20 steps); 1e-4 learns steadily.
-            settings.update(lr=1e-4, steps=100, batch_size=8, group_size=8, warmup_steps=3,
-                            micro_batch_size=64, save_every=50)
-        return settings
+    """Settings a task recommends, below the YAML file and the typed flags."""
     if task in BUILTIN_TASKS:
         return importlib.import_module(BUILTIN_TASKS[task]).recommended_settings(model)
     return {}
@@ -87,16 +73,7 @@ def load_task(config: TrainConfig) -> Task:
     if config.task not in TASKS:
         raise ConfigError(f"unknown task {config.task!r}; choose from {', '.join(TASKS)}")
 
-    if config.task == "arith":
-        from rewards import arith
-
-        train = arith.generate_problems(ARITH_TRAIN_PROBLEMS, seed=config.seed, split="train")
-        test = arith.generate_problems(config.eval_num_problems, seed=0, split="test")
-        functions = [arith.correctness_reward, arith.format_reward]
-        weights = [1.0, 0.0]  # the format reward is watched, not optimised
-        system_prompt, accuracy = arith.SYSTEM_PROMPT, arith.correctness_reward
-    elif config.task in BUILTIN_TASKS:
-        # The module reads its own data, from --data too: its columns are its own.
+    if config.task in BUILTIN_TASKS:
         module = importlib.import_module(BUILTIN_TASKS[config.task])
         try:
             train, test = module.load_rows("train", config), module.load_rows("test", config)
@@ -109,7 +86,7 @@ def load_task(config: TrainConfig) -> Task:
         train = test = None
         functions, weights, system_prompt, accuracy = [], [], None, None
 
-    if config.data and config.task not in BUILTIN_TASKS:
+    if config.data and train is None:
         try:
             train, note = load_rows(config.data, "train")
             warnings += [note] if note else []
