@@ -62,7 +62,8 @@ class TrainDisplay:
 
     def on_step(self, d):
         m = d["metrics"]
-        self.last_kl = m.get("kl", self.last_kl)
+        if m.get("kl") is not None:
+            self.last_kl = m["kl"]
         m = {**m, "kl": self.last_kl}
         if self.progress is not None:
             self.progress.update(self.task_id, completed=m["step"], summary=step_summary(m))

@@ -300,7 +300,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     parts = micro_batches(groups_with_signal(batch), config.micro_batch_size) if skip_silent else all_parts
     sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
                        num_micro_batches=len(all_parts), max_tokens=config.max_tokens)
-    metrics = {"step": step}
+    metrics = {"step": step, "kl": None}  # None: not measured this step
     if watch_kl:
         metrics["kl"] = _kl_to_reference(all_parts, reference_logprobs(model, config, all_parts, ref_params, chunk))
     ref_logps = reference_logprobs(model, config, parts, ref_params, chunk) if config.beta > 0 else None

@@ -91,3 +91,41 @@ def test_run_folder_loads_in_mlx_lm(tmp_path, custom_run, tiny_model_path):
     x = mx.array([[5, 6, 7, 8, 9]])
     np.testing.assert_allclose(np.array(model(x)), np.array(ours(x)), atol=1e-6)
     assert not np.allclose(np.array(model(x)), np.array(load(str(tiny_model_path))[0](x)))
+
+
+REQUIRED_METRICS = [
+    "step", "reward/mean", "reward/std", "reward/variety/mean", "frac_zero_std", "advantage/abs_mean",
+    "advantage/max", "loss", "kl", "entropy", "clip_fraction", "grad_norm", "grad_clipped", "lr",
+    "completion/mean_length", "completion/truncated_frac", "tokens_per_s", "time/rollout_s",
+    "time/update_s", "time/step_s", "memory/peak_gb",
+]
+
+
+def test_metrics_and_completions_files(tmp_path, custom_run):
+    run = train(custom_run(tmp_path / "run", steps=3, beta=0.1, num_iterations=1))
+    lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "final" not in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    for m in steps:
+        missing = [k for k in REQUIRED_METRICS if k not in m]
+        assert not missing, missing
+        assert m["kl"] is not None and m["kl"] >= 0  # beta > 0: measured every step
+    assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-5)  # the first rollout is the reference itself
+    assert steps[-1]["kl"] > 0  # and the policy then moved away from it
+    records = [json.loads(x) for x in (run.run_dir / "completions.jsonl").read_text().splitlines()]
+    assert len(records) == 3 * 2 * 4
+    assert {"prompt", "completion", "reward", "rewards", "advantage", "finish_reason"} <= records[0].keys()
+
+
+def test_full_fine_tuning_keeps_a_frozen_reference(tmp_path, custom_run, tiny_model_path):
+    run = train(custom_run(tmp_path / "full", steps=3, fine_tune_type="full", beta=0.1, lr=1e-3, num_iterations=1))
+    config = json.loads((run.run_dir / "adapter_config.json").read_text())
+    assert config["fine_tune_type"] == "full"
+    steps = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()][:3]
+    assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-5) and steps[-1]["kl"] > 0
+    # mlx-lm loads the full weights as an "adapter" and they differ from the base
+    from mlx_lm import load
+    tuned, _ = load(str(tiny_model_path), adapter_path=str(run.run_dir))
+    base, _ = load(str(tiny_model_path))
+    x = mx.array([[5, 6, 7]])
+    assert not np.allclose(np.array(tuned(x)), np.array(base(x)))
