@@ -78,11 +78,14 @@ def _read_file(path: Path, report: LoadReport) -> list[dict]:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, list):
             raise DataError(f"{path}: expected a JSON list of rows")
-        tmp = [r for r in data if isinstance(r, dict) and _valid_prompt(r.get("prompt"))]
-        for i in range(len(data) - len(tmp)):
-            report.skip(-1, "row without a valid prompt")
-        report.rows = len(tmp)
-        return tmp
+        rows = []
+        for number, row in enumerate(data, start=1):
+            if isinstance(row, dict) and _valid_prompt(row.get("prompt")):
+                rows.append(row)
+            else:
+                report.skip(number, "row without a valid prompt")
+        report.rows = len(rows)
+        return rows
     return read_jsonl(path, report)
 
 

@@ -7,12 +7,10 @@ Adapters are saved in mlx-lm's own format (`adapters.safetensors` +
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
-import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
@@ -112,13 +110,3 @@ def save_adapters(model: nn.Module, folder: Path, adapter_config: dict) -> None:
     weights = dict(tree_flatten(model.trainable_parameters()))
     atomic_save_safetensors(folder / "adapters.safetensors", weights)
     atomic_write_json(folder / "adapter_config.json", adapter_config)
-
-
-def load_adapter_weights(model: nn.Module, folder: Path) -> None:
-    """Load trained weights saved by `save_adapters` into a prepared model."""
-    weights = mx.load(str(Path(folder) / "adapters.safetensors"))
-    model.load_weights(list(weights.items()), strict=False)
-
-
-def read_adapter_config(folder: Path) -> dict:
-    return json.loads((Path(folder) / "adapter_config.json").read_text())

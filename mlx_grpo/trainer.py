@@ -27,13 +27,14 @@ from mlx.utils import tree_flatten, tree_map
 
 from . import checkpoint as ckpt
 from .advantages import advantage_stats, group_advantages
+from .batch import MicroBatch, RolloutBatch, batch_rows, build_batch, groups_with_signal, micro_batches
 from .config import TrainConfig, dump_yaml
 from .data import encode_prompt
 from .evaluate import columns_of, evaluate_accuracy
 from .logprobs import completion_logprobs
 from .losses import BatchShape, policy_loss
-from .policy import (adapters_disabled, load_adapter_weights, load_policy, prepare_for_training,
-                     resolve_model_path, save_adapters, weights_swapped)
+from .policy import (adapters_disabled, load_policy, prepare_for_training, resolve_model_path, save_adapters,
+                     weights_swapped)
 from .rewarding import part_means, score_completions
 from .rollout import SamplingConfig, sample_completions
 from .tasks import Task, load_task
@@ -66,88 +67,6 @@ def make_optimizer(config: TrainConfig) -> optim.Optimizer:
     schedule = (optim.join_schedules([optim.linear_schedule(config.lr / warmup, config.lr, warmup), decay], [warmup])
                 if warmup > 0 else decay)
     return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
-
-
-def batch_rows(rows: list[dict], step: int, batch_size: int, seed: int) -> list[dict]:
-    """The prompts of `step` (1-based): a fresh seeded shuffle per pass over the data."""
-    n = len(rows)
-    picked = []
-    for position in range((step - 1) * batch_size, step * batch_size):
-        epoch, index = divmod(position, n)
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-        picked.append(rows[int(order[index])])
-    return picked
-
-
-@dataclass
-class RolloutBatch:
-    """The update's arrays, group by group: rows i*G .. i*G+G-1 continue prompt i."""
-
-    prompts: list[list[int]]  # one per group
-    completions: np.ndarray  # (N, K) int32 sampled ids, right-padded
-    mask: np.ndarray  # (N, K) 1 on real completion tokens
-    behaviour_logp: np.ndarray  # (N, K) log mu of each sampled token, 0 on padding
-    advantages: np.ndarray  # (N,)
-    group_size: int
-
-
-@dataclass
-class MicroBatch:
-    prompts: mx.array  # (P, Lp) left-padded
-    left_padding: mx.array  # (P,)
-    completions: mx.array  # (P*G, K)
-    mask: mx.array
-    behaviour_logp: mx.array
-    advantages: mx.array
-
-
-def build_batch(completions, advantages, group_size: int) -> RolloutBatch:
-    n = len(completions)
-    width = max(len(c.tokens) for c in completions)
-    tokens = np.zeros((n, width), dtype=np.int32)
-    mask = np.zeros((n, width), dtype=np.float32)
-    behaviour = np.zeros((n, width), dtype=np.float32)
-    for i, c in enumerate(completions):
-        k = len(c.tokens)
-        tokens[i, :k], mask[i, :k], behaviour[i, :k] = c.tokens, 1.0, c.logprobs
-    prompts = [completions[g * group_size].prompt_tokens for g in range(n // group_size)]
-    return RolloutBatch(prompts, tokens, mask, behaviour, np.asarray(advantages, dtype=np.float32), group_size)
-
-
-def groups_with_signal(batch: RolloutBatch) -> RolloutBatch:
-    """Only the groups whose advantages are not all zero.
-
-    With beta = 0 a completion with advantage 0 contributes exactly nothing to
-    the loss or its gradient, so leaving its group out of the forward and
-    backward passes changes no number and saves the work (often half the
-    groups, when every completion of a prompt is right or every one is wrong).
-    """
-    g = batch.group_size
-    keep = [i for i in range(len(batch.prompts)) if np.any(batch.advantages[i * g:(i + 1) * g] != 0)]
-    rows = np.concatenate([np.arange(i * g, (i + 1) * g) for i in keep]) if keep else np.zeros(0, dtype=int)
-    return RolloutBatch([batch.prompts[i] for i in keep], batch.completions[rows], batch.mask[rows],
-                        batch.behaviour_logp[rows], batch.advantages[rows], g)
-
-
-def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
-    """Whole groups, about `size` sequences each, each padded only as far as it needs."""
-    g = batch.group_size
-    groups_per = max(1, size // g)
-    out = []
-    for first in range(0, len(batch.prompts), groups_per):
-        prompts = batch.prompts[first:first + groups_per]
-        rows = slice(first * g, (first + len(prompts)) * g)
-        width = int(batch.mask[rows].sum(axis=1).max())
-        longest = max(len(p) for p in prompts)
-        padded = np.zeros((len(prompts), longest), dtype=np.int32)
-        for i, p in enumerate(prompts):
-            padded[i, longest - len(p):] = p
-        out.append(MicroBatch(
-            mx.array(padded), mx.array([longest - len(p) for p in prompts]),
-            mx.array(batch.completions[rows, :width]), mx.array(batch.mask[rows, :width]),
-            mx.array(batch.behaviour_logp[rows, :width]), mx.array(batch.advantages[rows]),
-        ))
-    return out
 
 
 def _chunk_size(config: TrainConfig, model, batch: RolloutBatch) -> int | None:

@@ -8,7 +8,8 @@ from mlx_grpo.config import build_config
 from mlx_grpo.losses import BatchShape
 from mlx_grpo.policy import load_policy, prepare_for_training
 from mlx_grpo.rollout import Completion
-from mlx_grpo.trainer import batch_rows, build_batch, groups_with_signal, make_optimizer, micro_batches, update
+from mlx_grpo.batch import batch_rows, build_batch, groups_with_signal, micro_batches
+from mlx_grpo.trainer import make_optimizer, update
 
 
 def _completions(rng, n_groups, g):
