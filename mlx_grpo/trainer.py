@@ -213,14 +213,16 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     # The reference costs a forward pass: every step when the loss needs it,
     # every kl_every steps when it is only watched.
     watch_kl = config.beta == 0 and config.kl_every > 0 and (step % config.kl_every == 0 or step == 1)
-    all_parts = micro_batches(batch, config.micro_batch_size)
     # bnpo divides by each micro-batch's own token count, so its micro-batches must stay whole.
     skip_silent = config.beta == 0 and config.loss != "bnpo"
-    parts = micro_batches(groups_with_signal(batch), config.micro_batch_size) if skip_silent else all_parts
+    parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, config.micro_batch_size)
+    groups_per_part = max(1, config.micro_batch_size // g)
     sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
-                       num_micro_batches=len(all_parts), max_tokens=config.max_tokens)
+                       num_micro_batches=math.ceil(len(batch.prompts) / groups_per_part),
+                       max_tokens=config.max_tokens)
     metrics = {"step": step, "kl": None}  # None: not measured this step
-    if watch_kl:
+    if watch_kl:  # over every group, silent ones included
+        all_parts = micro_batches(batch, config.micro_batch_size) if skip_silent else parts
         metrics["kl"] = _kl_to_reference(all_parts, reference_logprobs(model, config, all_parts, ref_params, chunk))
     ref_logps = reference_logprobs(model, config, parts, ref_params, chunk) if config.beta > 0 else None
     metrics.update(update(model, optimizer, config, sizes, parts, ref_logps, chunk))
