@@ -1,0 +1,160 @@
+"""The simulated web: generator, oracle, checker, invalid actions, reward parts."""
+
+import random
+
+import pytest
+
+from rewards.web_browsing import FAMILIES, WebEnv, generate_tasks, make_task, parse_action
+from rewards.web_browsing.actions import ACTION_HELP
+
+
+def run(task, actions):
+    env = WebEnv(task)
+    env.reset()
+    info, done = {}, False
+    for a in actions:
+        obs, done, info = env.step(a)
+        if done:
+            break
+    return env, done, info
+
+
+def test_generator_is_deterministic_distinct_and_covers_every_family_and_level():
+    tasks = generate_tasks(300, seed=0)
+    again = generate_tasks(300, seed=0)
+    assert [t.task_id for t in tasks] == [t.task_id for t in again]
+    assert [t.instruction for t in tasks] == [t.instruction for t in again]
+    assert len({(t.family, t.difficulty, t.instruction) for t in tasks}) == 300
+    assert {(t.family, t.difficulty) for t in tasks} == {(f, d) for f in FAMILIES for d in (1, 2, 3)}
+    assert [t.task_id for t in generate_tasks(20, seed=1)] != [t.task_id for t in tasks[:20]]
+    assert all(t.difficulty == 2 for t in generate_tasks(12, seed=3, difficulty=2))
+    # a task is rebuilt exactly from (family, difficulty, seed)
+    t = tasks[7]
+    assert make_task(t.family, t.difficulty, t.seed).instruction == t.instruction
+
+
+def test_oracle_solves_every_task_with_full_reward():
+    for task in generate_tasks(360, seed=5):
+        actions = task.oracle_actions()
+        env, done, info = run(task, actions)
+        assert done and info["solved"], (task.task_id, task.instruction, actions, info)
+        assert info["reward_parts"] == {"success": 1.0, "format": 1.0, "efficiency": 1.0, "invalid": 0.0}
+        assert env.reward() == pytest.approx(1.3)  # 1.0 success + 0.1 format + 0.2 efficiency
+        assert all(parse_action(a)[0] is not None for a in actions)
+
+
+def test_harder_levels_need_more_steps():
+    tasks = generate_tasks(240, seed=2)
+    mean = {d: sum(len(t.plan) for t in tasks if t.difficulty == d) / 80 for d in (1, 2, 3)}
+    assert mean[1] < mean[2] < mean[3], mean
+
+
+def random_action(rng):
+    kind = rng.choice(["click", "click", "click", "type", "select", "search", "back", "answer"])
+    n = rng.randint(1, 12)
+    return {"click": f"click[{n}]", "type": f"type[{n}][Kalo]", "select": f"select[{n}][business]",
+            "search": "search[lamp]", "back": "back", "answer": "answer[42]"}[kind]
+
+
+def test_random_actions_score_low():
+    rng = random.Random(0)
+    tasks = generate_tasks(120, seed=9)
+    solved, rewards = 0, []
+    for task in tasks:
+        env, done, info = run(task, [random_action(rng) for _ in range(task.max_steps)])
+        solved += env.solved()
+        rewards.append(env.reward())
+    assert solved / len(tasks) < 0.1, solved
+    assert sum(rewards) / len(rewards) < 0.3
+
+
+@pytest.mark.parametrize("garbage", [
+    "", "   ", "click", "click[]", "click[abc]", "click[999]", "click[1", "type[1]", "select[2][nope]",
+    "CLICK[1]", "click[1] click[2]", "Sure! I will click[1]", "answer[]", "fly[away]", "\x00\xff", "🙂",
+    "type[999][x]", "select[1][economy]", "back", "search[]", 12345, None,
+])
+def test_garbage_gets_a_clear_observation_and_never_crashes(garbage):
+    task = make_task("travel", 1, seed=4)  # starts on the form, with no history: "back" is invalid too
+    env = WebEnv(task)
+    first = env.reset()
+    obs, done, info = env.step(garbage)
+    assert obs.startswith("Invalid action: ") and ACTION_HELP in obs
+    assert not info["valid"] and info["error"]
+    assert not done
+    assert "== Flights ==" in obs  # the page is shown again, unchanged
+    assert obs.split("\n", 1)[1] == first.split("\n", 1)[1]
+    assert env.reward_parts()["invalid"] == pytest.approx(-0.1)
+
+
+def test_invalid_penalty_floor_and_step_after_done():
+    task = make_task("fact", 1, seed=3)
+    env = WebEnv(task, max_steps=8)
+    env.reset()
+    for _ in range(8):
+        obs, done, info = env.step("nonsense")
+    assert done and info["reward_parts"]["invalid"] == -0.5 and info["reward_parts"]["format"] == 0.0
+    obs, done, info = env.step("click[1]")
+    assert done and obs == "The episode is over."
+
+
+def test_answer_checker_is_exact_up_to_case_and_spaces():
+    task = make_task("fact", 1, seed=11)
+    right = task.goal["answer"]
+    assert run(task, task.oracle_actions()[:-1] + [f"answer[  {right.upper()} ]"])[0].solved()
+    env, done, info = run(task, [task.oracle_actions()[0], "answer[wrong]"])
+    assert done and info["reward_parts"]["success"] == 0.0 and env.reward() == pytest.approx(0.1)
+
+
+def test_partial_credit_for_constraints_partly_met():
+    task = make_task("travel", 1, seed=4)
+    actions = task.oracle_actions()
+    # the same form with the wrong day: 4 of 5 constraints
+    wrong_day = next(d for d in ("Monday", "Sunday") if d != task.goal["date"])
+    edited = [a if not a.startswith("select[3]") else f"select[3][{wrong_day}]" for a in actions]
+    if not any(a.startswith("select[3]") for a in actions):
+        edited = actions[:-1] + [f"select[3][{wrong_day}]", actions[-1]]
+    env, done, info = run(task, edited)
+    assert done and info["reward_parts"]["success"] == pytest.approx(4 / 5)
+    assert info["constraints"]["date"] is False and info["reward_parts"]["efficiency"] == 0.0
+
+
+def test_shop_buying_the_wrong_product_gets_partial_credit():
+    task = make_task("shop", 1, seed=21)
+    world = task.world()
+    env = WebEnv(task)
+    env.reset()
+    env.step(task.oracle_actions()[0])  # open the department's list
+    page = env._page()
+    other = next(e for e in page.elements if e.kind == "link" and e.target.startswith("shop/product/")
+                 and int(e.target.rsplit("/", 1)[1]) != task.goal["cheapest"]
+                 and world.products[int(e.target.rsplit("/", 1)[1]) - 1].in_stock)
+    env.step(f"click[{other.id}]")
+    buy = env._page().find("Buy now")
+    obs, done, info = env.step(f"click[{buy.id}]")
+    assert done and info["constraints"] == {"category": True, "cheapest": False, "one_order": True}
+    assert info["reward_parts"]["success"] == pytest.approx(2 / 3)
+
+
+def test_efficiency_falls_with_detours():
+    task = make_task("account", 2, seed=8)
+    actions = task.oracle_actions()
+    detour = actions[:1] + ["back", actions[0]] + actions[1:]
+    env, done, info = run(task, detour)
+    assert info["solved"] and info["reward_parts"]["efficiency"] == pytest.approx(len(actions) / len(detour))
+
+
+def test_account_checker_catches_side_effects():
+    task = make_task("account", 1, seed=2)
+    actions = task.oracle_actions()
+    env = WebEnv(task)
+    env.reset()
+    page = env._page()
+    name_field = page.find("Display name")
+    key = next(iter(task.goal))
+    if key == "display_name":
+        name_field = page.find("Email")
+    env.step(f"type[{name_field.id}][Someone Else]")
+    for a in actions:
+        obs, done, info = env.step(a)
+    assert done and info["constraints"][key] and not info["constraints"]["others_unchanged"]
+    assert not info["solved"]
