@@ -7,17 +7,20 @@ A reward function has the common shape
 with one entry per completion; None means "not applicable" and is left out of
 the sum (not counted as zero). R_i = sum_k w_k * r_k(q, o_i).
 
-A function that raises, or returns the wrong number of values, or values that
-are not numbers, is recorded as an error for that call: its scores become None
-and training goes on.
+A function that raises, hangs (see with_timeout), or returns the wrong number
+of values, NaN or non-numbers is recorded as an error for the examples it
+failed on: their scores become None and training goes on. A function that
+fails on every example stops the run (RewardError): nothing could be learnt.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import math
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -69,40 +72,146 @@ def _accepted_columns(fn: RewardFn, columns: dict) -> dict:
 class Scores:
     total: np.ndarray  # (N,) weighted sum of the applicable parts
     parts: dict[str, list]  # name -> N values (float or None)
-    errors: dict[str, int] = field(default_factory=dict)  # name -> failed calls this batch
-    error_examples: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)  # name -> examples it failed to score this batch
+    error_examples: dict[str, str] = field(default_factory=dict)  # name -> the first failure and its example
 
 
-def _clean(values, n: int) -> list:
+class RewardError(RuntimeError):
+    """A reward function failed on every example: training on it would learn nothing."""
+
+
+class RewardTimeout(Exception):
+    """A reward call did not return within the time limit."""
+
+
+def with_timeout(fn: RewardFn, seconds: float | None) -> RewardFn:
+    """`fn`, but a call that takes longer than `seconds` raises RewardTimeout.
+
+    The call runs in a daemon thread. Python cannot stop a thread, so a call
+    that hangs is abandoned, not killed: it keeps running in the background
+    (using CPU if it is busy, holding whatever it holds) until it returns or
+    the process ends. That is the price of keeping rewards in-process (no
+    pickling of reward functions or dataset columns). None or 0: no limit.
+    """
+    if not seconds:
+        return fn
+
+    @functools.wraps(fn)  # keeps __name__ and, through __wrapped__, the signature
+    def timed(*args, **kwargs):
+        box = {}
+
+        def run():
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # reported in the caller's thread
+                box["error"] = e
+
+        worker = threading.Thread(target=run, daemon=True, name=f"reward-{reward_name(fn)}")
+        worker.start()
+        worker.join(seconds)
+        if worker.is_alive():
+            raise RewardTimeout(f"timed out after {seconds:g}s (the call was abandoned)")
+        if "error" in box:
+            error = box["error"]
+            raise error if isinstance(error, Exception) else RuntimeError(f"raised {type(error).__name__}")
+        return box["value"]
+
+    return timed
+
+
+def _check_shape(values, n: int) -> list:
     if not isinstance(values, (list, tuple, np.ndarray)):
         raise TypeError(f"returned {type(values).__name__}, expected a list")
     if len(values) != n:
         raise ValueError(f"returned {len(values)} values for {n} completions")
-    out = []
-    for v in values:
-        if v is None:
-            out.append(None)
+    return list(values)
+
+
+def _value(v) -> float | None:
+    """One score: a finite number or None; anything else raises with what it was."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"returned a non-number {v!r:.60}")
+    if not math.isfinite(float(v)):
+        raise ValueError(f"returned {float(v)}")
+    return float(v)
+
+
+def _short(x, limit: int = 80) -> str:
+    text = x if isinstance(x, str) else repr(x)
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+# After this many timed-out single-example calls, the rest of the batch is not tried:
+# a function that hangs on everything would otherwise cost one timeout per example.
+_MAX_TIMEOUTS_PER_BATCH = 2
+
+
+def _score_one_function(fn: RewardFn, prompts: list, completions: list[str], columns: dict) -> tuple[list, list]:
+    """Scores of one function: (values, failures), failures = [(index, reason)].
+
+    The batch is called once. If that call fails as a whole (raises, times out,
+    wrong length), each example is called alone, so one bad example costs only
+    its own score and the failure names it.
+    """
+    n = len(completions)
+    kwargs = _accepted_columns(fn, columns)
+    try:
+        raw = _check_shape(fn(prompts, completions, **kwargs), n)
+    except (Exception, SystemExit) as e:  # user code: any failure is data, not a crash
+        batch_error = e
+    else:
+        values, failures = [], []
+        for i, v in enumerate(raw):
+            try:
+                values.append(_value(v))
+            except (TypeError, ValueError) as e:
+                values.append(None)
+                failures.append((i, str(e)))
+        return values, failures
+
+    values, failures, timeouts = [], [], 0
+    for i in range(n):
+        if timeouts >= _MAX_TIMEOUTS_PER_BATCH:
+            values.append(None)
+            failures.append((i, f"not scored: {timeouts} single-example calls timed out first"))
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-            raise TypeError(f"returned a non-number {v!r}")
-        out.append(float(v) if math.isfinite(float(v)) else None)
-    return out
+        try:
+            (value,) = _check_shape(fn([prompts[i]], [completions[i]], **{k: [v[i]] for k, v in kwargs.items()}), 1)
+            values.append(_value(value))
+        except (Exception, SystemExit) as e:
+            timeouts += isinstance(e, RewardTimeout)
+            values.append(None)
+            failures.append((i, _describe(e)))
+    return values, failures
 
 
 def score_completions(functions: list[RewardFn], weights: list[float], prompts: list, completions: list[str],
                       columns: dict[str, list]) -> Scores:
-    """Score N completions. prompts and every column list have N entries."""
+    """Score N completions. prompts and every column list have N entries.
+
+    A function that fails on some examples (raises, hangs past its timeout,
+    returns NaN, a non-number, or the wrong number of values) gives None for
+    those; the failures are counted and the first is kept with its example.
+    A function that fails on every example raises RewardError.
+    """
     n = len(completions)
     total = np.zeros(n)
     parts, errors, examples = {}, {}, {}
     for fn, weight in zip(functions, weights):
         name = reward_name(fn)
-        try:
-            values = _clean(fn(prompts, completions, **_accepted_columns(fn, columns)), n)
-        except Exception as e:  # any failure of user code is data, not a crash
-            errors[name] = errors.get(name, 0) + 1
-            examples.setdefault(name, f"{type(e).__name__}: {e}")
-            values = [None] * n
+        values, failures = _score_one_function(fn, prompts, completions, columns)
+        if failures:
+            i, reason = failures[0]
+            errors[name] = len(failures)
+            examples[name] = f"{reason} (prompt {_short(prompts[i])}, completion {_short(completions[i])})"
+            if len(failures) == n:
+                raise RewardError(f"reward {name!r} failed on all {n} completions, e.g. {examples[name]}")
         parts[name] = values
         total += np.array([weight * v if v is not None else 0.0 for v in values])
     return Scores(total=total, parts=parts, errors=errors, error_examples=examples)
