@@ -1,0 +1,415 @@
+"""Time a GRPO workload with mlx-grpo and, when installed, with mlx-lm-lora.
+
+    python scripts/bench.py                       # tiny random Qwen2, 2 prompts x 4, 32 tokens, 20 steps
+    python scripts/bench.py --preset qwen0.5b --group-size 8 --max-tokens 256 --steps 2 --peer off
+    python scripts/bench.py --model PATH_OR_HF_ID --prompts 4 --group-size 8
+
+Prints one JSON object: per trainer the median step, rollout and update time
+(the first `--warmup` steps left out), rollout and training tokens/s, peak
+memory, achieved FLOP/s and its share of a float matmul peak measured in the
+same process, and the reward curve; with mlx-lm-lora installed
+(`pip install -e ".[bench]"`) the same workload also runs through its GRPO
+trainer, one step of each in turn, so that both see the same machine load,
+and `speedup` is its median step time over ours.
+
+The model is random (weights from a seed) unless --model is given; its
+tokenizer is byte-level, padded with multi-byte tokens up to the vocabulary
+size. The reward, the share of ASCII letters in a completion, is something a
+random model can learn, so the reward columns show whether learning happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+PRESETS = {
+    # The issue's baseline workload.
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512),
+    # Qwen2.5-0.5B's shape, random weights.
+    "qwen0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936),
+}
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+# ---------------------------------------------------------------- the workload
+
+def build_random_model(folder: Path, hidden, layers, heads, kv_heads, intermediate, vocab, seed=0,
+                       dtype="float32") -> Path:
+    """A random Qwen2 of the given shape with a byte-level tokenizer of `vocab` tokens."""
+    from itertools import product
+
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen2
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = SPECIALS + alphabet
+    # Unreachable by encoding (no merges) but decodable: the random model samples them.
+    for n in (2, 3):
+        for combo in product(alphabet, repeat=n):
+            if len(tokens) >= vocab:
+                break
+            tokens.append("".join(combo))
+    tokens = tokens[:vocab]
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "unk_token": "<unk>",
+        "pad_token": "<|im_end|>", "chat_template": CHAT_TEMPLATE,
+    }))
+    config = {
+        "model_type": "qwen2", "hidden_size": hidden, "num_hidden_layers": layers,
+        "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-6, "vocab_size": vocab, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+        "eos_token_id": 2, "torch_dtype": dtype,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.random.seed(seed)
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    if dtype != "float32":
+        model.set_dtype(getattr(mx, dtype))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return folder
+
+
+def letter_share(prompts, completions, **columns):
+    """Reward: the share of a completion's characters that are ASCII letters."""
+    return [sum(c.isascii() and c.isalpha() for c in text) / max(len(text), 1) for text in completions]
+
+
+def prompt_texts(n: int) -> list[str]:
+    return [f"Write a short line of plain English words, number {i + 1}." for i in range(n)]
+
+
+def model_shape(path: str) -> dict:
+    """hidden, layers, heads, ... from a model folder's config.json."""
+    from mlx_lm.utils import load_config
+
+    from mlx_grpo.policy import resolve_model_path
+    local = Path(resolve_model_path(path))
+    if not local.exists():
+        from mlx_lm.utils import _download
+        local = Path(_download(path))
+    c = load_config(local)
+    return dict(hidden=c["hidden_size"], layers=c["num_hidden_layers"], heads=c["num_attention_heads"],
+                kv_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
+                intermediate=c["intermediate_size"], vocab=c["vocab_size"])
+
+
+# ---------------------------------------------------------------- FLOPs
+
+def forward_flops(shape: dict, tokens: float, context: float) -> float:
+    """Matmul FLOPs of a forward pass over `tokens` positions seeing `context` keys on average."""
+    h, layers, v = shape["hidden"], shape["layers"], shape["vocab"]
+    head_dim = h // shape["heads"]
+    kv = shape["kv_heads"] * head_dim
+    weights = layers * (2 * h * h + 2 * h * kv + 3 * h * shape["intermediate"]) + v * h
+    attention = layers * 2 * h * context  # QK^T and AV
+    return 2 * tokens * (weights + attention)
+
+
+def step_flops(shape: dict, prompt_lengths: list[int], completion_lengths: list[int], group: int,
+               backward_factor: float) -> tuple[float, float]:
+    """(rollout, update) useful FLOPs of one step.
+
+    Useful work counts each prompt once per group (what a shared prefill needs)
+    and each completion token once. The update is forward + backward:
+    `backward_factor` 2 for adapters (gradients of activations, not of the
+    frozen weights), 3 for full fine-tuning.
+    """
+    rollout = update = 0.0
+    for i, p in enumerate(prompt_lengths):
+        prefill = forward_flops(shape, p, p / 2)
+        rollout += prefill
+        update += prefill
+        for k in completion_lengths[i * group:(i + 1) * group]:
+            decode = forward_flops(shape, k, p + k / 2)
+            rollout += decode
+            update += decode
+    return rollout, update * backward_factor
+
+
+def matmul_peak(dtype, sizes=(512, 1024, 2048), seconds=0.5) -> float:
+    """Best FLOP/s of a square matmul of the model's dtype on the default device."""
+    best = 0.0
+    for n in sizes:
+        a = mx.random.normal((n, n)).astype(dtype)
+        b = mx.random.normal((n, n)).astype(dtype)
+        mx.eval(a @ b)
+        reps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / len(sizes) or reps < 2:
+            mx.eval(a @ b)
+            reps += 1
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
+    return best
+
+
+def blas_in_use() -> str:
+    """Which BLAS library the process has loaded (Linux), else the platform's."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "platform default"
+    # numpy brings its own OpenBLAS (numpy.libs); MLX's is what LD_PRELOAD puts first.
+    mapped = {line.split()[-1] for line in maps.splitlines() if "/" in line}
+    if any("openblas" in m.lower() and ".libs/" not in m for m in mapped):
+        return "openblas"
+    if "mlx_cpu.libs/libblas" in maps:
+        return "reference (mlx-cpu wheel)"
+    return "other"
+
+
+# ---------------------------------------------------------------- the two trainers
+
+def _summary(steps: list[dict], warmup: int, shape: dict, group: int, backward_factor: float, peak: float) -> dict:
+    timed = steps[warmup:] or steps
+    med = lambda key: statistics.median(s[key] for s in timed)  # noqa: E731
+    generated = [sum(s["completion_lengths"]) for s in timed]
+    flops = [step_flops(shape, s["prompt_lengths"], s["completion_lengths"], group, backward_factor) for s in timed]
+    achieved = statistics.median((r + u) / s["step_s"] for (r, u), s in zip(flops, timed))
+    rewards = [s["reward"] for s in steps]
+    tail = max(1, len(rewards) // 4)
+    return {
+        "step_s": med("step_s"),
+        "rollout_s": med("rollout_s"),
+        "update_s": med("update_s"),
+        "rollout_tokens_per_s": statistics.median(g / s["rollout_s"] for g, s in zip(generated, timed)),
+        "train_tokens_per_s": statistics.median(g / s["update_s"] for g, s in zip(generated, timed)),
+        "peak_memory_gb": max(s["peak_gb"] for s in steps),
+        "achieved_gflops": achieved / 1e9,
+        "achieved_frac_of_peak": achieved / peak if peak else None,
+        "rollout_gflops": statistics.median(r / s["rollout_s"] for (r, _), s in zip(flops, timed)) / 1e9,
+        "update_gflops": statistics.median(u / s["update_s"] for (_, u), s in zip(flops, timed)) / 1e9,
+        "mean_completion_tokens": float(np.mean([np.mean(s["completion_lengths"]) for s in steps])),
+        "reward_first": float(np.mean(rewards[:tail])),
+        "reward_last": float(np.mean(rewards[-tail:])),
+        "rewards": [round(r, 4) for r in rewards],
+        "steps_timed": len(timed),
+    }
+
+
+class Ours:
+    """mlx-grpo's own train_step on the workload."""
+
+    name = "mlx_grpo"
+
+    def __init__(self, model_path: str, texts: list[str], args):
+        from mlx_grpo.config import TrainConfig
+        from mlx_grpo.policy import load_policy, prepare_for_training
+        from mlx_grpo.tasks import Task
+        from mlx_grpo.trainer import make_optimizer
+
+        from mlx_grpo.config import FIELDS
+        settings = dict(
+            model=model_path, task="custom", steps=args.steps, batch_size=len(texts), group_size=args.group_size,
+            max_tokens=args.max_tokens, temperature=args.temperature, lr=args.lr, warmup_steps=0,
+            scale_rewards="group", kl_every=0, lora_rank=args.lora_rank, lora_layers=args.lora_layers,
+            max_grad_norm=args.max_grad_norm, micro_batch_size=args.micro_batch_size,
+            decode_concurrency=args.decode_concurrency, logprob_chunk_size=args.logprob_chunk_size, seed=args.seed,
+            runaway_penalty=1.0,  # the peer has no length penalty: the same reward for both
+        )
+        self.config = TrainConfig(**{k: v for k, v in settings.items() if k in FIELDS})
+        self.model, self.tokenizer = load_policy(model_path)
+        mx.random.seed(args.seed)  # the same adapter initialisation as the peer
+        prepare_for_training(self.model, "lora", {"rank": args.lora_rank, "scale": 20.0, "dropout": 0.0,
+                                                  "num_layers": args.lora_layers})
+        self.optimizer = make_optimizer(self.config)
+        self.task = Task("bench", [{"prompt": t} for t in texts], [], [letter_share], [1.0], None, None, [])
+        self.step_number = 0
+
+    def step(self) -> dict:
+        from mlx_grpo.trainer import train_step
+
+        self.step_number += 1
+        metrics, records = train_step(self.model, self.tokenizer, self.optimizer, self.task, self.config,
+                                      self.step_number, None)
+        prompts = {}
+        for r in records:
+            prompts.setdefault(r["prompt"], len(self._encode(r["prompt"])))
+        return {
+            "step_s": metrics["time/step_s"], "rollout_s": metrics["time/rollout_s"],
+            "update_s": metrics["time/step_s"] - metrics["time/rollout_s"],
+            "peak_gb": metrics["memory/peak_gb"], "reward": metrics["reward/mean"],
+            "prompt_lengths": list(prompts.values()), "completion_lengths": [r["length"] for r in records],
+        }
+
+    def _encode(self, text):
+        from mlx_grpo.data import encode_prompt
+        return encode_prompt(self.tokenizer, text)
+
+
+class Peer:
+    """mlx-lm-lora 5.10.2's train_grpo on the same workload, one step per call."""
+
+    name = "mlx_lm_lora"
+
+    def __init__(self, model_path: str, texts: list[str], args, optimizer):
+        from mlx_lm_lora.trainer import grpo_trainer
+
+        from mlx_grpo.data import encode_prompt
+        from mlx_grpo.policy import load_policy, prepare_for_training
+
+        self.trainer = grpo_trainer
+        self.model, self.tokenizer = load_policy(model_path)
+        mx.random.seed(args.seed)
+        prepare_for_training(self.model, "lora", {"rank": args.lora_rank, "scale": 20.0, "dropout": 0.0,
+                                                  "num_layers": args.lora_layers})
+        self.optimizer = optimizer
+        self.dataset = [(encode_prompt(self.tokenizer, t), [], t, "") for t in texts]
+        self.folder = tempfile.mkdtemp(prefix="bench-peer-")
+        self.args = grpo_trainer.GRPOTrainingArgs(
+            batch_size=len(texts), iters=1, group_size=args.group_size, beta=0.0,
+            max_completion_length=args.max_tokens, temperature=args.temperature, top_p=1.0, top_k=0, min_p=0.0,
+            steps_per_report=1, steps_per_eval=10**9, steps_per_save=10**9, max_seq_length=4096,
+            adapter_file=os.path.join(self.folder, "adapters.safetensors"), grpo_loss_type="grpo",
+        )
+
+    def step(self) -> dict:
+        from mlx_lm.tuner.callbacks import TrainingCallback
+
+        times, out = {}, {}
+        original = self.trainer.generate_grpo
+
+        def timed_generate(*a, **kw):
+            times["start"] = time.perf_counter()
+            result = original(*a, **kw)
+            times["rollout"] = time.perf_counter()
+            out["lengths"] = [int(c.size) for c in result[0]]
+            return result
+
+        class Report(TrainingCallback):
+            def on_train_loss_report(self, info):
+                times["end"] = time.perf_counter()
+                out["reward"] = info["train_total_rewards_mean"]
+
+        self.trainer.generate_grpo = timed_generate
+        mx.reset_peak_memory()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                self.trainer.train_grpo(self.model, None, self.tokenizer, self.optimizer, self.dataset,
+                                        reward_funcs=[letter_share], args=self.args, training_callback=Report(),
+                                        end_answer_token="")
+        finally:
+            self.trainer.generate_grpo = original
+        return {
+            "step_s": times["end"] - times["start"], "rollout_s": times["rollout"] - times["start"],
+            "update_s": times["end"] - times["rollout"], "peak_gb": mx.get_peak_memory() / 1e9,
+            "reward": out["reward"], "prompt_lengths": [len(d[0]) for d in self.dataset],
+            "completion_lengths": out["lengths"],
+        }
+
+
+def peer_available() -> bool:
+    try:
+        import mlx_lm_lora.trainer.grpo_trainer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="model folder or Hugging Face id (default: a random model of --preset)")
+    p.add_argument("--preset", choices=PRESETS, default="tiny", help="shape of the random model")
+    p.add_argument("--dtype", default="float32", help="random model's dtype (float32, bfloat16, float16)")
+    p.add_argument("--prompts", type=int, default=2, help="prompts per step")
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=1, help="first steps left out of the medians")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--lora-layers", type=int, default=-1)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--micro-batch-size", type=int, default=16)
+    p.add_argument("--decode-concurrency", type=int, default=256)
+    p.add_argument("--logprob-chunk-size", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peer", choices=("auto", "off", "only"), default="auto",
+                   help="also run mlx-lm-lora (auto: when installed), or only it")
+    p.add_argument("--out", help="also write the JSON here")
+    return p.parse_args(argv)
+
+
+def run(args) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
+        if args.model:
+            model_path, shape = args.model, model_shape(args.model)
+        else:
+            shape = PRESETS[args.preset]
+            model_path = str(build_random_model(Path(tmp), **shape, seed=args.seed, dtype=args.dtype))
+        texts = prompt_texts(args.prompts)
+        peer_wanted = args.peer == "only" or (args.peer == "auto" and peer_available())
+        if args.peer == "only" and not peer_available():
+            raise SystemExit("error: --peer only needs mlx-lm-lora (pip install -e '.[bench]')")
+
+        ours = Ours(model_path, texts, args)
+        trainers = [] if args.peer == "only" else [ours]
+        if peer_wanted:
+            from mlx_grpo.trainer import make_optimizer
+            trainers.append(Peer(model_path, texts, args, make_optimizer(ours.config)))
+        if args.peer == "only":
+            del ours
+        dtype = next(iter(v for _, v in __import__("mlx.utils").utils.tree_flatten(trainers[0].model.parameters())
+                          if v.dtype != mx.uint32)).dtype
+        peak = matmul_peak(dtype, sizes=(1024, 2048, 4096) if mx.default_device() == mx.gpu else (512, 1024))
+
+        results = {t.name: [] for t in trainers}
+        for _ in range(args.steps):  # one step of each in turn: both see the same load
+            for t in trainers:
+                results[t.name].append(t.step())
+
+        prompt_tokens = [len(d[0]) for d in trainers[-1].dataset] if peer_wanted else \
+            [len(ours._encode(t)) for t in texts]
+        out = {
+            "workload": {"model": args.model or f"random {args.preset}", **shape, "dtype": str(dtype),
+                         "prompts": args.prompts, "group_size": args.group_size, "max_tokens": args.max_tokens,
+                         "steps": args.steps, "lora_rank": args.lora_rank, "lora_layers": args.lora_layers,
+                         "prompt_tokens": prompt_tokens},
+            "device": str(mx.default_device()),
+            "blas": blas_in_use(),
+            "matmul_peak_gflops": peak / 1e9,
+        }
+        for name, steps in results.items():
+            out[name] = _summary(steps, args.warmup, shape, args.group_size, 2.0, peak)
+        if "mlx_grpo" in out and "mlx_lm_lora" in out:
+            out["speedup"] = out["mlx_lm_lora"]["step_s"] / out["mlx_grpo"]["step_s"]
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = run(args)
+    text = json.dumps(out, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
