@@ -51,7 +51,7 @@ class TrainConfig:
     decode_concurrency: int = 256  # sequences decoded at once; independent of micro_batch_size
 
     # Objective
-    loss: str = "grpo"  # grpo | bnpo | dr_grpo | dapo: how token terms are normalised
+    loss: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo | gspo | sapo (docs/algorithms.md)
     num_iterations: int = 1  # updates per rollout batch (>1 reuses rollouts; the ratio matters)
     epsilon_low: float = 0.2  # ratio clipped below at 1 - epsilon_low
     epsilon_high: float = 0.2  # ratio clipped above at 1 + epsilon_high (clip-higher: > epsilon_low)
@@ -59,6 +59,22 @@ class TrainConfig:
     kl_every: int = 10  # with beta = 0, measure KL to the reference every N steps (0: never)
     scale_rewards: str = "none"  # none | group | batch
     scale_eps: float = 1e-4  # added to the std when scaling advantages
+    delta: float | None = None  # two-sided cap on the unclipped ratio, PPO-clip losses (None: off; > 1 + epsilon_high)
+    sapo_tau_pos: float = 1.0  # sapo: gate temperature for tokens with positive advantage
+    sapo_tau_neg: float = 1.05  # sapo: gate temperature for tokens with negative advantage
+    entropy_coef: float = 0.0  # entropy bonus weight (0: off); the entropy is logged either way
+    entropy_top_quantile: float = 1.0  # train only on this top fraction of tokens by entropy (0.2: top 20%; 1: all)
+    ref_refresh_every: int = 0  # move the reference toward the policy every N steps (0: never; the base stays)
+    ref_refresh_alpha: float = 0.6  # on refresh: reference = alpha * policy + (1 - alpha) * reference
+
+    # Rewards and filtering
+    runaway_penalty: float = 0.3  # reward factor for completions cut at max_tokens with no end marker (1: off)
+    mask_truncated: bool = False  # leave completions cut at max_tokens out of the loss
+    overlong_buffer: int = 0  # DAPO soft overlong penalty over the last N tokens before max_tokens (0: off)
+    overlong_penalty: float = 1.0  # the soft overlong penalty reached at max_tokens
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal from the batch
+    resample_rounds: int = 0  # with dynamic_sampling: at most this many extra rollouts to refill the batch
+    reward_threshold: float | None = None  # drop groups whose best reward is below this (seed 003; None: off)
 
     # Optimisation
     fine_tune_type: str = "lora"  # lora | dora | full
@@ -83,6 +99,21 @@ class TrainConfig:
     eval_steps: int = 0  # evaluate every N steps; 0: only before and after training
     eval_num_problems: int = 200  # held-out problems for accuracy (greedy decoding)
     log_every: int = 1  # print a line every N steps when not on a terminal
+    report_to: list[str] = field(default_factory=list)  # also log metrics to wandb and/or tensorboard (if installed)
+
+    # Training health (docs/health.md): when the health rules warn
+    health_window: int = 10  # steps each health rule looks back over
+    health_clip_frac: float = 0.8  # grad norm at max_grad_norm on more than this fraction of the window
+    health_spike_factor: float = 10.0  # grad norm above this multiple of its running median
+    health_zero_std: float = 0.5  # mean fraction of groups with identical rewards above this
+    health_reward_drop: float = 0.5  # reward/mean falls by more than this many within-batch stds over 2 windows
+    health_loss_spike: float = 0.5  # |mean loss| grows by more than this fraction from one window to the next
+    health_kl_max: float = 1.0  # KL to the reference above this and still rising
+    health_entropy_drop: float = 0.1  # token entropy below this fraction of its value over the first window
+    health_truncated_frac: float = 0.5  # mean fraction of completions cut at max_tokens above this
+    health_adv_factor: float = 10.0  # largest |advantage| above this multiple of the batch's reward range
+    health_min_update: float = 3e-5  # updates move the weights by less than this fraction of their norm, reward flat
+    max_nonfinite_steps: int = 3  # stop after this many steps in a row with a NaN/Inf loss or gradient (0: never)
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -229,7 +260,21 @@ def validate(c: TrainConfig) -> None:
     need(0 <= c.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {c.min_lr_ratio}")
     need(0 <= c.lora_dropout < 1, f"lora_dropout must be in [0, 1), got {c.lora_dropout}")
     need(c.scale_eps > 0, f"scale_eps must be > 0, got {c.scale_eps}")
+    _validate_health(c, need)
     need(c.loss in LOSS_TYPES, f"loss must be one of {', '.join(LOSS_TYPES)}; got {c.loss!r}")
+    need(c.delta is None or c.delta > 1 + c.epsilon_high,
+         f"delta must be > 1 + epsilon_high = {1 + c.epsilon_high}, got {c.delta}")
+    need(c.sapo_tau_pos > 0 and c.sapo_tau_neg > 0, "sapo_tau_pos and sapo_tau_neg must be > 0")
+    need(c.entropy_coef >= 0, f"entropy_coef must be >= 0, got {c.entropy_coef}")
+    need(0 < c.entropy_top_quantile <= 1, f"entropy_top_quantile must be in (0, 1], got {c.entropy_top_quantile}")
+    need(c.ref_refresh_every >= 0, f"ref_refresh_every must be >= 0, got {c.ref_refresh_every}")
+    need(0 < c.ref_refresh_alpha <= 1, f"ref_refresh_alpha must be in (0, 1], got {c.ref_refresh_alpha}")
+    need(0 <= c.runaway_penalty <= 1, f"runaway_penalty must be in [0, 1] (1: off), got {c.runaway_penalty}")
+    need(0 <= c.overlong_buffer < c.max_tokens,
+         f"overlong_buffer must be in [0, max_tokens = {c.max_tokens}), got {c.overlong_buffer}")
+    need(c.overlong_penalty >= 0, f"overlong_penalty must be >= 0, got {c.overlong_penalty}")
+    need(c.resample_rounds >= 0, f"resample_rounds must be >= 0, got {c.resample_rounds}")
+    need(c.resample_rounds == 0 or c.dynamic_sampling, "resample_rounds needs --dynamic-sampling")
     need(c.scale_rewards in SCALE_MODES,
          f"scale_rewards must be one of {', '.join(SCALE_MODES)}; got {c.scale_rewards!r}")
     need(c.fine_tune_type in FINE_TUNE_TYPES,
@@ -241,6 +286,21 @@ def validate(c: TrainConfig) -> None:
     if c.reward_file:
         need(Path(c.reward_file).is_file(), f"reward file not found: {c.reward_file}")
         need(bool(c.reward), "--reward-file needs --reward NAME (the function(s) to use from it)")
+
+
+def _validate_health(c: TrainConfig, need) -> None:
+    """The health thresholds and --report-to (a logger must be installed when asked for)."""
+    need(c.health_window >= 2, f"health_window must be at least 2, got {c.health_window}")
+    need(c.max_nonfinite_steps >= 0, f"max_nonfinite_steps must be >= 0, got {c.max_nonfinite_steps}")
+    for name in ("health_spike_factor", "health_reward_drop", "health_loss_spike", "health_kl_max",
+                 "health_adv_factor", "health_min_update"):
+        need(getattr(c, name) >= 0, f"{name} must be >= 0, got {getattr(c, name)}")
+    for name in ("health_clip_frac", "health_zero_std", "health_entropy_drop", "health_truncated_frac"):
+        need(0 <= getattr(c, name) <= 1, f"{name} must be in [0, 1], got {getattr(c, name)}")
+    from .reporting import check_reporters  # late: it is only needed when the setting is used
+
+    problem = check_reporters(c.report_to)
+    need(problem is None, problem or "")
 
 
 def to_dict(c: TrainConfig) -> dict:

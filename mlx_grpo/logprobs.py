@@ -29,13 +29,16 @@ import mlx.nn as nn
 _PLAIN_HEAD_MODEL_TYPES = {"qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "smollm3"}
 
 
-def _logprobs_and_entropy(logits, targets, temperature):
+def _logprobs_and_entropy(logits, targets, temperature, entropy_grad=False):
     if logits.dtype in (mx.float16, mx.bfloat16):  # softmax in half precision loses the tails
         logits = logits.astype(mx.float32)
     logits = logits / temperature
     lse = mx.logsumexp(logits, axis=-1)
     logp = mx.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1) - lse
-    # Entropy is only watched, never optimised here: keep it out of the backward pass.
+    if entropy_grad:  # an entropy bonus optimises it
+        entropy = lse - mx.sum(mx.softmax(logits, axis=-1) * logits, axis=-1)
+        return logp, entropy
+    # Otherwise entropy is only watched: keep it out of the backward pass.
     probs = mx.softmax(mx.stop_gradient(logits), axis=-1)
     entropy = mx.stop_gradient(lse) - mx.sum(probs * mx.stop_gradient(logits), axis=-1)
     return logp, entropy
@@ -50,18 +53,18 @@ def _output_head(model):
     return embed, embed.as_linear
 
 
-def _project(head, hidden, targets, temperature, chunk_size):
+def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False):
     """Log-probs of `targets` from hidden states, `chunk_size` positions at a time."""
     module, project = head
     if not chunk_size or hidden.shape[1] <= chunk_size:
-        return _logprobs_and_entropy(project(hidden), targets, temperature)
+        return _logprobs_and_entropy(project(hidden), targets, temperature, entropy_grad)
 
     def chunk_fn(t):
         # Targets are closed over: checkpoint would otherwise try to
         # differentiate with respect to the integer indices.
         def chunk(params, h):
             module.update(params)
-            return _logprobs_and_entropy(project(h), t, temperature)
+            return _logprobs_and_entropy(project(h), t, temperature, entropy_grad)
 
         return mx.checkpoint(chunk)
 
@@ -130,7 +133,8 @@ class SharedPromptCache:
 
 
 def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.array, completions: mx.array,
-                        group_size: int, temperature: float = 1.0, chunk_size: int | None = None):
+                        group_size: int, temperature: float = 1.0, chunk_size: int | None = None,
+                        entropy_grad: bool = False):
     """Log-prob and entropy of every completion token, each prompt run once.
 
     prompts: (P, Lp) left-padded with `left_padding[i]` pad tokens in row i.
@@ -146,5 +150,5 @@ def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.ar
         rest = forward(completions[:, :-1], cache=cache)
         first = mx.concatenate([first, rest], axis=1)
     if head is not None:
-        return _project(head, first, completions, temperature, chunk_size)
-    return _logprobs_and_entropy(first, completions, temperature)
+        return _project(head, first, completions, temperature, chunk_size, entropy_grad)
+    return _logprobs_and_entropy(first, completions, temperature, entropy_grad)

@@ -1,22 +1,31 @@
-"""The PPO-clipped GRPO objective (token log-probs come from logprobs.py).
+"""The policy-gradient objectives (token log-probs come from logprobs.py).
 
 Per completion token t, with logp = log pi_theta(o_t) at temperature T, the
-behaviour log-prob log mu(o_t) recorded by the sampler, and the advantage A of
-the whole completion:
+behaviour log-prob log mu(o_t) recorded by the sampler, the advantage A of the
+whole completion and r_t = exp(logp - log mu):
 
-    r_t = exp(logp - log mu)
-    L_t = -min(r_t * A, clip(r_t, 1 - eps_low, 1 + eps_high) * A)
-        + beta * k3_t,      k3_t = exp(ref - logp) - (ref - logp) - 1
+  PPO-clip (grpo, bnpo, dr_grpo, dapo)                  Schulman et al. 2017, arXiv:1707.06347
+      L_t = -min(min(r_t, delta) * A, clip(r_t, 1 - eps_low, 1 + eps_high) * A)
+      (delta: the optional two-sided cap; off when None)
+  CISPO                                                 MiniMax 2025, arXiv:2506.13585
+      L_t = -sg(min(r_t, 1 + eps_high)) * A * logp      (the weight is clipped, every gradient kept)
+  GSPO                                                  Zheng et al. 2025, arXiv:2507.18071
+      s_i = exp(mean_t(logp - log mu))                  (one ratio per sequence)
+      L_i = -min(s_i * A, clip(s_i, 1 - eps_low, 1 + eps_high) * A)
+  SAPO                                                  Gao et al. 2025, arXiv:2511.20347
+      L_t = -(4 / tau) * sigmoid(tau * (r_t - 1)) * A   (tau = tau_pos if A > 0 else tau_neg)
 
-(PPO: Schulman et al. 2017, arXiv:1707.06347; GRPO: Shao et al. 2024,
-arXiv:2402.03300; k3: Schulman, "Approximating KL divergence", 2020.)
+  KL to the reference (beta > 0), per token:            Schulman, "Approximating KL", 2020
+      + beta * k3_t,  k3_t = exp(ref - logp) - (ref - logp) - 1
+  Entropy bonus (entropy_coef > 0): - entropy_coef * H_t.
 
 How the token terms become one number (DESIGN.md, "Normalisation"):
 
-    grpo     mean over sequences of each sequence's token mean
-    bnpo     token sum / token count of the micro-batch
-    dr_grpo  token sum / (sequences * max_tokens)          (Liu et al. 2025, arXiv:2503.20783)
-    dapo     token sum / token count of the whole batch    (Yu et al. 2025, arXiv:2503.14476)
+    grpo, sapo     mean over sequences of each sequence's token mean   (Shao et al. 2024, arXiv:2402.03300)
+    bnpo           token sum / token count of the micro-batch
+    dr_grpo        token sum / (sequences * max_tokens)                (Liu et al. 2025, arXiv:2503.20783)
+    dapo, cispo    token sum / token count of the whole batch          (Yu et al. 2025, arXiv:2503.14476)
+    gspo           mean over sequences of L_i (its KL/entropy terms are per-sequence token means)
 
 Gradients are accumulated over micro-batches by summing, so each micro-batch's
 loss is scaled here such that the sum over micro-batches is the loss of the
@@ -29,7 +38,19 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+# One line each for --help and the docs: (what it is, the paper).
+LOSS_DESCRIPTIONS = {
+    "grpo": ("PPO-clip, mean of per-sequence token means", "Shao et al. 2024, arXiv:2402.03300"),
+    "bnpo": ("PPO-clip, token mean of each micro-batch", "Xiao et al. 2025, arXiv:2506.02864"),
+    "dr_grpo": ("PPO-clip, token sum / (sequences x max_tokens): no length bias", "Liu et al. 2025, arXiv:2503.20783"),
+    "dapo": ("PPO-clip, token mean of the whole batch", "Yu et al. 2025, arXiv:2503.14476"),
+    "cispo": ("clipped importance-sampling weight, gradients of every token kept", "MiniMax 2025, arXiv:2506.13585"),
+    "gspo": ("one length-normalised ratio per sequence, clipped per sequence", "Zheng et al. 2025, arXiv:2507.18071"),
+    "sapo": ("a smooth sigmoid gate on the ratio instead of a hard clip", "Gao et al. 2025, arXiv:2511.20347"),
+}
+LOSS_TYPES = tuple(LOSS_DESCRIPTIONS)
+PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
 
 @dataclass
 class BatchShape:
@@ -41,62 +62,116 @@ class BatchShape:
     max_tokens: int
 
 
+@dataclass
+class LossSettings:
+    loss_type: str = "grpo"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    delta: float | None = None  # two-sided cap on the unclipped ratio (PPO-clip losses)
+    beta: float = 0.0
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    entropy_coef: float = 0.0
+
+
 def kl_k3(logp, ref_logp):
     """Schulman's k3 estimator of KL(pi_theta || pi_ref), per token: always >= 0."""
     log_ratio = ref_logp - logp
     return mx.exp(log_ratio) - log_ratio - 1
 
 
-def policy_loss(
-    logp,
-    behaviour_logp,
-    advantages,
-    mask,
-    batch: BatchShape,
-    *,
-    loss_type: str = "grpo",
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-    beta: float = 0.0,
-    ref_logp=None,
-):
+def _ppo_clip(ratio, adv, s: LossSettings):
+    """Token loss and which tokens the clip made inactive (their gradient is zero)."""
+    unclipped = mx.minimum(ratio, s.delta) if s.delta is not None else ratio
+    loss = -mx.minimum(unclipped * adv, mx.clip(ratio, 1 - s.epsilon_low, 1 + s.epsilon_high) * adv)
+    clipped = ((ratio < 1 - s.epsilon_low) & (adv < 0)) | ((ratio > 1 + s.epsilon_high) & (adv > 0))
+    if s.delta is not None:
+        clipped = clipped | ((ratio > s.delta) & (adv < 0))
+    return loss, clipped
+
+
+def _token_mean_per_sequence(x, mask):
+    return (x * mask).sum(axis=1) / mx.maximum(mask.sum(axis=1), 1)
+
+
+def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, settings: LossSettings | None = None, *,
+                ref_logp=None, entropy=None, token_weight=None, **overrides):
     """The micro-batch's share of the batch loss, and token statistics (sums).
 
     logp, behaviour_logp, mask: (B, T); advantages: (B,). mask is 1 on the
-    completion tokens that are trained on and 0 on prompt and padding.
+    completion tokens that count and 0 on prompt and padding. token_weight
+    (B, T), optional, multiplies each token's policy term without changing the
+    normalisers (the top-entropy token mask). entropy (B, T) is needed, with
+    its gradient, only when entropy_coef > 0. Keyword overrides (loss_type=,
+    beta=, ...) replace fields of `settings`.
     """
+    s = settings or LossSettings()
+    if overrides:
+        s = LossSettings(**{**s.__dict__, **overrides})
     mask = mask.astype(mx.float32)
     adv = advantages[:, None]
-    ratio = mx.exp(logp - behaviour_logp)
-    clipped_ratio = mx.clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    per_token = -mx.minimum(ratio * adv, clipped_ratio * adv)
+    log_ratio = logp - behaviour_logp
+    ratio = mx.exp(log_ratio)
+
+    if s.loss_type == "gspo":
+        seq_log_ratio = _token_mean_per_sequence(log_ratio, mask)
+        seq_ratio = mx.exp(seq_log_ratio)[:, None]
+        per_token, clipped = _ppo_clip(seq_ratio, adv, s)  # (B, 1): one term per sequence
+        per_token = mx.broadcast_to(per_token, logp.shape)
+        clipped = mx.broadcast_to(clipped, logp.shape)
+        ratio = mx.broadcast_to(seq_ratio, logp.shape)
+    elif s.loss_type == "cispo":
+        capped = mx.stop_gradient(mx.minimum(ratio, 1 + s.epsilon_high))
+        per_token = -capped * adv * logp
+        clipped = ratio > 1 + s.epsilon_high
+    elif s.loss_type == "sapo":
+        tau = mx.where(adv > 0, s.sapo_tau_pos, s.sapo_tau_neg)
+        per_token = -(4 / tau) * mx.sigmoid(tau * (ratio - 1)) * adv
+        clipped = mx.zeros(ratio.shape, dtype=mx.bool_)  # a soft gate clips nothing
+    elif s.loss_type in PPO_CLIP_LOSSES:
+        per_token, clipped = _ppo_clip(ratio, adv, s)
+    else:
+        raise ValueError(f"unknown loss_type {s.loss_type!r}; choose from {LOSS_TYPES}")
+
+    if token_weight is not None:
+        per_token = per_token * token_weight
     kl = None
-    if beta > 0:
+    if s.beta > 0:
         kl = kl_k3(logp, ref_logp)
-        per_token = per_token + beta * kl
+        per_token = per_token + s.beta * kl
+    if s.entropy_coef > 0:
+        per_token = per_token - s.entropy_coef * entropy
 
     token_sum = (per_token * mask).sum()
-    if loss_type == "grpo":
-        seq_means = (per_token * mask).sum(axis=1) / mx.maximum(mask.sum(axis=1), 1)
-        loss = seq_means.sum() / batch.num_sequences
-    elif loss_type == "bnpo":
+    if s.loss_type in ("grpo", "sapo", "gspo"):
+        loss = _token_mean_per_sequence(per_token, mask).sum() / batch.num_sequences
+    elif s.loss_type == "bnpo":
         loss = token_sum / mx.maximum(mask.sum(), 1) / batch.num_micro_batches
-    elif loss_type == "dr_grpo":
+    elif s.loss_type == "dr_grpo":
         loss = token_sum / (batch.num_sequences * batch.max_tokens)
-    elif loss_type == "dapo":
+    else:  # dapo, cispo
         loss = token_sum / max(batch.num_tokens, 1)
-    else:
-        raise ValueError(f"unknown loss_type {loss_type!r}; choose from {LOSS_TYPES}")
 
-    # A token is clipped when the clipped branch of the min is the active one:
-    # then its gradient is zero.
-    low = (ratio < 1 - epsilon_low) & (adv < 0)
-    high = (ratio > 1 + epsilon_high) & (adv > 0)
     stats = {
         "tokens": mask.sum(),
-        "clipped": ((low | high) * mask).sum(),
+        "clipped": (clipped * mask).sum(),
         "ratio": (mx.stop_gradient(ratio) * mask).sum(),
     }
     if kl is not None:
         stats["kl"] = (mx.stop_gradient(kl) * mask).sum()
     return loss, stats
+
+
+def top_entropy_mask(entropy, mask, quantile: float):
+    """1 on the tokens whose entropy is in the top `quantile` fraction of the masked tokens, else 0.
+
+    "Beyond the 80/20 rule" (Wang et al. 2025, arXiv:2506.01939) trains only on
+    the high-entropy "forking" tokens (the top 20%). The threshold is taken
+    over this micro-batch's tokens; ties at the threshold are kept.
+    """
+    entropy = mx.stop_gradient(entropy)
+    flat = mx.where(mask > 0, entropy, -mx.inf).reshape(-1)
+    descending = -mx.sort(-flat)
+    count = mx.ceil(quantile * mask.sum()).astype(mx.int32)
+    threshold = mx.take(descending, mx.maximum(count - 1, 0))
+    return ((entropy >= threshold) & (mask > 0)).astype(mx.float32)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
@@ -31,12 +31,15 @@ from .batch import MicroBatch, RolloutBatch, batch_rows, build_batch, groups_wit
 from .config import TrainConfig, dump_yaml
 from .data import encode_prompt
 from .evaluate import columns_of, evaluate_accuracy
+from .health import HealthMonitor, TrainingStopped, relative_change, reward_range, stop_run
 from .logprobs import completion_logprobs
-from .losses import BatchShape, policy_loss
+from .losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
 from .policy import (adapters_disabled, load_policy, prepare_for_training, resolve_model_path, save_adapters,
                      weights_swapped)
 from .rewarding import part_means, score_completions
 from .rollout import SamplingConfig, sample_completions
+from .shaping import groups_to_keep, shape_rewards
+from .reporting import with_reporters
 from .tasks import Task, load_task
 
 # Chunk the vocabulary projection when one micro-batch's logits would exceed this many floats.
@@ -77,9 +80,14 @@ def _chunk_size(config: TrainConfig, model, batch: RolloutBatch) -> int | None:
     return 128 if floats > _CHUNK_LOGITS_ABOVE else None
 
 
-def _logprobs(model, mb: MicroBatch, config: TrainConfig, chunk):
+def _logprobs(model, mb: MicroBatch, config: TrainConfig, chunk, entropy_grad=False):
     return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, config.group_size,
-                               config.temperature, chunk)
+                               config.temperature, chunk, entropy_grad)
+
+
+def loss_settings(config: TrainConfig) -> LossSettings:
+    return LossSettings(config.loss, config.epsilon_low, config.epsilon_high, config.delta, config.beta,
+                        config.sapo_tau_pos, config.sapo_tau_neg, config.entropy_coef)
 
 
 def reference_logprobs(model, config: TrainConfig, parts: list[MicroBatch], ref_params, chunk) -> list[mx.array]:
@@ -102,18 +110,21 @@ def update(model, optimizer, config: TrainConfig, sizes: BatchShape, parts: list
     groups that contribute nothing (see groups_with_signal).
     """
 
+    settings = loss_settings(config)
+
     def loss_fn(model, mb: MicroBatch, ref):
-        logp, entropy = _logprobs(model, mb, config, chunk)
-        loss, stats = policy_loss(
-            logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, loss_type=config.loss,
-            epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high, beta=config.beta, ref_logp=ref,
-        )
-        stats["entropy"] = (entropy * mb.mask).sum()
+        logp, entropy = _logprobs(model, mb, config, chunk, entropy_grad=config.entropy_coef > 0)
+        keep = (top_entropy_mask(entropy, mb.mask, config.entropy_top_quantile)
+                if config.entropy_top_quantile < 1 else None)
+        loss, stats = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, settings,
+                                  ref_logp=ref, entropy=entropy, token_weight=keep)
+        stats["entropy"] = (mx.stop_gradient(entropy) * mb.mask).sum()
         return loss, stats
 
     loss_and_grad = nn.value_and_grad(model, loss_fn)
     totals: dict[str, float] = {}
     losses, norms, clipped, skipped = [], [], [], 0
+    start_weights = model.trainable_parameters()  # for the update size (health rule lr_too_low)
     for _ in range(config.num_iterations):
         # Zero gradients when no group carries signal: the optimizer still steps
         # (as it would on an all-zero batch), keeping the schedule and moments in order.
@@ -149,6 +160,7 @@ def update(model, optimizer, config: TrainConfig, sizes: BatchShape, parts: list
         "ratio/mean": totals["ratio"] / tokens if tokens else None,
         "entropy": totals["entropy"] / tokens if tokens else None,
         "skipped_updates": skipped,
+        "update/rel_change": relative_change(start_weights, model.trainable_parameters()),
     }
     if "kl" in totals and tokens:
         metrics["kl"] = totals["kl"] / tokens
@@ -196,70 +208,149 @@ def step_seed(seed: int, step: int) -> int:
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
 
 
+@dataclass
+class StepRollouts:
+    """Everything sampled in one step (every round), and which groups are trained on."""
+
+    rows: list[dict]
+    completions: list  # group by group; prompt_index points into rows
+    raw_rewards: np.ndarray  # the weighted reward sum, before length penalties
+    rewards: np.ndarray  # after length penalties: what advantages are computed from
+    parts: dict[str, list]
+    errors: dict[str, int]
+    error_examples: dict[str, str]
+    keep: np.ndarray  # one bool per group: trained on
+    rounds: int
+    seconds: float
+
+
+def resample_rows(rows: list[dict], step: int, round_: int, count: int, seed: int) -> list[dict]:
+    """Extra prompts for dynamic sampling: seeded by (seed, step, round), so resume sees the same."""
+    picks = np.random.default_rng([seed, step, round_]).choice(len(rows), count, replace=len(rows) < count)
+    return [rows[int(i)] for i in picks]
+
+
+def collect_rollouts(model, tokenizer, task: Task, config: TrainConfig, step: int) -> StepRollouts:
+    """Sample and score the step's groups; with filters on, drop groups (and maybe refill, bounded)."""
+    g = config.group_size
+    filtering = config.dynamic_sampling or config.reward_threshold is not None
+    extra_rounds = config.resample_rounds if config.dynamic_sampling else 0
+    out = None
+    for round_ in range(1 + extra_rounds):
+        if out is not None and out.keep.sum() >= config.batch_size:
+            break
+        rows = (batch_rows(task.train_rows, step, config.batch_size, config.seed) if round_ == 0
+                else resample_rows(task.train_rows, step, round_, config.batch_size, config.seed))
+        completions, scores, seconds = rollout_and_score(model, tokenizer, task, rows, config)
+        rewards = shape_rewards(
+            scores.total, [len(c.tokens) for c in completions], [c.finish_reason == "length" for c in completions],
+            max_tokens=config.max_tokens, runaway_factor=config.runaway_penalty,
+            overlong_buffer=config.overlong_buffer, overlong_scale=config.overlong_penalty)
+        keep = (groups_to_keep(rewards, g, drop_equal=config.dynamic_sampling,
+                               reward_threshold=config.reward_threshold)
+                if filtering else np.ones(len(rows), dtype=bool))
+        if out is None:
+            out = StepRollouts(rows, completions, np.asarray(scores.total, dtype=np.float64), rewards,
+                               dict(scores.parts), dict(scores.errors), dict(scores.error_examples), keep, 1, seconds)
+            continue
+        offset = len(out.rows)
+        out.rows = out.rows + rows
+        out.completions = out.completions + [replace(c, prompt_index=c.prompt_index + offset) for c in completions]
+        out.raw_rewards = np.concatenate([out.raw_rewards, scores.total])
+        out.rewards = np.concatenate([out.rewards, rewards])
+        for name, values in scores.parts.items():
+            out.parts[name] = list(out.parts.get(name, [])) + list(values)
+        for name, n in scores.errors.items():
+            out.errors[name] = out.errors.get(name, 0) + n
+        for name, example in scores.error_examples.items():
+            out.error_examples.setdefault(name, example)
+        out.keep = np.concatenate([out.keep, keep])
+        out.rounds += 1
+        out.seconds += seconds
+    # At most batch_size groups are trained on: the first ones kept, in sampling order.
+    out.keep &= np.cumsum(out.keep) <= config.batch_size
+    return out
+
+
 def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, step: int, ref_params) -> tuple[dict, list]:
     """One GRPO step; returns (metrics, completion records)."""
     start = time.perf_counter()
     mx.random.seed(step_seed(config.seed, step))
     mx.reset_peak_memory()
-    rows = batch_rows(task.train_rows, step, config.batch_size, config.seed)
-    completions, scores, rollout_s = rollout_and_score(model, tokenizer, task, rows, config)
+    sampled = collect_rollouts(model, tokenizer, task, config, step)
     g = config.group_size
-    advantages = group_advantages(scores.total, g, config.scale_rewards, config.scale_eps)
-    batch = build_batch(completions, advantages, g)
+    kept_rows = np.repeat(sampled.keep, g)
+    completions = [c for c, k in zip(sampled.completions, kept_rows) if k]
+    advantages = group_advantages(sampled.rewards[kept_rows], g, config.scale_rewards, config.scale_eps)
 
     update_start = time.perf_counter()
     model.train()
-    chunk = _chunk_size(config, model, batch)
-    # The reference costs a forward pass: every step when the loss needs it,
-    # every kl_every steps when it is only watched.
-    watch_kl = config.beta == 0 and config.kl_every > 0 and (step % config.kl_every == 0 or step == 1)
-    # bnpo divides by each micro-batch's own token count, so its micro-batches must stay whole.
-    skip_silent = config.beta == 0 and config.loss != "bnpo"
-    parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, config.micro_batch_size)
-    groups_per_part = max(1, config.micro_batch_size // g)
-    sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
-                       num_micro_batches=math.ceil(len(batch.prompts) / groups_per_part),
-                       max_tokens=config.max_tokens)
     metrics = {"step": step, "kl": None}  # None: not measured this step
-    if watch_kl:  # over every group, silent ones included
-        all_parts = micro_batches(batch, config.micro_batch_size) if skip_silent else parts
-        metrics["kl"] = _kl_to_reference(all_parts, reference_logprobs(model, config, all_parts, ref_params, chunk))
-    ref_logps = reference_logprobs(model, config, parts, ref_params, chunk) if config.beta > 0 else None
+    if completions:
+        batch = build_batch(completions, advantages, g)
+        if config.mask_truncated:  # cut-off completions contribute no token to the loss
+            batch.mask[[c.finish_reason == "length" for c in completions]] = 0.0
+        chunk = _chunk_size(config, model, batch)
+        # The reference costs a forward pass: every step when the loss needs it,
+        # every kl_every steps when it is only watched.
+        watch_kl = config.beta == 0 and config.kl_every > 0 and (step % config.kl_every == 0 or step == 1)
+        # A zero-advantage group adds nothing to the loss unless a KL or entropy term
+        # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
+        skip_silent = config.beta == 0 and config.entropy_coef == 0 and config.loss != "bnpo"
+        parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, config.micro_batch_size)
+        groups_per_part = max(1, config.micro_batch_size // g)
+        sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
+                           num_micro_batches=math.ceil(len(batch.prompts) / groups_per_part),
+                           max_tokens=config.max_tokens)
+        if watch_kl:  # over every group, silent ones included
+            all_parts = micro_batches(batch, config.micro_batch_size) if skip_silent else parts
+            metrics["kl"] = _kl_to_reference(all_parts, reference_logprobs(model, config, all_parts, ref_params, chunk))
+        ref_logps = reference_logprobs(model, config, parts, ref_params, chunk) if config.beta > 0 else None
+        prompt_tokens = sum(map(len, batch.prompts))
+    else:  # every group was filtered out: the optimizer still steps, on zero gradients
+        sizes, parts, ref_logps, chunk, prompt_tokens = BatchShape(0, 0, 0, config.max_tokens), [], None, None, 0
     metrics.update(update(model, optimizer, config, sizes, parts, ref_logps, chunk))
     # The rate the last update used (absent only if every update so far was skipped).
     metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
     update_s = time.perf_counter() - update_start
 
-    grouped = scores.total.reshape(-1, g)
-    lengths = np.array([len(c.tokens) for c in completions])
-    generated = int(lengths.sum())
+    grouped = sampled.rewards.reshape(-1, g)
+    lengths = np.array([len(c.tokens) for c in sampled.completions])
+    truncated = np.array([c.finish_reason == "length" for c in sampled.completions])
+    trained_tokens = sum(len(c.tokens) for c in completions)
     metrics.update({
-        "reward/mean": float(scores.total.mean()),
-        "reward/std": float(scores.total.std()),
+        "reward/mean": float(sampled.rewards.mean()),
+        "reward/std": float(sampled.rewards.std()),
         "reward/best_of_n": float(grouped.max(axis=1).mean()),
-        **{f"reward/{name}/mean": value for name, value in part_means(scores.parts).items()},
-        **{f"reward/{name}/errors": n for name, n in scores.errors.items()},
-        **advantage_stats(scores.total, advantages, g),
+        "reward/raw_mean": float(sampled.raw_rewards.mean()),
+        **{f"reward/{name}/mean": value for name, value in part_means(sampled.parts).items()},
+        **{f"reward/{name}/errors": n for name, n in sampled.errors.items()},
+        **(advantage_stats(sampled.rewards[kept_rows], advantages, g) if completions else {}),
+        "frac_zero_std": float(np.mean(grouped.std(axis=1) < 1e-8)),  # over every sampled group
+        "filter/dropped_frac": float(1 - sampled.keep.mean()),
+        "filter/rounds": sampled.rounds,
         "completion/mean_length": float(lengths.mean()),
-        "completion/truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
-        "tokens_per_s": generated / max(rollout_s, 1e-9),
-        "train/tokens_per_s": (sum(map(len, batch.prompts)) + generated) * config.num_iterations / max(update_s, 1e-9),
-        "time/rollout_s": rollout_s,
+        "completion/truncated_frac": float(truncated.mean()),
+        "tokens_per_s": int(lengths.sum()) / max(sampled.seconds, 1e-9),
+        "train/tokens_per_s": (prompt_tokens + trained_tokens) * config.num_iterations / max(update_s, 1e-9),
+        "time/rollout_s": sampled.seconds,
         "time/update_s": update_s,
         "time/step_s": time.perf_counter() - start,
         "memory/peak_gb": mx.get_peak_memory() / 1e9,
     })
 
     records = []
-    for i, c in enumerate(completions):
-        row = rows[c.prompt_index]
+    advantage_of = dict(zip(np.flatnonzero(kept_rows), advantages))
+    for i, c in enumerate(sampled.completions):
         records.append({
-            "step": step, "prompt": row["prompt"], "completion": c.text,
-            "reward": float(scores.total[i]),
-            "rewards": {name: values[i] for name, values in scores.parts.items()},
-            "advantage": float(advantages[i]), "finish_reason": c.finish_reason, "length": len(c.tokens),
+            "step": step, "prompt": sampled.rows[c.prompt_index]["prompt"], "completion": c.text,
+            "reward": float(sampled.rewards[i]), "raw_reward": float(sampled.raw_rewards[i]),
+            "rewards": {name: values[i] for name, values in sampled.parts.items()},
+            # None: the group was filtered out and not trained on
+            "advantage": float(advantage_of[i]) if i in advantage_of else None,
+            "finish_reason": c.finish_reason, "length": len(c.tokens),
         })
-    for name, example in scores.error_examples.items():
+    for name, example in sampled.error_examples.items():
         metrics[f"reward/{name}/error_example"] = example
     return metrics, records
 
@@ -279,6 +370,18 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
     ckpt.atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
+def refreshed_reference(reference, policy, alpha: float):
+    """TR-DPO-style reference update (Gorbatovski et al. 2024, arXiv:2404.09656):
+    reference <- alpha * policy + (1 - alpha) * reference.
+
+    With LoRA the mix is over the adapter matrices A and B themselves (exact
+    for alpha = 1; an approximation of mixing the weight updates otherwise).
+    """
+    mixed = tree_map(lambda r, p: alpha * p + (1 - alpha) * r, reference, policy)
+    mx.eval(mixed)
+    return mixed
+
+
 def default_run_dir(config: TrainConfig) -> Path:
     return Path("checkpoints") / f"{config.task}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
@@ -289,7 +392,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     on_event(kind, data) is told about progress: "start", "eval", "step",
     "checkpoint", "end". The CLI draws its live display from these.
     """
-    emit = on_event or (lambda kind, data: None)
+    emit = with_reporters(config, on_event or (lambda kind, data: None))
     run_dir = Path(config.resume or config.output or default_run_dir(config))
     mx.random.seed(config.seed)
     task = load_task(config)  # first: a bad data file or reward is reported before a slow model load
@@ -300,8 +403,10 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         "dropout": config.lora_dropout, "num_layers": config.lora_layers,
     })
     adapter_config["model"] = resolve_model_path(config.model)
-    ref_params = (tree_map(lambda x: x, model.parameters())
-                  if config.beta > 0 and config.fine_tune_type == "full" else None)
+    # The reference is the base model: adapters switched off (LoRA/DoRA), or a
+    # frozen copy of the starting weights (full fine-tuning, or when it is refreshed).
+    keep_reference = config.ref_refresh_every > 0 or (config.beta > 0 and config.fine_tune_type == "full")
+    ref_params = tree_map(lambda x: x, model.trainable_parameters()) if keep_reference else None
     optimizer = make_optimizer(config)
 
     start_step, state = 0, {}
@@ -310,10 +415,13 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         folder = ckpt.latest_checkpoint(run_dir)
         weights, opt_state, state = ckpt.load_checkpoint(folder)
         model.load_weights(list(weights.items()), strict=False)
+        if "reference_weights" in opt_state:  # a refreshed reference travels with the optimizer state
+            ref_params = opt_state.pop("reference_weights")
         optimizer.state = opt_state
         start_step = int(state["step"])
-        for name in ("metrics.jsonl", "completions.jsonl"):
+        for name in ("metrics.jsonl", "completions.jsonl", "health.jsonl"):
             _truncate_jsonl(run_dir / name, start_step)
+    monitor = HealthMonitor.from_config(config, run_dir if resumed else None)
     ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
                    "warnings": task.warnings})
@@ -328,7 +436,10 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
 
     def save(step: int):
         weights = dict(tree_flatten(model.trainable_parameters()))
-        ckpt.save_checkpoint(run_dir, step, weights, adapter_config, optimizer.state,
+        training_state = optimizer.state
+        if config.ref_refresh_every > 0:
+            training_state = {**optimizer.state, "reference_weights": ref_params}
+        ckpt.save_checkpoint(run_dir, step, weights, adapter_config, training_state,
                              {"eval_before": before, "data_position": step * config.batch_size,
                               "rng": {"seed": config.seed, "next_step_seed": step_seed(config.seed, step + 1)}},
                              keep_last=config.keep_checkpoints)
@@ -337,14 +448,26 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
 
     for step in range(start_step + 1, config.steps + 1):
         metrics, records = train_step(model, tokenizer, optimizer, task, config, step, ref_params)
+        if config.ref_refresh_every and step % config.ref_refresh_every == 0:
+            ref_params = refreshed_reference(ref_params, model.trainable_parameters(), config.ref_refresh_alpha)
+            metrics["ref_refreshed"] = True
         if config.eval_steps and step % config.eval_steps == 0 and step < config.steps:
             result = evaluate_accuracy(model, tokenizer, task, config.max_tokens, config.decode_concurrency)
             metrics["eval/accuracy"] = result["accuracy"]
             emit("eval", {"when": step, **result})
+        metrics.update(reward_range(records))
         _append_jsonl(run_dir / "metrics.jsonl", [metrics])
         _append_jsonl(run_dir / "completions.jsonl", records)
         history.append(metrics)
         emit("step", {"metrics": metrics, "records": records, "total": config.steps})
+        events = monitor.observe(metrics)  # health rules (docs/health.md)
+        _append_jsonl(run_dir / "health.jsonl", events)
+        for event in events:
+            emit("health", event)
+        if monitor.stop_reason:  # too many NaN/Inf steps in a row: stop before any further checkpoint
+            line = stop_run(run_dir, monitor.stop_reason)
+            emit("stopped", {"line": line})
+            raise TrainingStopped(line)
         if step % config.save_every == 0 or step == config.steps:
             save(step)
 

@@ -84,7 +84,7 @@ def test_every_setting_has_a_flag_and_a_readme_entry():
     from mlx_grpo.config import FIELDS, field_help
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    help_text = CliRunner().invoke(app, ["train", "--help"], terminal_width=200).output
+    help_text = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "250"}).output
     helps = field_help()
     for name in FIELDS:
         assert f"`{name}`" in readme, f"README lacks the setting {name}"

@@ -8,83 +8,208 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlx_grpo.logprobs import token_logprobs
-from mlx_grpo.losses import LOSS_TYPES, BatchShape, kl_k3, policy_loss
+from mlx_grpo.losses import LOSS_TYPES, BatchShape, LossSettings, kl_k3, policy_loss, top_entropy_mask
 from mlx_grpo.policy import load_policy, prepare_for_training
 
 
-def numpy_loss(logp, old, adv, mask, loss_type, eps_low, eps_high, beta, ref, max_tokens, micro_batches):
-    """Straight from the formulas in DESIGN.md, one micro-batch = the whole batch
-    except for bnpo, which normalises by the micro-batch's own token count."""
-    ratio = np.exp(logp - old)
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def numpy_loss(logp, old, adv, mask, loss_type, *, eps_low=0.2, eps_high=0.28, beta=0.0, ref=None, max_tokens=12,
+               micro_batches=1, delta=None, tau_pos=1.0, tau_neg=1.05, entropy=None, entropy_coef=0.0,
+               token_weight=None, logp_stopped=None):
+    """Each paper's formula, written out in float64.
+
+    One micro-batch = the whole batch, except for bnpo, which normalises by each
+    micro-batch's own token count. logp_stopped stands for sg(logp) (CISPO's
+    weight): the finite-difference gradient moves logp and leaves it fixed.
+    """
+    logp_stopped = logp if logp_stopped is None else logp_stopped
     a = adv[:, None]
-    per_token = -np.minimum(ratio * a, np.clip(ratio, 1 - eps_low, 1 + eps_high) * a)
+    ratio = np.exp(logp - old)
+    if loss_type == "gspo":  # Zheng et al. 2025, eq. 5-7
+        s = np.exp((mask * (logp - old)).sum(1) / mask.sum(1))[:, None]
+        term = -np.minimum(s * a, np.clip(s, 1 - eps_low, 1 + eps_high) * a) * np.ones_like(logp)
+    elif loss_type == "cispo":  # MiniMax 2025, eq. 4-5
+        weight = np.minimum(np.exp(logp_stopped - old), 1 + eps_high)
+        term = -weight * a * logp
+    elif loss_type == "sapo":  # Gao et al. 2025, eq. 6-8
+        tau = np.where(a > 0, tau_pos, tau_neg)
+        term = -(4 / tau) * _sigmoid(tau * (ratio - 1)) * a
+    else:  # PPO-clip, with the optional two-sided cap delta
+        unclipped = np.minimum(ratio, delta) if delta is not None else ratio
+        term = -np.minimum(unclipped * a, np.clip(ratio, 1 - eps_low, 1 + eps_high) * a)
+    if token_weight is not None:
+        term = term * token_weight
     if beta > 0:
-        per_token = per_token + beta * (np.exp(ref - logp) - (ref - logp) - 1)
-    if loss_type == "grpo":
-        return np.mean([(per_token[i] * mask[i]).sum() / mask[i].sum() for i in range(len(adv))])
+        term = term + beta * (np.exp(ref - logp) - (ref - logp) - 1)
+    if entropy_coef > 0:
+        term = term - entropy_coef * entropy
+    if loss_type in ("grpo", "gspo", "sapo"):
+        return np.mean([(term[i] * mask[i]).sum() / mask[i].sum() for i in range(len(adv))])
     if loss_type == "dr_grpo":
-        return (per_token * mask).sum() / (len(adv) * max_tokens)
-    if loss_type == "dapo":
-        return (per_token * mask).sum() / mask.sum()
+        return (term * mask).sum() / (len(adv) * max_tokens)
+    if loss_type in ("dapo", "cispo"):
+        return (term * mask).sum() / mask.sum()
     if loss_type == "bnpo":
-        # mean over micro-batches of each micro-batch's token mean
         parts = np.array_split(np.arange(len(adv)), micro_batches)
-        return np.mean([(per_token[p] * mask[p]).sum() / mask[p].sum() for p in parts])
+        return np.mean([(term[p] * mask[p]).sum() / mask[p].sum() for p in parts])
     raise ValueError(loss_type)
 
 
-def random_inputs(seed, n=6, t=9):
+def sequence_ratio(logp, old, mask):
+    return np.exp((mask * (logp - old)).sum(1) / mask.sum(1))[:, None] * np.ones_like(logp)
+
+
+def expected_clipped(logp, old, adv, mask, loss_type, eps_low=0.2, eps_high=0.28, delta=None):
+    """Which tokens the clip should count (their policy gradient is cut, or, for CISPO, their weight)."""
+    a = adv[:, None]
+    ratio = sequence_ratio(logp, old, mask) if loss_type == "gspo" else np.exp(logp - old)
+    if loss_type == "cispo":
+        return (ratio > 1 + eps_high) * mask
+    if loss_type == "sapo":
+        return np.zeros_like(mask)
+    clipped = ((ratio > 1 + eps_high) & (a > 0)) | ((ratio < 1 - eps_low) & (a < 0))
+    if delta is not None:
+        clipped |= (ratio > delta) & (a < 0)
+    return clipped * mask
+
+
+def random_inputs(seed, n=16, t=9):
     rng = np.random.default_rng(seed)
     old = rng.normal(-2.0, 1.0, (n, t))
-    # ratios spread well outside [0.8, 1.2] so both clip branches fire
-    logp = old + rng.normal(0.0, 0.4, (n, t))
+    # Ratios spread well outside [0.8, 1.28], per token and per sequence, so both
+    # clip branches fire for the token-level and the sequence-level losses.
+    logp = old + rng.normal(0.0, 0.4, (n, t)) + rng.normal(0.0, 0.35, (n, 1))
     ref = old + rng.normal(0.0, 0.3, (n, t))
     adv = rng.normal(0.0, 1.0, n)
     mask = (rng.random((n, t)) < 0.75).astype(np.float64)
     mask[:, 0] = 1.0  # every sequence has at least one token
-    return logp, old, ref, adv, mask
+    entropy = rng.uniform(0.1, 3.0, (n, t))
+    return logp, old, ref, adv, mask, entropy
+
+
+def mlx_loss(logp, old, adv, mask, loss_type, micro=2, **kw):
+    """Sum of the micro-batch losses, as the trainer accumulates them; the summed clip count; d loss / d logp."""
+    n = len(adv)
+    shape = BatchShape(num_sequences=n, num_tokens=int(mask.sum()), num_micro_batches=micro,
+                       max_tokens=kw.pop("max_tokens", 12))
+    settings = LossSettings(loss_type=loss_type, epsilon_low=kw.pop("eps_low", 0.2),
+                            epsilon_high=kw.pop("eps_high", 0.28), delta=kw.pop("delta", None),
+                            beta=kw.pop("beta", 0.0), entropy_coef=kw.pop("entropy_coef", 0.0))
+    ref, entropy, weight = kw.pop("ref", None), kw.pop("entropy", None), kw.pop("token_weight", None)
+    assert not kw, kw
+
+    def f(arr):
+        return mx.array(arr, dtype=mx.float32) if arr is not None else None
+
+    def total(lp):
+        loss, clipped = 0.0, 0.0
+        for p in np.array_split(np.arange(n), micro):
+            rows = mx.array(p)
+            part_loss, stats = policy_loss(
+                lp[rows], f(old[p]), f(adv[p]), f(mask[p]), shape, settings,
+                ref_logp=f(ref[p]) if ref is not None else None,
+                entropy=f(entropy[p]) if entropy is not None else None,
+                token_weight=f(weight[p]) if weight is not None else None)
+            loss = loss + part_loss
+            clipped = clipped + stats["clipped"]
+        return loss, clipped
+
+    (loss, clipped), grad = mx.value_and_grad(total)(f(logp))
+    return loss.item(), clipped.item(), np.array(grad)
+
+
+def finite_difference_grad(fn, x, h=1e-6):
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[idx] = h
+        grad[idx] = (fn(x + step) - fn(x - step)) / (2 * h)
+    return grad
+
+
+CASES = [(loss_type, beta) for loss_type in LOSS_TYPES for beta in (0.0, 0.05)]
+
+
+@pytest.mark.parametrize("loss_type,beta", CASES)
+def test_loss_and_gradient_match_the_paper_formula(loss_type, beta):
+    logp, old, ref, adv, mask, _ = random_inputs(seed=LOSS_TYPES.index(loss_type) * 2 + int(beta > 0))
+    micro = 2
+    clipped_tokens = expected_clipped(logp, old, adv, mask, loss_type)
+    if loss_type not in ("cispo", "sapo"):  # both clip sides fire on these inputs
+        ratio = sequence_ratio(logp, old, mask) if loss_type == "gspo" else np.exp(logp - old)
+        assert (clipped_tokens * (ratio > 1)).sum() > 0 and (clipped_tokens * (ratio < 1)).sum() > 0
+    loss, clipped, grad = mlx_loss(logp, old, adv, mask, loss_type, micro=micro, beta=beta, ref=ref)
+
+    def reference(lp):
+        return numpy_loss(lp, old, adv, mask, loss_type, beta=beta, ref=ref, micro_batches=micro, logp_stopped=logp)
+
+    assert loss == pytest.approx(reference(logp), rel=1e-5, abs=1e-6)
+    np.testing.assert_allclose(grad, finite_difference_grad(reference, logp), rtol=1e-3, atol=2e-6)
+    assert np.abs(grad).max() > 1e-3  # a real gradient was compared
+    assert clipped == clipped_tokens.sum()
+    assert (clipped > 0) == (loss_type != "sapo")
+
+
+def test_delta_caps_the_ratio_of_negative_advantage_tokens():
+    logp, old, _, adv, mask, _ = random_inputs(seed=11)
+    delta = 1.5
+    ratio = np.exp(logp - old)
+    capped = (ratio > delta) & (adv[:, None] < 0) & (mask > 0)
+    assert capped.any()
+    for loss_type in ("grpo", "dapo"):
+        loss, clipped, grad = mlx_loss(logp, old, adv, mask, loss_type, delta=delta)
+
+        def reference(lp, loss_type=loss_type):
+            return numpy_loss(lp, old, adv, mask, loss_type, delta=delta, micro_batches=2)
+
+        assert loss == pytest.approx(reference(logp), rel=1e-5, abs=1e-6)
+        np.testing.assert_allclose(grad, finite_difference_grad(reference, logp), rtol=1e-3, atol=2e-6)
+        assert clipped == expected_clipped(logp, old, adv, mask, loss_type, delta=delta).sum()
+        assert np.all(grad[capped] == 0)  # the capped tokens get no gradient
+        without, _, _ = mlx_loss(logp, old, adv, mask, loss_type)
+        assert loss != pytest.approx(without)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo"])
+def test_entropy_bonus_and_top_entropy_mask(loss_type):
+    logp, old, _, adv, mask, entropy = random_inputs(seed=21)
+    weight = np.array(top_entropy_mask(mx.array(entropy, dtype=mx.float32), mx.array(mask, dtype=mx.float32), 0.2))
+    # exactly the top 20% (rounded up) of the real tokens by entropy
+    assert weight.sum() == np.ceil(0.2 * mask.sum())
+    assert entropy[weight > 0].min() >= entropy[(mask > 0) & (weight == 0)].max()
+    assert np.all(weight[mask == 0] == 0)
+    loss, _, grad = mlx_loss(logp, old, adv, mask, loss_type, entropy=entropy, entropy_coef=0.01,
+                             token_weight=weight)
+
+    def reference(lp):
+        return numpy_loss(lp, old, adv, mask, loss_type, entropy=entropy, entropy_coef=0.01, token_weight=weight,
+                          micro_batches=2, logp_stopped=logp)
+
+    assert loss == pytest.approx(reference(logp), rel=1e-5, abs=1e-6)
+    np.testing.assert_allclose(grad, finite_difference_grad(reference, logp), rtol=1e-3, atol=2e-6)
+    assert np.all(grad[weight == 0] == 0)  # masked-out tokens get no policy gradient
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-@pytest.mark.parametrize("beta", [0.0, 0.05])
-def test_loss_matches_numpy_with_clipping(loss_type, beta):
-    logp, old, ref, adv, mask = random_inputs(seed=hash((loss_type, beta)) % 1000)
-    eps_low, eps_high, max_tokens = 0.2, 0.28, 12
-    ratio = np.exp(logp - old)
-    assert ((ratio > 1.28) & (mask > 0)).any() and ((ratio < 0.8) & (mask > 0)).any()
-
-    micro = 2
-    parts = np.array_split(np.arange(len(adv)), micro)
-    shape = BatchShape(num_sequences=len(adv), num_tokens=int(mask.sum()), num_micro_batches=micro,
-                       max_tokens=max_tokens)
-    total, clipped = 0.0, 0.0
-    for p in parts:
-        loss, stats = policy_loss(
-            mx.array(logp[p], dtype=mx.float32), mx.array(old[p], dtype=mx.float32),
-            mx.array(adv[p], dtype=mx.float32), mx.array(mask[p], dtype=mx.float32), shape,
-            loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high, beta=beta,
-            ref_logp=mx.array(ref[p], dtype=mx.float32),
-        )
-        total += loss.item()
-        clipped += stats["clipped"].item()
-
-    expected = numpy_loss(logp, old, adv, mask, loss_type, eps_low, eps_high, beta, ref, max_tokens, micro)
-    assert total == pytest.approx(expected, rel=1e-5, abs=1e-6)
-
-    a = adv[:, None]
-    expected_clipped = (((ratio > 1 + eps_high) & (a > 0)) | ((ratio < 1 - eps_low) & (a < 0))) * mask
-    assert clipped == expected_clipped.sum() > 0
-
-
-def test_ratio_one_gives_plain_policy_gradient():
-    # With logp == behaviour logp the gradient wrt logp is -A / n_i per token (grpo).
-    logp = mx.array([[-1.0, -2.0, -0.5], [-0.3, -0.7, -1.1]])
-    mask = mx.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
-    adv = mx.array([0.5, -1.0])
-    shape = BatchShape(2, 5, 1, 3)
-    grad = mx.grad(lambda lp: policy_loss(lp, mx.stop_gradient(lp), adv, mask, shape)[0])(logp)
-    expected = np.array([[-0.5 / 2, -0.5 / 2, 0.0], [1 / 3, 1 / 3, 1 / 3]]) / 2
-    np.testing.assert_allclose(np.array(grad), expected, rtol=1e-6)
+def test_ratio_one_gives_reinforce_with_a_baseline(loss_type):
+    """On-policy (num_iterations = 1, ratio 1) every objective's gradient is
+    REINFORCE's, -A * grad(logp), under that loss's normalisation."""
+    logp, _, _, adv, mask, _ = random_inputs(seed=5)
+    _, clipped, grad = mlx_loss(logp, logp, adv, mask, loss_type, max_tokens=12)
+    assert clipped == 0
+    n, a = len(adv), adv[:, None]
+    if loss_type in ("grpo", "gspo", "sapo"):
+        expected = -a * mask / mask.sum(1, keepdims=True) / n
+    elif loss_type == "dr_grpo":
+        expected = -a * mask / (n * 12)
+    elif loss_type == "bnpo":
+        expected = np.concatenate([-a[p] * mask[p] / mask[p].sum() / 2 for p in np.array_split(np.arange(n), 2)])
+    else:
+        expected = -a * mask / mask.sum()
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-8)
 
 
 def test_k3_is_nonnegative_and_zero_at_equality():

@@ -1,0 +1,61 @@
+"""What happens to rewards between scoring and advantages.
+
+Length penalties act on each completion's reward:
+
+- runaway penalty (seed 001): a completion that hit `max_tokens` without the
+  end marker keeps only `factor` of its reward. Multiplying, not capping,
+  keeps the ranking inside a group: a cap made every runaway score the same,
+  zero std, nothing learned. A negative reward is never raised by it:
+  R -> R - (1 - factor) * |R|, which is R * factor when R >= 0.
+- DAPO soft overlong penalty (Yu et al. 2025, arXiv:2503.14476, eq. 13): with
+  L = max_tokens and a buffer B, a completion of length n gets
+      0                          if n <= L - B
+      (L - B - n) / B * penalty  if L - B < n <= L
+  added to its reward.
+
+Group filters decide which groups enter the update:
+
+- DAPO dynamic sampling: groups whose rewards are all equal carry no signal
+  (every advantage is 0); they are dropped, and the batch may be refilled by
+  further rollouts (the trainer does that, bounded).
+- reward threshold (seed 003): groups whose best reward is below the
+  threshold have nothing good to move toward; they are dropped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def runaway_penalty(rewards, truncated, factor: float) -> np.ndarray:
+    rewards = np.asarray(rewards, dtype=np.float64)
+    penalised = rewards - (1.0 - factor) * np.abs(rewards)
+    return np.where(np.asarray(truncated, dtype=bool), penalised, rewards)
+
+
+def overlong_penalty(lengths, max_tokens: int, buffer: int, penalty: float = 1.0) -> np.ndarray:
+    """The (non-positive) DAPO soft overlong term of each completion."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    if buffer <= 0:
+        return np.zeros_like(lengths)
+    start = max_tokens - buffer
+    return np.where(lengths > start, (start - np.minimum(lengths, max_tokens)) / buffer * penalty, 0.0)
+
+
+def shape_rewards(rewards, lengths, truncated, *, max_tokens: int, runaway_factor: float = 1.0,
+                  overlong_buffer: int = 0, overlong_scale: float = 1.0) -> np.ndarray:
+    shaped = runaway_penalty(rewards, truncated, runaway_factor) if runaway_factor < 1 else np.asarray(
+        rewards, dtype=np.float64)
+    return shaped + overlong_penalty(lengths, max_tokens, overlong_buffer, overlong_scale)
+
+
+def groups_to_keep(rewards, group_size: int, *, drop_equal: bool = False,
+                   reward_threshold: float | None = None) -> np.ndarray:
+    """One bool per group: does it enter the update?"""
+    grouped = np.asarray(rewards, dtype=np.float64).reshape(-1, group_size)
+    keep = np.ones(len(grouped), dtype=bool)
+    if drop_equal:
+        keep &= grouped.max(axis=1) - grouped.min(axis=1) > 1e-9
+    if reward_threshold is not None:
+        keep &= grouped.max(axis=1) >= reward_threshold
+    return keep
