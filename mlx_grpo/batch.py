@@ -56,7 +56,9 @@ def build_batch(completions, advantages, group_size: int) -> RolloutBatch:
     behaviour = np.zeros((n, width), dtype=np.float32)
     for i, c in enumerate(completions):
         k = len(c.tokens)
-        tokens[i, :k], mask[i, :k], behaviour[i, :k] = c.tokens, 1.0, c.logprobs
+        tokens[i, :k], behaviour[i, :k] = c.tokens, c.logprobs
+        # Multi-turn episodes carry their own mask: 0 on the environment's tokens.
+        mask[i, :k] = c.mask if getattr(c, "mask", None) is not None else 1.0
     prompts = [completions[g * group_size].prompt_tokens for g in range(n // group_size)]
     return RolloutBatch(prompts, tokens, mask, behaviour, np.asarray(advantages, dtype=np.float32), group_size)
 
@@ -84,7 +86,9 @@ def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
     for first in range(0, len(batch.prompts), groups_per):
         prompts = batch.prompts[first:first + groups_per]
         rows = slice(first * g, (first + len(prompts)) * g)
-        width = int(batch.mask[rows].sum(axis=1).max())
+        # The last masked-in column (multi-turn masks have zeros inside, not only at the end).
+        used = np.flatnonzero(batch.mask[rows].any(axis=0))
+        width = int(used[-1]) + 1 if len(used) else 0
         longest = max(len(p) for p in prompts)
         padded = np.zeros((len(prompts), longest), dtype=np.int32)
         for i, p in enumerate(prompts):

@@ -1,0 +1,248 @@
+"""Multi-turn rollouts: the model and an environment take turns, all episodes at once.
+
+An episode starts from the environment's first observation, sent through the
+chat template as the user's message. Then, turn after turn:
+
+  1. every unfinished episode of the batch gets one model turn, sampled in one
+     batched call (mlx-lm's BatchGenerator, as for single-turn rollouts);
+  2. each turn's text goes to its environment's `step`;
+  3. the observation is appended to the conversation as the next user message
+     (the chat template's own separators), and the next turn begins.
+
+An episode ends when its environment says done, after `max_turns` model
+turns, or when it reaches `max_episode_tokens` tokens after the first prompt
+(a turn that would pass the budget is cut there).
+
+The result is one `Episode` per (row, group member), shaped like
+`rollout.Completion`: `tokens` is everything after the first prompt (model
+turns and observations in order), `logprobs` the behaviour log-prob of each
+sampled token (0 on observation tokens) and `mask` 1 on the model's tokens and
+0 on the environment's, so the loss and its gradient see the model's tokens
+only (batch.build_batch takes the mask from here).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .data import encode_prompt
+from .environment import Environment
+from .rewarding import Scores
+from .rollout import SamplingConfig, sample_completions
+
+_MARK = "\x00OBSERVATION\x00"
+
+
+@dataclass
+class Episode:
+    prompt_index: int  # which row of the batch
+    prompt_tokens: list[int]  # the first observation through the chat template
+    tokens: list[int] = field(default_factory=list)  # model turns and observations after the prompt
+    logprobs: list[float] = field(default_factory=list)  # log mu on model tokens, 0 on observations
+    mask: list[float] = field(default_factory=list)  # 1 on model tokens, 0 on observation tokens
+    finish_reason: str | None = None  # "done" | "max_turns" | "max_tokens" | "env_error"
+    turns: list[str] = field(default_factory=list)  # what the model wrote, turn by turn
+    observations: list[str] = field(default_factory=list)  # what the environment answered
+    reward: float = 0.0
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # the environment's last info
+    error: str = ""
+
+    @property
+    def text(self) -> str:
+        """A readable transcript: the model's turns and the observations between them."""
+        out = []
+        for i, turn in enumerate(self.turns):
+            out.append(f"> {turn}")
+            if i < len(self.observations):
+                out.append(self.observations[i])
+        return "\n".join(out)
+
+
+@dataclass
+class ChatJoin:
+    """How an observation joins the conversation after a model turn, as text.
+
+    With a chat template: the rest of the assistant's turn after its end token
+    (Qwen: "\\n"), the user-turn header, the observation, the end of the user
+    turn and the assistant header, exactly as the template writes them.
+    """
+
+    end_text: str  # the end-of-turn token as text (added when a turn was cut before it)
+    before: str
+    after: str
+
+    def text(self, observation: str, turn_ended: bool) -> str:
+        return ("" if turn_ended else self.end_text) + self.before + observation + self.after
+
+
+def chat_join(tokenizer, system_prompt: str | None = None) -> ChatJoin:
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    if not getattr(tokenizer, "chat_template", None):
+        return ChatJoin(eos, "\n", "\n")
+    messages = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]
+    if system_prompt:
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    first = tokenizer.apply_chat_template(messages, tokenize=False)
+    both = tokenizer.apply_chat_template(messages + [{"role": "user", "content": _MARK}], tokenize=False,
+                                         add_generation_prompt=True)
+    if not both.startswith(first) or _MARK not in both:
+        return ChatJoin(eos, "\n", "\n")  # a template that rewrites earlier turns: plain text
+    tail = first[first.rindex("A") + 1:]
+    tail = tail[len(eos):] if eos and tail.startswith(eos) else tail
+    before, after = both[len(first):].split(_MARK)
+    return ChatJoin(eos, tail + before, after)
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int, sampling: SamplingConfig,
+                     max_turns: int, max_episode_tokens: int, system_prompt: str | None = None,
+                     concurrency: int = 256) -> list[Episode]:
+    """Play every environment to the end; `envs` are grouped, G consecutive ones per row.
+
+    Returns the episodes in the same order, with rewards filled in.
+    """
+    join = chat_join(tokenizer, system_prompt)
+    firsts = [env.reset() for env in envs]
+    episodes = []
+    for i, first in enumerate(firsts):
+        if first != firsts[i - i % group_size]:
+            raise ValueError("the environments of one group start differently; reset() must be deterministic")
+        episodes.append(Episode(i // group_size, encode_prompt(tokenizer, first, system_prompt)))
+
+    active = list(range(len(envs)))
+    for turn in range(max_turns):
+        if not active:
+            break
+        budget = {i: max_episode_tokens - len(episodes[i].tokens) for i in active}
+        turn_sampling = replace(sampling, max_tokens=max(1, min(sampling.max_tokens, max(budget.values()))))
+        if turn == 0:  # all episodes of a group share the first prompt: prefill it once
+            heads = active[::group_size]
+            outs = sample_completions(model, tokenizer, [episodes[i].prompt_tokens for i in heads], group_size,
+                                      turn_sampling, concurrency)
+        else:
+            outs = sample_completions(model, tokenizer, [episodes[i].prompt_tokens + episodes[i].tokens for i in active],
+                                      1, turn_sampling, concurrency)
+        still = []
+        for i, out in zip(active, outs):
+            ep = episodes[i]
+            tokens, logprobs = out.tokens[:budget[i]], out.logprobs[:budget[i]]
+            ep.tokens += tokens
+            ep.logprobs += logprobs
+            ep.mask += [1.0] * len(tokens)
+            if len(tokens) < len(out.tokens):  # cut by the episode's budget
+                ep.turns.append(tokenizer.decode(tokens))
+                ep.finish_reason = "max_tokens"
+                continue
+            ep.turns.append(out.text)
+            try:
+                observation, done, info = envs[i].step(out.text)
+            except Exception as e:  # an environment bug ends its episode, not the run
+                ep.error, ep.finish_reason = f"{type(e).__name__}: {e}", "env_error"
+                continue
+            ep.info = info
+            if done:
+                ep.finish_reason = "done"
+                continue
+            if turn == max_turns - 1:
+                ep.finish_reason = "max_turns"
+                continue
+            joined = _encode(tokenizer, join.text(str(observation), out.finish_reason == "stop"))
+            if len(ep.tokens) + len(joined) >= max_episode_tokens:  # no room left for a model turn
+                ep.finish_reason = "max_tokens"
+                continue
+            ep.observations.append(str(observation))
+            ep.tokens += joined
+            ep.logprobs += [0.0] * len(joined)
+            ep.mask += [0.0] * len(joined)
+            still.append(i)
+        active = still
+
+    for ep, env in zip(episodes, envs):
+        if ep.error:
+            ep.reward, ep.reward_parts = 0.0, {}
+            continue
+        try:
+            ep.reward = float(env.reward())
+            parts = env.reward_parts() if hasattr(env, "reward_parts") else {}
+            ep.reward_parts = {k: float(v) for k, v in parts.items()}
+        except Exception as e:
+            ep.error, ep.reward, ep.reward_parts = f"{type(e).__name__}: {e}", 0.0, {}
+    return episodes
+
+
+def episode_scores(episodes: list[Episode]) -> Scores:
+    """The episodes' rewards as `rewarding.Scores`: total and named parts, errors counted."""
+    names = list(dict.fromkeys(k for ep in episodes for k in ep.reward_parts))
+    parts = {name: [ep.reward_parts.get(name) if not ep.error else None for ep in episodes] for name in names}
+    errors = [ep.error for ep in episodes if ep.error]
+    return Scores(total=np.array([ep.reward for ep in episodes], dtype=float), parts=parts,
+                  errors={"environment": len(errors)} if errors else {},
+                  error_examples={"environment": errors[0]} if errors else {})
+
+
+def episode_metrics(episodes: list[Episode]) -> dict:
+    """Turns, solved rate and why episodes ended, for metrics.jsonl."""
+    reasons = [ep.finish_reason for ep in episodes]
+    out = {
+        "episode/turns": float(np.mean([len(ep.turns) for ep in episodes])),
+        "episode/model_tokens": float(np.mean([sum(ep.mask) for ep in episodes])),
+        "episode/env_tokens": float(np.mean([len(ep.mask) - sum(ep.mask) for ep in episodes])),
+    }
+    for reason in ("done", "max_turns", "max_tokens", "env_error"):
+        out[f"episode/{reason}_frac"] = float(np.mean([r == reason for r in reasons]))
+    solved = [ep.info.get("solved") for ep in episodes if "solved" in ep.info]
+    if solved:
+        out["episode/solved"] = float(np.mean(solved)) * len(solved) / len(episodes)
+    return out
+
+
+def make_envs(task, rows: list[dict], group_size: int) -> list[Environment]:
+    return [task.make_env(row) for row in rows for _ in range(group_size)]
+
+
+def rollout_and_score(model, tokenizer, task, rows: list[dict], config):
+    """The multi-turn counterpart of trainer.rollout_and_score: (episodes, scores, seconds)."""
+    model.eval()
+    start = time.perf_counter()
+    episodes = rollout_episodes(
+        model, tokenizer, make_envs(task, rows, config.group_size), config.group_size,
+        SamplingConfig(config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens),
+        config.max_turns, config.max_episode_tokens, task.system_prompt, config.decode_concurrency,
+    )
+    return episodes, episode_scores(episodes), time.perf_counter() - start
+
+
+def evaluate_episodes(model, tokenizer, task, config, temperature: float = 0.0) -> dict:
+    """Accuracy of a multi-turn task: the fraction of held-out episodes solved (greedy by default).
+
+    An episode counts as solved when its environment's info says "solved", or
+    else when its reward is at least 1.
+    """
+    rows = task.eval_rows
+    if not rows:
+        return {"accuracy": None, "n": 0}
+    was_training = model.training
+    model.eval()
+    start = time.perf_counter()
+    episodes = rollout_episodes(
+        model, tokenizer, make_envs(task, rows, 1), 1,
+        SamplingConfig(temperature=temperature, max_tokens=config.max_tokens),
+        config.max_turns, config.max_episode_tokens, task.system_prompt, config.decode_concurrency,
+    )
+    model.train(was_training)
+    solved = [bool(ep.info.get("solved", ep.reward >= 1.0)) and not ep.error for ep in episodes]
+    return {
+        "accuracy": float(np.mean(solved)),
+        "n": len(rows),
+        "mean_length": float(np.mean([len(ep.tokens) for ep in episodes])),
+        "truncated_frac": float(np.mean([ep.finish_reason != "done" for ep in episodes])),
+        "seconds": time.perf_counter() - start,
+        "completions": [ep.text for ep in episodes],
+    }

@@ -1,0 +1,209 @@
+"""Multi-turn rollouts: turns batched across episodes, observations through the chat
+template, exact behaviour log-probs, a mask over the model's tokens only, limits."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from mlx_grpo.batch import build_batch, micro_batches
+from mlx_grpo.environment import Environment, SingleTurnEnv
+from mlx_grpo.logprobs import completion_logprobs, token_logprobs
+from mlx_grpo.losses import BatchShape, policy_loss
+from mlx_grpo.multiturn import chat_join, episode_scores, rollout_episodes
+from mlx_grpo.policy import load_policy, prepare_for_training
+from mlx_grpo.rollout import SamplingConfig
+from rewards.web_browsing import WebEnv, make_task
+
+
+class CountingEnv:
+    """Says "turn k of n" after each action; done after n actions; reward = n actions seen."""
+
+    def __init__(self, name="a", turns=3):
+        self.name, self.turns = name, turns
+        self.calls = 0
+
+    def reset(self):
+        self.seen = []
+        return f"start {self.name}"
+
+    def step(self, action):
+        self.calls += 1
+        self.seen.append(action)
+        done = len(self.seen) >= self.turns
+        return f"turn {len(self.seen)} of {self.turns}", done, {"solved": done}
+
+    def reward(self):
+        return float(len(self.seen))
+
+    def reward_parts(self):
+        return {"steps": float(len(self.seen)), "constant": 0.5}
+
+
+class BrokenEnv(CountingEnv):
+    def step(self, action):
+        raise RuntimeError("boom")
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_path):
+    return load_policy(str(tiny_model_path))
+
+
+def _roll(policy, envs, group_size, max_turns=4, budget=400, max_tokens=6, temperature=1.0, seed=0):
+    model, tokenizer = policy
+    mx.random.seed(seed)
+    return rollout_episodes(model, tokenizer, envs, group_size, SamplingConfig(temperature, max_tokens=max_tokens),
+                            max_turns, budget)
+
+
+def test_protocol_is_satisfied_by_the_web_and_single_turn_envs():
+    assert isinstance(CountingEnv(), Environment)
+    assert isinstance(WebEnv(make_task("fact", 1, 0)), Environment)
+    assert isinstance(SingleTurnEnv({"prompt": "p"}, [lambda prompts, completions, **kw: [1.0]]), Environment)
+
+
+def test_episode_layout_mask_and_observations_through_the_chat_template(policy):
+    model, tokenizer = policy
+    envs = [CountingEnv("a") for _ in range(3)] + [CountingEnv("b") for _ in range(3)]
+    episodes = _roll(policy, envs, 3)
+    join = chat_join(tokenizer)
+    assert join.before == "\n<|im_start|>user\n" and join.after == "<|im_end|>\n<|im_start|>assistant\n"
+    end = tokenizer.eos_token_id
+    for i, ep in enumerate(episodes):
+        assert ep.prompt_index == i // 3
+        assert ep.prompt_tokens == list(tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"start {'ab'[i // 3]}"}], add_generation_prompt=True))
+        assert len(ep.tokens) == len(ep.logprobs) == len(ep.mask)
+        assert ep.finish_reason == "done" and len(ep.turns) == 3 and envs[i].calls == 3
+        assert ep.reward == 3.0 and ep.reward_parts == {"steps": 3.0, "constant": 0.5}
+        # Split the tokens into runs of model (mask 1) and environment (mask 0) tokens.
+        mask = np.array(ep.mask)
+        edges = np.flatnonzero(np.diff(mask)) + 1
+        runs = np.split(np.arange(len(mask)), edges)
+        assert [mask[r[0]] for r in runs] == [1, 0, 1, 0, 1]  # model, env, model, env, model
+        for k, r in enumerate(runs):
+            ids = [ep.tokens[j] for j in r]
+            if mask[r[0]] == 0:  # an observation: exactly the chat template's next user turn
+                turn_ended = ep.tokens[r[0] - 1] == end
+                expected = join.text(f"turn {k // 2 + 1} of 3", turn_ended)
+                assert tokenizer.decode(ids) == expected
+                assert all(ep.logprobs[j] == 0.0 for j in r)
+            else:  # a model turn: its sampled ids and (negative) log-probs
+                assert all(ep.logprobs[j] < 0 for j in r)
+    # the environment saw each model turn's text (end token left out)
+    assert envs[0].seen == episodes[0].turns
+
+
+def test_behaviour_logprobs_match_a_forward_pass_over_the_whole_conversation(policy):
+    model, _ = policy
+    for ep in _roll(policy, [CountingEnv() for _ in range(4)], 2, temperature=0.9, seed=3):
+        logp, _ = token_logprobs(model, mx.array([ep.prompt_tokens + ep.tokens]), temperature=0.9)
+        forward = np.array(logp[0, len(ep.prompt_tokens) - 1:])
+        model_tokens = np.array(ep.mask) == 1
+        np.testing.assert_allclose(np.array(ep.logprobs)[model_tokens], forward[model_tokens], atol=2e-4)
+
+
+def test_limits_on_turns_and_tokens(policy):
+    episodes = _roll(policy, [CountingEnv(turns=10) for _ in range(4)], 2, max_turns=2)
+    assert all(ep.finish_reason == "max_turns" and len(ep.turns) == 2 for ep in episodes)
+    assert all(ep.mask[-1] == 1 for ep in episodes)  # nothing follows the last model turn
+    episodes = _roll(policy, [CountingEnv(turns=10) for _ in range(4)], 2, max_turns=10, budget=40, max_tokens=8)
+    for ep in episodes:
+        assert ep.finish_reason == "max_tokens" and len(ep.tokens) <= 40 and ep.mask[-1] == 1
+    # a budget smaller than one turn cuts the first turn
+    episodes = _roll(policy, [CountingEnv() for _ in range(2)], 2, budget=3, max_tokens=8)
+    assert all(len(ep.tokens) <= 3 for ep in episodes)
+
+
+def test_a_broken_environment_ends_its_episode_not_the_rollout(policy):
+    envs = [BrokenEnv("b"), BrokenEnv("b"), CountingEnv(), CountingEnv()]
+    episodes = _roll(policy, envs, 2)
+    assert [ep.finish_reason for ep in episodes[:2]] == ["env_error"] * 2
+    scores = episode_scores(episodes)
+    assert scores.errors == {"environment": 2} and "boom" in scores.error_examples["environment"]
+    assert scores.total.tolist()[:2] == [0.0, 0.0] and scores.total[2] == 3.0
+    assert scores.parts["steps"][:2] == [None, None]
+
+
+def test_groups_must_start_alike(policy):
+    with pytest.raises(ValueError, match="deterministic"):
+        _roll(policy, [CountingEnv("a"), CountingEnv("b")], 2)
+
+
+def test_single_turn_task_is_the_one_step_case(policy):
+    def exact(prompts, completions, answer, **kw):
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    def length(prompts, completions, **kw):
+        return [len(c) / 10 for c in completions]
+
+    row = {"prompt": "say 4", "answer": "4"}
+    envs = [SingleTurnEnv(row, [exact, length], [1.0, 0.5]) for _ in range(4)]
+    episodes = _roll(policy, envs, 4, max_turns=5)
+    for ep in episodes:
+        assert ep.finish_reason == "done" and len(ep.turns) == 1 and all(m == 1 for m in ep.mask)
+        assert ep.reward_parts == {"exact": float(ep.turns[0].strip() == "4"), "length": len(ep.turns[0]) / 10}
+        assert ep.reward == pytest.approx(ep.reward_parts["exact"] + 0.5 * ep.reward_parts["length"])
+
+
+def test_web_episodes_run_and_score(policy):
+    task = make_task("fact", 1, seed=1)
+    episodes = _roll(policy, [WebEnv(task) for _ in range(3)], 3, max_turns=3, budget=3000, max_tokens=10)
+    for ep in episodes:
+        assert ep.finish_reason in ("done", "max_turns")
+        assert set(ep.reward_parts) == {"success", "format", "efficiency", "invalid"}
+        assert all(obs.startswith(("Invalid action", "Episode finished", "==")) for obs in ep.observations)
+
+
+def _loss_and_grads(model, batch, behaviour=None):
+    parts = micro_batches(batch, 64)
+    shape = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
+                       num_micro_batches=len(parts), max_tokens=batch.completions.shape[1])
+
+    def loss_fn(model, logp_offset):
+        total = 0.0
+        for mb in parts:
+            logp, _ = completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, batch.group_size)
+            logp = logp + logp_offset
+            b = mb.behaviour_logp if behaviour is None else mx.array(behaviour)
+            loss, _ = policy_loss(logp, b, mb.advantages, mb.mask, shape)
+            total = total + loss
+        return total
+
+    offset = mx.zeros(batch.completions.shape)
+    (loss), grads = nn.value_and_grad(model, loss_fn)(model, offset)
+    token_grad = mx.grad(lambda o: loss_fn(model, o))(offset)
+    return loss, dict(tree_flatten(grads)), np.array(token_grad)
+
+
+def test_environment_tokens_get_no_gradient(policy, tiny_model_path):
+    model, _ = load_policy(str(tiny_model_path))
+    mx.random.seed(0)
+    prepare_for_training(model, "lora", {"rank": 4, "scale": 2.0})
+    model.update(nn.utils.tree_map(lambda p: mx.random.normal(p.shape) * 0.1, model.trainable_parameters()))
+    _, tokenizer = policy
+    mx.random.seed(1)
+    episodes = rollout_episodes(model, tokenizer, [CountingEnv() for _ in range(4)], 4,
+                                SamplingConfig(1.0, max_tokens=5), 3, 200)
+    advantages = np.array([1.0, -0.5, 0.25, -0.75])
+    batch = build_batch(episodes, advantages, 4)
+    assert batch.mask.sum() == sum(sum(ep.mask) for ep in episodes) < batch.mask.size
+    env_positions = np.zeros_like(batch.mask, dtype=bool)
+    for i, ep in enumerate(episodes):
+        env_positions[i, :len(ep.mask)] = np.array(ep.mask) == 0
+    assert env_positions.any()
+
+    loss, grads, token_grad = _loss_and_grads(model, batch)
+    # d loss / d log pi(token) is exactly zero on every environment token, non-zero on model tokens
+    assert np.all(token_grad[env_positions] == 0)
+    assert np.all(token_grad[batch.mask == 1] != 0)
+    # and nothing recorded for environment tokens can change the update: scramble their behaviour log-probs
+    scrambled = batch.behaviour_logp.copy()
+    scrambled[env_positions] = np.random.default_rng(0).normal(-3, 2, env_positions.sum())
+    loss2, grads2, _ = _loss_and_grads(model, batch, behaviour=scrambled[:, :batch.completions.shape[1]])
+    assert float(loss2) == pytest.approx(float(loss), abs=1e-6)
+    for name in grads:
+        np.testing.assert_allclose(np.array(grads2[name]), np.array(grads[name]), atol=1e-7, err_msg=name)
+    assert max(np.abs(np.array(g)).max() for g in grads.values()) > 1e-4
