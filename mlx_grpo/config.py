@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
 import re
 import types
 import typing
@@ -37,7 +38,10 @@ class TrainConfig:
     reward_file: str | None = None  # Python file defining reward functions
     reward: list[str] = field(default_factory=list)  # reward function names (from reward_file or the task)
     reward_weights: list[float] | None = None  # one per reward; default 1.0 each
+    reward_timeout: float = 60.0  # seconds a reward call may take; then its examples count as failed (0: no limit)
     system_prompt: str | None = None  # overrides the task's system prompt
+    on_bad_data: str = "skip"  # skip | error: what bad rows (malformed JSON, no prompt, too long, ...) do
+    max_prompt_tokens: int | None = None  # longer prompts are bad rows; None: the model's context minus max_tokens
 
     # Rollouts
     steps: int = 100  # GRPO steps (one rollout batch each)
@@ -96,6 +100,7 @@ class TrainConfig:
     resume: str | None = None  # run folder to continue
     save_every: int = 50  # checkpoint every N steps, and at the end
     keep_checkpoints: int = 2  # how many step checkpoints to keep
+    keep_best: bool = False  # also keep the checkpoint with the best eval accuracy (needs eval_steps)
     eval_steps: int = 0  # evaluate every N steps; 0: only before and after training
     eval_num_problems: int = 200  # held-out problems for accuracy (greedy decoding)
     log_every: int = 1  # print a line every N steps when not on a terminal
@@ -242,6 +247,9 @@ def validate(c: TrainConfig) -> None:
         if not ok:
             raise ConfigError(message)
 
+    for name, value in dataclasses.asdict(c).items():
+        for v in value if isinstance(value, list) else [value]:
+            need(not isinstance(v, float) or math.isfinite(v), f"{name} must be a finite number, got {v}")
     for name in ("steps", "batch_size", "group_size", "max_tokens", "num_iterations",
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",
                  "lora_rank", "log_every", "keep_checkpoints"):
@@ -280,6 +288,12 @@ def validate(c: TrainConfig) -> None:
     need(c.fine_tune_type in FINE_TUNE_TYPES,
          f"fine_tune_type must be one of {', '.join(FINE_TUNE_TYPES)}; got {c.fine_tune_type!r}")
     need(c.logprob_chunk_size is None or c.logprob_chunk_size >= 1, "logprob_chunk_size must be >= 1")
+    need(0 <= c.seed < 2**63, f"seed must be in [0, 2**63), got {c.seed}")
+    need(c.lora_layers == -1 or c.lora_layers >= 1, f"lora_layers must be -1 (all) or at least 1, got {c.lora_layers}")
+    need(c.on_bad_data in ("skip", "error"), f"on_bad_data must be skip or error; got {c.on_bad_data!r}")
+    need(c.max_prompt_tokens is None or c.max_prompt_tokens >= 1, "max_prompt_tokens must be >= 1")
+    need(c.reward_timeout >= 0, f"reward_timeout must be >= 0 (0: no limit), got {c.reward_timeout}")
+    need(not c.keep_best or c.eval_steps > 0, "keep_best needs eval_steps > 0 (it keeps the best evaluated checkpoint)")
     if c.reward_weights is not None:
         need(len(c.reward_weights) == len(c.reward),
              f"reward_weights has {len(c.reward_weights)} entries but {len(c.reward)} rewards are named")

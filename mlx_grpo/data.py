@@ -6,6 +6,7 @@ other columns (e.g. "answer"), which are passed to the reward functions.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,30 +18,64 @@ class DataError(ValueError):
     """A data problem the user can fix; the message says where."""
 
 
+BAD_DATA_MODES = ("skip", "error")
+
+
 @dataclass
 class LoadReport:
+    """Bad rows met while reading: skipped and counted, or (on_bad="error") the first one raises."""
+
+    source: str = ""
+    on_bad: str = "skip"
     rows: int = 0
     skipped: int = 0
-    skipped_lines: list = field(default_factory=list)  # first few (line number, reason)
+    skipped_lines: list = field(default_factory=list)  # first few (line or row label, reason)
 
-    def skip(self, line: int, reason: str):
+    def skip(self, line, reason: str, unit: str = "line"):
+        if self.on_bad == "error":
+            raise DataError(f"{self.source} {unit} {line}: {reason} (on_bad_data=skip would skip such rows)")
         self.skipped += 1
         if len(self.skipped_lines) < 5:
-            self.skipped_lines.append((line, reason))
+            self.skipped_lines.append((f"{unit} {line}", reason))
 
-    def summary(self, source: str) -> str | None:
+    def summary(self, source: str | None = None) -> str | None:
         if not self.skipped:
             return None
-        where = "; ".join(f"line {n}: {why}" for n, why in self.skipped_lines)
-        return f"{source}: skipped {self.skipped} bad row(s) of {self.rows + self.skipped} ({where})"
+        where = "; ".join(f"{label}: {why}" for label, why in self.skipped_lines)
+        first = "first 5: " if self.skipped > len(self.skipped_lines) else ""
+        return (f"{source or self.source}: skipped {self.skipped} bad row(s) of {self.rows + self.skipped} "
+                f"({first}{where})")
 
 
 def _valid_prompt(prompt) -> bool:
     if isinstance(prompt, str):
         return bool(prompt.strip())
     if isinstance(prompt, list) and prompt:
-        return all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+        return all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                   for m in prompt) and any(m["content"].strip() for m in prompt)
     return False
+
+
+def _row_problem(row, prompt_key: str = "prompt") -> str | None:
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    if prompt_key not in row:
+        return f"no {prompt_key!r} column"
+    if not _valid_prompt(row[prompt_key]):
+        return "empty or malformed prompt (text, or a list of {role, content} messages)"
+    return None
+
+
+def _check_records(records: list, report: LoadReport, unit: str) -> list[dict]:
+    rows = []
+    for number, row in enumerate(records, start=1):
+        problem = _row_problem(row)
+        if problem:
+            report.skip(number, problem, unit)
+        else:
+            rows.append(row)
+    report.rows = len(rows)
+    return rows
 
 
 def read_jsonl(path: Path, report: LoadReport, prompt_key: str = "prompt") -> list[dict]:
@@ -57,12 +92,9 @@ def read_jsonl(path: Path, report: LoadReport, prompt_key: str = "prompt") -> li
             except json.JSONDecodeError as e:
                 report.skip(number, f"malformed JSON ({e.msg})")
                 continue
-            if not isinstance(row, dict):
-                report.skip(number, "not a JSON object")
-            elif prompt_key not in row:
-                report.skip(number, f"no {prompt_key!r} column")
-            elif not _valid_prompt(row[prompt_key]):
-                report.skip(number, "empty or malformed prompt")
+            problem = _row_problem(row, prompt_key)
+            if problem:
+                report.skip(number, problem)
             else:
                 rows.append(row)
     report.rows = len(rows)
@@ -70,34 +102,44 @@ def read_jsonl(path: Path, report: LoadReport, prompt_key: str = "prompt") -> li
 
 
 def _read_file(path: Path, report: LoadReport) -> list[dict]:
+    try:
+        return _read_any(path, report)
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def _read_any(path: Path, report: LoadReport) -> list[dict]:
     if path.suffix == ".parquet":
         import datasets
 
-        return [dict(r) for r in datasets.Dataset.from_parquet(str(path))]
+        try:
+            data = [dict(r) for r in datasets.Dataset.from_parquet(str(path))]
+        except Exception as e:  # a damaged or foreign file: one clear line
+            raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
+        return _check_records(data, report, unit="row")
     if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise DataError(f"{path}: not UTF-8 text") from None
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: malformed JSON at line {e.lineno} ({e.msg})") from None
         if not isinstance(data, list):
             raise DataError(f"{path}: expected a JSON list of rows")
-        rows = []
-        for number, row in enumerate(data, start=1):
-            if isinstance(row, dict) and _valid_prompt(row.get("prompt")):
-                rows.append(row)
-            else:
-                report.skip(number, "row without a valid prompt")
-        report.rows = len(rows)
-        return rows
+        return _check_records(data, report, unit="row")
     return read_jsonl(path, report)
 
 
-def load_rows(spec: str, split: str) -> tuple[list[dict], str | None]:
+def load_rows(spec: str, split: str, on_bad: str = "skip") -> tuple[list[dict], str | None]:
     """Rows of `split` ("train" or "test") and a warning about skipped rows, if any.
 
     spec: a file (its rows are the train split; there is no test split), a
     folder holding train.jsonl and test.jsonl/valid.jsonl, or a Hugging Face
-    dataset name.
+    dataset name. on_bad: "skip" bad rows (counted, first few reported) or
+    "error" (DataError at the first one).
     """
     path = Path(spec).expanduser()
-    report = LoadReport()
+    report = LoadReport(source=str(path), on_bad=on_bad)
     if path.is_file():
         rows = _read_file(path, report) if split == "train" else []
         source = str(path)
@@ -106,18 +148,21 @@ def load_rows(spec: str, split: str) -> tuple[list[dict], str | None]:
         found = next((f for f in files if f.is_file()), None)
         if found is None and split == "train":
             raise DataError(f"{path}: no train.jsonl (or .json/.parquet) in this folder")
+        report.source = str(found)
         rows = _read_file(found, report) if found else []
         source = str(found)
     elif path.suffix in (".jsonl", ".json", ".parquet") or spec.startswith((".", "/", "~")):
         raise DataError(f"data file not found: {spec}")
     else:
-        rows, source = _load_hub(spec, split), spec
+        report.source = spec
+        rows, source = _load_hub(spec, split, report), spec
     if split == "train" and not rows:
-        raise DataError(f"{source}: no usable rows (each needs a non-empty 'prompt')")
+        skipped = f" ({report.summary(source)})" if report.skipped else ""
+        raise DataError(f"{source}: no usable rows (each needs a non-empty 'prompt'){skipped}")
     return rows, report.summary(source)
 
 
-def _load_hub(name: str, split: str) -> list[dict]:
+def _load_hub(name: str, split: str, report: LoadReport) -> list[dict]:
     import datasets
 
     try:
@@ -127,11 +172,7 @@ def _load_hub(name: str, split: str) -> list[dict]:
     names = [s for s in SPLIT_FILES[split] if s in ds]
     if not names:
         return []
-    rows = [dict(r) for r in ds[names[0]]]
-    missing = [i for i, r in enumerate(rows) if not _valid_prompt(r.get("prompt"))]
-    if missing:
-        raise DataError(f"{name}: {len(missing)} rows lack a usable 'prompt' column (first: row {missing[0]})")
-    return rows
+    return _check_records([dict(r) for r in ds[names[0]]], report, unit="row")
 
 
 def prompt_messages(prompt, system_prompt: str | None) -> list[dict]:
@@ -151,3 +192,91 @@ def encode_prompt(tokenizer, prompt, system_prompt: str | None = None) -> list[i
     if system_prompt:
         text = f"{system_prompt}\n\n{text}"
     return list(tokenizer.encode(text))
+
+
+def required_columns(functions) -> dict[str, str]:
+    """Columns the reward functions cannot do without: {column: function name}.
+
+    A parameter after (prompts, completions) that has no default must come
+    from the data; `**kwargs` asks for nothing in particular.
+    """
+    needed = {}
+    for fn in functions:
+        try:
+            params = list(inspect.signature(fn).parameters.values())[2:]
+        except (TypeError, ValueError):
+            continue
+        for p in params:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty:
+                needed.setdefault(p.name, getattr(fn, "__name__", "reward"))
+    return needed
+
+
+def prompt_token_limit(model, max_tokens: int, max_prompt_tokens: int | None) -> int | None:
+    """The longest prompt allowed: max_prompt_tokens, else the model's context minus max_tokens."""
+    if max_prompt_tokens:
+        return max_prompt_tokens
+    context = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    if not context:
+        return None
+    if max_tokens >= context:
+        raise DataError(f"max_tokens {max_tokens} leaves no room for a prompt: the model's context is "
+                        f"{context} positions; lower max_tokens")
+    return context - max_tokens
+
+
+def _too_long(tokenizer, prompt, system_prompt: str | None, limit: int, overhead: int) -> int | None:
+    """The prompt's token count if it is over `limit`, else None.
+
+    Tokenizing every prompt of a large dataset is slow, so a text prompt is
+    only encoded when its UTF-8 size could exceed the limit: a token covers at
+    least one byte (byte-level BPE, SentencePiece with byte fallback), plus the
+    chat template's own tokens (`overhead`) and a margin.
+    """
+    if isinstance(prompt, str):
+        size = len(prompt.encode("utf-8")) + len((system_prompt or "").encode("utf-8"))
+        if size + overhead + 4 <= limit:
+            return None
+    n = len(encode_prompt(tokenizer, prompt, system_prompt))
+    return n if n > limit else None
+
+
+def screen_rows(rows: list[dict], tokenizer, system_prompt: str | None, needed: dict[str, str],
+                limit: int | None, on_bad: str, source: str) -> tuple[list[dict], str | None]:
+    """Rows the run can use: every column the rewards need, a prompt that fits the context.
+
+    Returns (rows, warning); on_bad="error" raises DataError at the first bad row.
+    Rows are numbered from 1 in the order they were loaded.
+    """
+    report = LoadReport(source=source, on_bad=on_bad)
+    overhead = len(encode_prompt(tokenizer, "", system_prompt)) if limit else 0
+    kept = []
+    for number, row in enumerate(rows, start=1):
+        missing = [c for c in needed if c not in row]
+        n = _too_long(tokenizer, row["prompt"], system_prompt, limit, overhead) if limit and not missing else None
+        if missing:
+            report.skip(number, f"no {missing[0]!r} column (reward {needed[missing[0]]} needs it)", "row")
+        elif n is not None:
+            report.skip(number, f"prompt of {n} tokens is longer than the limit of {limit}", "row")
+        else:
+            kept.append(row)
+    report.rows = len(kept)
+    return kept, report.summary()
+
+
+def screen_task(task, tokenizer, model, max_tokens: int, max_prompt_tokens: int | None, on_bad: str) -> None:
+    """Check a task's train and eval rows against its rewards and the model's context, in place.
+
+    Skipped rows become warnings on the task; no usable training row left is a DataError.
+    """
+    needed = required_columns(task.reward_functions)
+    limit = prompt_token_limit(model, max_tokens, max_prompt_tokens)
+    task.train_rows, note = screen_rows(task.train_rows, tokenizer, task.system_prompt, needed, limit, on_bad,
+                                        f"{task.name} training data")
+    task.warnings += [note] if note else []
+    if not task.train_rows:
+        raise DataError(f"{task.name}: no usable training rows ({note})")
+    eval_needed = required_columns([task.accuracy_reward]) if task.accuracy_reward else {}
+    task.eval_rows, note = screen_rows(task.eval_rows, tokenizer, task.system_prompt, eval_needed, limit, on_bad,
+                                       f"{task.name} evaluation data")
+    task.warnings += [note] if note else []

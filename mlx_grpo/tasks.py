@@ -88,9 +88,9 @@ def load_task(config: TrainConfig) -> Task:
 
     if config.data and train is None:
         try:
-            train, note = load_rows(config.data, "train")
+            train, note = load_rows(config.data, "train", config.on_bad_data)
             warnings += [note] if note else []
-            test, note = load_rows(config.data, "test")
+            test, note = load_rows(config.data, "test", config.on_bad_data)
             warnings += [note] if note else []
         except DataError as e:
             raise ConfigError(str(e)) from None
