@@ -1,13 +1,38 @@
 """The live terminal view of a training run (rich).
 
-On a terminal: a progress bar with ETA and the key numbers of the last step.
+On a terminal: a progress bar with ETA, a compact table of the key metrics
+with trend arrows, and the latest step's best completion with its reward.
 Elsewhere (CI, a log file): one plain line every `log_every` steps.
+Either way a health warning (see health.py) is printed once, when it fires.
 """
 
 from __future__ import annotations
 
-from rich.console import Console
+from collections import deque
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+# The live table: (column title, metric key, format).
+TABLE = (
+    ("reward", "reward/mean", ".3f"),
+    ("best-of-N", "reward/best_of_n", ".2f"),
+    ("eval acc", "eval/accuracy", ".3f"),
+    ("kl", "kl", ".4f"),
+    ("grad", "grad_norm", ".3f"),
+    ("entropy", "entropy", ".3f"),
+    ("zero-std", "frac_zero_std", ".2f"),
+    ("length", "completion/mean_length", ".1f"),
+    ("trunc", "completion/truncated_frac", ".2f"),
+    ("lr", "lr", ".1e"),
+    ("tok/s", "tokens_per_s", ".0f"),
+)
+# Metrics measured only on some steps: the table shows their last value.
+_STICKY = ("kl", "eval/accuracy")
 
 
 def _fmt(value, spec: str) -> str:
@@ -21,14 +46,69 @@ def step_summary(m: dict) -> str:
             f"len {_fmt(m.get('completion/mean_length'), '.1f')}  tok/s {_fmt(m.get('tokens_per_s'), '.0f')}")
 
 
+def trend(values: list[float], k: int = 5, tolerance: float = 0.05) -> str:
+    """↑, ↓ or → comparing the mean of the last k values with the k before.
+
+    A change under `tolerance` of the larger magnitude is flat (→); with fewer
+    than two values there is no trend ("").
+    """
+    values = [v for v in values if v is not None]
+    if len(values) < 2:
+        return ""
+    k = min(k, len(values) // 2)
+    before, now = sum(values[-2 * k:-k]) / k, sum(values[-k:]) / k
+    if abs(now - before) <= tolerance * max(abs(now), abs(before)):
+        return "→"
+    return "↑" if now > before else "↓"
+
+
+def metrics_table(history: list[dict]) -> Table:
+    """One row: the latest value of each key metric and its trend."""
+    table = Table(box=None, padding=(0, 1), show_edge=False)
+    latest = history[-1] if history else {}
+    row = []
+    for title, key, spec in TABLE:
+        values = [m.get(key) for m in history]
+        value = latest.get(key)
+        if value is None and key in _STICKY:
+            value = next((v for v in reversed(values) if v is not None), None)
+        table.add_column(title, justify="right")
+        row.append(f"{_fmt(value, spec)} {trend(values)}".rstrip())
+    table.add_row(*row)
+    return table
+
+
+def sample_panel(records: list[dict], width: int = 100, lines: int = 6) -> Panel | None:
+    """The step's best-rewarded completion, its prompt on one line."""
+    if not records:
+        return None
+    best = max(records, key=lambda r: r.get("reward") if r.get("reward") is not None else float("-inf"))
+    prompt = " ".join(str(best.get("prompt", "")).split())
+    text = Text(prompt[: width - 10] + ("…" if len(prompt) > width - 10 else ""), style="dim")
+    body = str(best.get("completion", "")).strip().splitlines() or [""]
+    text.append("\n" + "\n".join(body[:lines]) + ("\n…" if len(body) > lines else ""))
+    return Panel(text, title=f"step {best.get('step')}: best sample, reward {_fmt(best.get('reward'), '.3f')}",
+                 title_align="left", width=width)
+
+
+def health_lines(event: dict) -> tuple[str, str]:
+    """A health event as two lines: what fired with its evidence, and what to do."""
+    return (f"health: step {event['step']}: {event['title']}: {event['evidence']}",
+            f"  suggestion: {event['suggestion']}")
+
+
 class TrainDisplay:
     """Receives the trainer's events (see trainer.train's on_event)."""
 
-    def __init__(self, console: Console | None = None, log_every: int = 1):
+    def __init__(self, console: Console | None = None, log_every: int = 1, live: bool | None = None):
         self.console = console or Console()
         self.log_every = log_every
+        self.use_live = self.console.is_terminal if live is None else live
         self.progress = None
+        self.live = None
         self.task_id = None
+        self.history: deque[dict] = deque(maxlen=20)
+        self.sample = None
         self.last_kl = None  # KL is not measured every step when beta = 0
 
     def __call__(self, kind: str, data: dict) -> None:
@@ -42,18 +122,27 @@ class TrainDisplay:
             self.console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
         if d["resumed_from"]:
             self.console.print(f"resuming after step {d['resumed_from']}")
-        if self.console.is_terminal:
+        if self.use_live:
             self.progress = Progress(
-                TextColumn("step"), MofNCompleteColumn(), BarColumn(bar_width=24), TimeElapsedColumn(),
-                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[summary]}"),
-                console=self.console, transient=False,
+                TextColumn("step"), MofNCompleteColumn(), BarColumn(bar_width=30), TimeElapsedColumn(),
+                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"),
+                console=self.console,
             )
-            self.task_id = self.progress.add_task("train", total=c.steps, completed=d["resumed_from"], summary="")
-            self.progress.start()
+            self.task_id = self.progress.add_task("train", total=c.steps, completed=d["resumed_from"], rate="")
+            self.live = Live(self._view(), console=self.console, refresh_per_second=4, transient=False)
+            self.live.start()
+
+    def _view(self):
+        parts = [self.progress]
+        if self.history:
+            parts.append(metrics_table(list(self.history)))
+        if self.sample is not None:
+            parts.append(self.sample)
+        return Group(*parts)
 
     def on_eval(self, d):
         if d["when"] == "after":
-            self.stop()  # the finished bar stays above the final numbers
+            self.stop()  # the finished view stays above the final numbers
         if d.get("accuracy") is None:
             return
         label = {"before": "before training", "after": "after training"}.get(d["when"], f"at step {d['when']}")
@@ -64,12 +153,27 @@ class TrainDisplay:
         m = d["metrics"]
         if m.get("kl") is not None:
             self.last_kl = m["kl"]
-        m = {**m, "kl": self.last_kl}
-        if self.progress is not None:
-            self.progress.update(self.task_id, completed=m["step"], summary=step_summary(m))
+        self.history.append(m)
+        if self.live is not None:
+            self.sample = sample_panel(d.get("records") or [], width=min(self.console.width, 100))
+            self.progress.update(self.task_id, completed=m["step"], rate=f"{_fmt(m.get('time/step_s'), '.2f')}s/step")
+            self.live.update(self._view())
         elif m["step"] % self.log_every == 0 or m["step"] == d["total"]:
+            m = {**m, "kl": self.last_kl}
             self.console.print(f"step {m['step']}/{d['total']}  {step_summary(m)}  "
-                               f"{m['time/step_s']:.2f}s/step", highlight=False, soft_wrap=True)
+                               f"{_fmt(m.get('time/step_s'), '.2f')}s/step", highlight=False, soft_wrap=True)
+
+    def on_health(self, event):
+        what, todo = health_lines(event)
+        if self.use_live:
+            self.console.print(Text(what, style="bold yellow"), soft_wrap=True)
+            self.console.print(Text(todo, style="yellow"), soft_wrap=True)
+        else:
+            self.console.print(what, highlight=False, soft_wrap=True, markup=False)
+            self.console.print(todo, highlight=False, soft_wrap=True, markup=False)
+
+    def on_stopped(self, d):
+        self.stop()  # the CLI prints the reason as its last line
 
     def on_end(self, d):
         self.stop()
@@ -77,6 +181,8 @@ class TrainDisplay:
         self.console.print(f"run folder: {d['result'].run_dir}")
 
     def stop(self):
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
+        if self.live is not None:
+            self.live.update(self._view())
+            self.live.stop()
+            self.live = None
+        self.progress = None
