@@ -89,6 +89,8 @@ def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
         # The last masked-in column (multi-turn masks have zeros inside, not only at the end).
         used = np.flatnonzero(batch.mask[rows].any(axis=0))
         width = int(used[-1]) + 1 if len(used) else 0
+        if width == 0:  # every token masked (all truncated, with mask_truncated): nothing to train on
+            continue
         longest = max(len(p) for p in prompts)
         padded = np.zeros((len(prompts), longest), dtype=np.int32)
         for i, p in enumerate(prompts):
