@@ -123,7 +123,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _checkpoint_name(step: int) -> str:
+def checkpoint_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
@@ -167,7 +167,7 @@ def save_checkpoint(run_dir: Path, step: int, adapter_weights: dict, adapter_con
     leaves the previous checkpoint and `latest` untouched.
     """
     root = Path(run_dir) / CHECKPOINTS
-    final = root / _checkpoint_name(step)
+    final = root / checkpoint_name(step)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)

@@ -71,7 +71,9 @@ def train(**flags):
         config_file = config_file or str(Path(resume) / "config.yaml")
         flags["output"] = resume
 
+    from .checkpoint import CheckpointError
     from .display import TrainDisplay
+    from .rewarding import RewardError
     from .tasks import recommended_settings
     from .trainer import train as run_training
 
@@ -82,8 +84,12 @@ def train(**flags):
             run_training(cfg, on_event=display)
         finally:
             display.stop()
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileNotFoundError, CheckpointError, RewardError) as e:
         fail(str(e))
+    except KeyboardInterrupt as e:  # Ctrl-C (see interrupt.py): the message says where the checkpoint is
+        err.print(str(e) or "interrupted at once; the newest complete checkpoint is intact", highlight=False,
+                  soft_wrap=True)
+        raise typer.Exit(130)
 
 
 train.__signature__ = _train_signature()

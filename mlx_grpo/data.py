@@ -233,6 +233,8 @@ def _too_long(tokenizer, prompt, system_prompt: str | None, limit: int, overhead
     least one byte (byte-level BPE, SentencePiece with byte fallback), plus the
     chat template's own tokens (`overhead`) and a margin.
     """
+    if not isinstance(prompt, (str, list)):
+        return None  # rows of a multi-turn task may have no prompt of their own
     if isinstance(prompt, str):
         size = len(prompt.encode("utf-8")) + len((system_prompt or "").encode("utf-8"))
         if size + overhead + 4 <= limit:
@@ -253,7 +255,7 @@ def screen_rows(rows: list[dict], tokenizer, system_prompt: str | None, needed: 
     kept = []
     for number, row in enumerate(rows, start=1):
         missing = [c for c in needed if c not in row]
-        n = _too_long(tokenizer, row["prompt"], system_prompt, limit, overhead) if limit and not missing else None
+        n = _too_long(tokenizer, row.get("prompt"), system_prompt, limit, overhead) if limit and not missing else None
         if missing:
             report.skip(number, f"no {missing[0]!r} column (reward {needed[missing[0]]} needs it)", "row")
         elif n is not None:

@@ -29,14 +29,15 @@ from . import checkpoint as ckpt
 from .advantages import advantage_stats, group_advantages
 from .batch import MicroBatch, RolloutBatch, batch_rows, build_batch, groups_with_signal, micro_batches
 from .config import TrainConfig, dump_yaml
-from .data import encode_prompt
+from .data import encode_prompt, screen_task
 from .evaluate import columns_of, evaluate_accuracy
 from .health import HealthMonitor, TrainingStopped, relative_change, reward_range, stop_run
+from .interrupt import steps_until_ctrl_c
 from .logprobs import completion_logprobs
 from .losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
 from .policy import (adapters_disabled, load_policy, prepare_for_training, resolve_model_path, save_adapters,
                      weights_swapped)
-from .rewarding import part_means, score_completions
+from .rewarding import part_means, score_completions, with_timeout
 from .rollout import SamplingConfig, sample_completions
 from .shaping import groups_to_keep, shape_rewards
 from .reporting import with_reporters
@@ -361,15 +362,6 @@ def _append_jsonl(path: Path, records: list[dict]) -> None:
             f.write(json.dumps(r, default=str) + "\n")
 
 
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop records written after the checkpoint we resume from."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= last_step]
-    ckpt.atomic_write_text(path, "".join(line + "\n" for line in kept))
-
-
 def refreshed_reference(reference, policy, alpha: float):
     """TR-DPO-style reference update (Gorbatovski et al. 2024, arXiv:2404.09656):
     reference <- alpha * policy + (1 - alpha) * reference.
@@ -396,8 +388,12 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     run_dir = Path(config.resume or config.output or default_run_dir(config))
     mx.random.seed(config.seed)
     task = load_task(config)  # first: a bad data file or reward is reported before a slow model load
+    ckpt.ensure_writable(run_dir)  # ... and so is an output folder that cannot be written
     model, tokenizer = load_policy(config.model)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    screen_task(task, tokenizer, model, config.max_tokens, config.max_prompt_tokens, config.on_bad_data)
+    task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
+    if task.accuracy_reward is not None:
+        task.accuracy_reward = with_timeout(task.accuracy_reward, config.reward_timeout)
     adapter_config = prepare_for_training(model, config.fine_tune_type, {
         "rank": config.lora_rank, "scale": config.lora_scale,
         "dropout": config.lora_dropout, "num_layers": config.lora_layers,
@@ -410,17 +406,19 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     optimizer = make_optimizer(config)
 
     start_step, state = 0, {}
-    resumed = config.resume and ckpt.latest_checkpoint(run_dir) is not None
+    loaded = ckpt.load_latest(run_dir) if config.resume else None  # the newest intact checkpoint
+    resumed = loaded is not None
     if resumed:
-        folder = ckpt.latest_checkpoint(run_dir)
-        weights, opt_state, state = ckpt.load_checkpoint(folder)
+        weights, opt_state, state, notes = loaded
+        task.warnings += notes  # damaged newer checkpoints that were passed over
         model.load_weights(list(weights.items()), strict=False)
         if "reference_weights" in opt_state:  # a refreshed reference travels with the optimizer state
             ref_params = opt_state.pop("reference_weights")
         optimizer.state = opt_state
         start_step = int(state["step"])
+    if config.resume:  # drop records past the checkpoint (all, if none was written) and lines cut by a kill
         for name in ("metrics.jsonl", "completions.jsonl", "health.jsonl"):
-            _truncate_jsonl(run_dir / name, start_step)
+            ckpt.truncate_jsonl(run_dir / name, start_step)
     monitor = HealthMonitor.from_config(config, run_dir if resumed else None)
     ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
@@ -434,7 +432,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
 
     history = []
 
-    def save(step: int):
+    def save(step: int, metric: float | None = None):
         weights = dict(tree_flatten(model.trainable_parameters()))
         training_state = optimizer.state
         if config.ref_refresh_every > 0:
@@ -442,11 +440,17 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         ckpt.save_checkpoint(run_dir, step, weights, adapter_config, training_state,
                              {"eval_before": before, "data_position": step * config.batch_size,
                               "rng": {"seed": config.seed, "next_step_seed": step_seed(config.seed, step + 1)}},
-                             keep_last=config.keep_checkpoints)
+                             keep_last=config.keep_checkpoints, keep_best=config.keep_best, metric=metric)
         save_adapters(model, run_dir, adapter_config)
         emit("checkpoint", {"step": step})
 
-    for step in range(start_step + 1, config.steps + 1):
+    def stop_on_ctrl_c(step: int) -> str:  # the first Ctrl-C: keep the finished step, then leave
+        newest = ckpt.latest_checkpoint(run_dir)
+        if newest is None or newest.name != ckpt.checkpoint_name(step):
+            save(step)
+        return f"interrupted after step {step}, checkpoint saved; continue with: mlx-grpo train --resume {run_dir}"
+
+    for step in steps_until_ctrl_c(range(start_step + 1, config.steps + 1), stop_on_ctrl_c):
         metrics, records = train_step(model, tokenizer, optimizer, task, config, step, ref_params)
         if config.ref_refresh_every and step % config.ref_refresh_every == 0:
             ref_params = refreshed_reference(ref_params, model.trainable_parameters(), config.ref_refresh_alpha)
@@ -468,8 +472,9 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
             line = stop_run(run_dir, monitor.stop_reason)
             emit("stopped", {"line": line})
             raise TrainingStopped(line)
-        if step % config.save_every == 0 or step == config.steps:
-            save(step)
+        evaluated = config.keep_best and "eval/accuracy" in metrics  # keep_best compares evaluated checkpoints
+        if step % config.save_every == 0 or step == config.steps or evaluated:
+            save(step, metrics.get("eval/accuracy"))
 
     if start_step >= config.steps and ckpt.latest_checkpoint(run_dir) is None:
         save(config.steps)
