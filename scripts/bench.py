@@ -34,6 +34,9 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
+
+from mlx_grpo.blas import loaded_blas, use_openblas
 
 PRESETS = {
     # The issue's baseline workload.
@@ -55,7 +58,6 @@ def build_random_model(folder: Path, hidden, layers, heads, kv_heads, intermedia
     """A random Qwen2 of the given shape with a byte-level tokenizer of `vocab` tokens."""
     from itertools import product
 
-    from mlx.utils import tree_flatten
     from mlx_lm.models import qwen2
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -165,21 +167,6 @@ def matmul_peak(dtype, sizes=(512, 1024, 2048), seconds=0.5) -> float:
     return best
 
 
-def blas_in_use() -> str:
-    """Which BLAS library the process has loaded (Linux), else the platform's."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return "platform default"
-    # numpy brings its own OpenBLAS (numpy.libs); MLX's is what LD_PRELOAD puts first.
-    mapped = {line.split()[-1] for line in maps.splitlines() if "/" in line}
-    if any("openblas" in m.lower() and ".libs/" not in m for m in mapped):
-        return "openblas"
-    if "mlx_cpu.libs/libblas" in maps:
-        return "reference (mlx-cpu wheel)"
-    return "other"
-
-
 # ---------------------------------------------------------------- the two trainers
 
 def _summary(steps: list[dict], warmup: int, shape: dict, group: int, backward_factor: float, peak: float) -> dict:
@@ -210,17 +197,14 @@ def _summary(steps: list[dict], warmup: int, shape: dict, group: int, backward_f
 
 
 class Ours:
-    """mlx-grpo's own train_step on the workload."""
+    """mlx-grpo's own train_step on the workload, optionally as a variant (other settings, a patch)."""
 
-    name = "mlx_grpo"
-
-    def __init__(self, model_path: str, texts: list[str], args):
-        from mlx_grpo.config import TrainConfig
+    def __init__(self, model_path: str, texts: list[str], args, name="mlx_grpo", overrides=None, patch=None):
+        from mlx_grpo.config import FIELDS, TrainConfig
         from mlx_grpo.policy import load_policy, prepare_for_training
         from mlx_grpo.tasks import Task
         from mlx_grpo.trainer import make_optimizer
 
-        from mlx_grpo.config import FIELDS
         settings = dict(
             model=model_path, task="custom", steps=args.steps, batch_size=len(texts), group_size=args.group_size,
             max_tokens=args.max_tokens, temperature=args.temperature, lr=args.lr, warmup_steps=0,
@@ -229,6 +213,9 @@ class Ours:
             decode_concurrency=args.decode_concurrency, logprob_chunk_size=args.logprob_chunk_size, seed=args.seed,
             runaway_penalty=1.0,  # the peer has no length penalty: the same reward for both
         )
+        settings.update(overrides or {})
+        self.name = name
+        self.patch = patch or contextlib.nullcontext
         self.config = TrainConfig(**{k: v for k, v in settings.items() if k in FIELDS})
         self.model, self.tokenizer = load_policy(model_path)
         mx.random.seed(args.seed)  # the same adapter initialisation as the peer
@@ -242,8 +229,9 @@ class Ours:
         from mlx_grpo.trainer import train_step
 
         self.step_number += 1
-        metrics, records = train_step(self.model, self.tokenizer, self.optimizer, self.task, self.config,
-                                      self.step_number, None)
+        with self.patch():
+            metrics, records = train_step(self.model, self.tokenizer, self.optimizer, self.task, self.config,
+                                          self.step_number, None)
         prompts = {}
         for r in records:
             prompts.setdefault(r["prompt"], len(self._encode(r["prompt"])))
@@ -320,6 +308,55 @@ class Peer:
         }
 
 
+# ---------------------------------------------------------------- variants (timing only)
+
+@contextlib.contextmanager
+def _replaced(module, name, value):
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+def without_shared_prefill():
+    """Rollouts prefill every group member's prompt separately, as without sharing."""
+    from mlx_grpo import rollout
+
+    def separate(model, prompts, g):
+        return [rollout._prefilled_cache(model, p) for p in prompts for _ in range(g)]
+
+    return _replaced(rollout, "_shared_caches", separate)
+
+
+def without_shared_prompt_forward():
+    """The update runs [prompt | completion] per sequence instead of each prompt once per group.
+
+    Timing only: left padding is not masked here (the bench's prompts have equal lengths, so none is needed).
+    """
+    from mlx_grpo import trainer
+    from mlx_grpo.logprobs import token_logprobs
+
+    def per_sequence(model, prompts, left_padding, completions, group_size, temperature=1.0, chunk_size=None, *_):
+        width = prompts.shape[1]
+        full = mx.concatenate([mx.repeat(prompts, group_size, axis=0), completions], axis=1)
+        logp, entropy = token_logprobs(model, full, temperature, chunk_size)
+        return logp[:, width - 1:], entropy[:, width - 1:]
+
+    return _replaced(trainer, "completion_logprobs", per_sequence)
+
+
+# name: (setting overrides, patch). Each runs interleaved with the others, so all see the same load.
+VARIANTS = {
+    "decode_concurrency_2": ({"decode_concurrency": 2}, None),  # the peer's default decode width here
+    "no_shared_prefill": ({}, without_shared_prefill),
+    "no_shared_prompt_forward": ({}, without_shared_prompt_forward),
+    "logprob_chunk_32": ({"logprob_chunk_size": 32}, None),
+    "micro_batch_4": ({"micro_batch_size": 4}, None),
+}
+
+
 def peer_available() -> bool:
     try:
         import mlx_lm_lora.trainer.grpo_trainer  # noqa: F401
@@ -350,13 +387,22 @@ def parse_args(argv=None):
     p.add_argument("--decode-concurrency", type=int, default=256)
     p.add_argument("--logprob-chunk-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variants", default="",
+                   help=f"comma-separated variants of ours to run alongside: {', '.join(VARIANTS)}, or all")
     p.add_argument("--peer", choices=("auto", "off", "only"), default="auto",
                    help="also run mlx-lm-lora (auto: when installed), or only it")
+    p.add_argument("--blas", choices=("auto", "stock"), default="auto",
+                   help="auto: OpenBLAS preloaded when installed on Linux, as the mlx-grpo command does; "
+                        "stock: the BLAS MLX came with")
     p.add_argument("--out", help="also write the JSON here")
     return p.parse_args(argv)
 
 
 def run(args) -> dict:
+    variants = list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"error: unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
         if args.model:
             model_path, shape = args.model, model_shape(args.model)
@@ -370,13 +416,14 @@ def run(args) -> dict:
 
         ours = Ours(model_path, texts, args)
         trainers = [] if args.peer == "only" else [ours]
+        trainers += [Ours(model_path, texts, args, name, *VARIANTS[name]) for name in variants]
         if peer_wanted:
             from mlx_grpo.trainer import make_optimizer
             trainers.append(Peer(model_path, texts, args, make_optimizer(ours.config)))
         if args.peer == "only":
             del ours
-        dtype = next(iter(v for _, v in __import__("mlx.utils").utils.tree_flatten(trainers[0].model.parameters())
-                          if v.dtype != mx.uint32)).dtype
+        dtype = next(v.dtype for _, v in tree_flatten(trainers[0].model.parameters())
+                     if mx.issubdtype(v.dtype, mx.floating))
         peak = matmul_peak(dtype, sizes=(1024, 2048, 4096) if mx.default_device() == mx.gpu else (512, 1024))
 
         results = {t.name: [] for t in trainers}
@@ -390,20 +437,26 @@ def run(args) -> dict:
             "workload": {"model": args.model or f"random {args.preset}", **shape, "dtype": str(dtype),
                          "prompts": args.prompts, "group_size": args.group_size, "max_tokens": args.max_tokens,
                          "steps": args.steps, "lora_rank": args.lora_rank, "lora_layers": args.lora_layers,
+                         "decode_concurrency": args.decode_concurrency, "micro_batch_size": args.micro_batch_size,
+                         "logprob_chunk_size": args.logprob_chunk_size,
                          "prompt_tokens": prompt_tokens},
             "device": str(mx.default_device()),
-            "blas": blas_in_use(),
+            "blas": loaded_blas(),
             "matmul_peak_gflops": peak / 1e9,
         }
         for name, steps in results.items():
             out[name] = _summary(steps, args.warmup, shape, args.group_size, 2.0, peak)
         if "mlx_grpo" in out and "mlx_lm_lora" in out:
             out["speedup"] = out["mlx_lm_lora"]["step_s"] / out["mlx_grpo"]["step_s"]
+        for name in variants:  # how much slower ours gets without each measure
+            out[name]["step_s_vs_ours"] = out[name]["step_s"] / out["mlx_grpo"]["step_s"]
     return out
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.blas == "auto" and argv is None:
+        use_openblas()  # re-executes this script with OpenBLAS preloaded, when there is one
     out = run(args)
     text = json.dumps(out, indent=2)
     if args.out:

@@ -1,0 +1,101 @@
+"""scripts/bench.py runs a small workload and reports what it promises; the OpenBLAS preload's rules."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlx_grpo import blas
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+TRAINER_KEYS = {"step_s", "rollout_s", "update_s", "rollout_tokens_per_s", "train_tokens_per_s", "peak_memory_gb",
+                "achieved_gflops", "achieved_frac_of_peak", "rewards", "reward_first", "reward_last"}
+SMALL = ["--steps", "2", "--warmup", "1", "--max-tokens", "6", "--prompts", "2", "--group-size", "2",
+         "--blas", "stock"]
+
+
+def test_bench_prints_the_promised_json(capsys, tmp_path):
+    out_file = tmp_path / "bench.json"
+    bench.main([*SMALL, "--peer", "off", "--out", str(out_file)])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out_file.read_text())
+    assert TRAINER_KEYS <= set(printed["mlx_grpo"])
+    assert "mlx_lm_lora" not in printed and "speedup" not in printed
+    ours = printed["mlx_grpo"]
+    assert len(ours["rewards"]) == 2 and ours["steps_timed"] == 1
+    assert 0 < ours["rollout_s"] < ours["step_s"]
+    assert ours["peak_memory_gb"] > 0 and printed["matmul_peak_gflops"] > 0
+    assert 0 < ours["achieved_frac_of_peak"]
+    assert printed["workload"]["vocab"] == 512 and printed["blas"] in ("openblas", "reference", "platform")
+
+
+def test_bench_runs_the_peer_side_by_side(capsys):
+    pytest.importorskip("mlx_lm_lora")
+    bench.main([*SMALL, "--peer", "auto"])
+    printed = json.loads(capsys.readouterr().out)
+    assert TRAINER_KEYS <= set(printed["mlx_lm_lora"])
+    assert printed["speedup"] == pytest.approx(printed["mlx_lm_lora"]["step_s"] / printed["mlx_grpo"]["step_s"])
+
+
+def test_forward_flops_by_hand():
+    shape = dict(hidden=8, layers=1, heads=2, kv_heads=1, intermediate=16, vocab=10)
+    # head_dim 4, kv width 4: q,o 2*64 + k,v 2*32 + mlp 3*128 = 576 weights, head 80; attention 2*8*context.
+    assert bench.forward_flops(shape, tokens=3, context=5) == 2 * 3 * (576 + 80 + 2 * 8 * 5)
+
+
+def test_random_model_has_the_asked_vocabulary(tmp_path):
+    from mlx_grpo.policy import load_policy
+
+    folder = bench.build_random_model(tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32,
+                                      vocab=300)
+    model, tokenizer = load_policy(str(folder))
+    assert model.model.embed_tokens.weight.shape == (300, 16)
+    assert len(tokenizer.get_vocab()) == 300
+    assert isinstance(tokenizer.decode([299, 298, 5]), str)  # multi-byte tokens decode
+    assert tokenizer.decode(tokenizer.encode("hello, wörld")) == "hello, wörld"
+
+
+def test_letter_share_reward():
+    assert bench.letter_share(["p", "p"], ["ab1!", ""]) == [0.5, 0.0]
+
+
+def test_openblas_preload_rules(monkeypatch, tmp_path):
+    library = tmp_path / "libblas.so.3"
+    library.write_bytes(b"")
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: True)
+    monkeypatch.delenv(blas._DONE, raising=False)
+    monkeypatch.setenv("LD_PRELOAD", "/other.so")
+
+    monkeypatch.setenv(blas.ENV, str(library))
+    argv, env = blas.preload_command(["-m", "mlx_grpo.cli", "train"])
+    assert argv == [sys.executable, "-m", "mlx_grpo.cli", "train"]
+    assert env["LD_PRELOAD"] == f"{library}:/other.so" and env[blas._DONE] == str(library)
+
+    monkeypatch.setenv(blas.ENV, "0")  # the opt-out
+    assert blas.preload_command(["x"]) is None
+    monkeypatch.setenv(blas.ENV, str(tmp_path / "missing.so"))
+    assert blas.preload_command(["x"]) is None
+    monkeypatch.setenv(blas.ENV, str(library))
+    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: False)  # CUDA backend: nothing to do
+    assert blas.preload_command(["x"]) is None
+    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: True)
+    monkeypatch.setenv(blas._DONE, str(library))  # already re-executed: never loop
+    assert blas.preload_command(["x"]) is None
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.delenv(blas._DONE)
+    assert blas.preload_command(["x"]) is None
+
+
+def test_reexecuted_process_hides_the_preload_from_its_children(monkeypatch):
+    monkeypatch.setenv(blas._DONE, "/lib/openblas.so")
+    monkeypatch.setenv("LD_PRELOAD", "/lib/openblas.so:/other.so")
+    blas.use_openblas()  # must not exec: it already did
+    import os
+    assert os.environ["LD_PRELOAD"] == "/other.so" and blas._DONE not in os.environ
