@@ -53,6 +53,12 @@ class TrainConfig:
     top_k: int = 0  # top-k sampling (0: off)
     min_p: float = 0.0  # min-p sampling (0: off)
     decode_concurrency: int = 256  # sequences decoded at once; independent of micro_batch_size
+    max_turns: int = 8  # multi-turn tasks (web): the most model turns in one episode
+    max_episode_tokens: int = 1024  # multi-turn tasks: the most tokens of an episode after its first prompt (turns and observations)
+    curriculum: str = "none"  # none | ued: draw the task groups solved about half the time more often (README: Web browsing)
+    curriculum_key: str = "kind"  # row column that groups tasks for the curriculum (web: kind, e.g. fact/1); rows without it count alone
+    curriculum_explore: float = 0.2  # curriculum: share of draws spread evenly over all groups, whatever their estimates
+    web_kinds: list[str] = field(default_factory=list)  # web task: only these families/levels (fact/1 ... account/3); empty: all
 
     # Objective
     loss: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo | gspo | sapo (docs/algorithms.md)
@@ -103,6 +109,7 @@ class TrainConfig:
     keep_best: bool = False  # also keep the checkpoint with the best eval accuracy (needs eval_steps)
     eval_steps: int = 0  # evaluate every N steps; 0: only before and after training
     eval_num_problems: int = 200  # held-out problems for accuracy (greedy decoding)
+    eval_pass_k: int = 0  # also sample k completions per held-out problem, log eval/pass@k (0: off)
     log_every: int = 1  # print a line every N steps when not on a terminal
     report_to: list[str] = field(default_factory=list)  # also log metrics to wandb and/or tensorboard (if installed)
 
@@ -250,6 +257,9 @@ def validate(c: TrainConfig) -> None:
     for name, value in dataclasses.asdict(c).items():
         for v in value if isinstance(value, list) else [value]:
             need(not isinstance(v, float) or math.isfinite(v), f"{name} must be a finite number, got {v}")
+    need(c.max_turns >= 1 and c.max_episode_tokens >= 1, "max_turns and max_episode_tokens must be at least 1")
+    need(c.curriculum in ("none", "ued"), f"curriculum must be none or ued; got {c.curriculum!r}")
+    need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")
     for name in ("steps", "batch_size", "group_size", "max_tokens", "num_iterations",
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",
                  "lora_rank", "log_every", "keep_checkpoints"):
@@ -280,6 +290,7 @@ def validate(c: TrainConfig) -> None:
     need(0 <= c.runaway_penalty <= 1, f"runaway_penalty must be in [0, 1] (1: off), got {c.runaway_penalty}")
     need(0 <= c.overlong_buffer < c.max_tokens,
          f"overlong_buffer must be in [0, max_tokens = {c.max_tokens}), got {c.overlong_buffer}")
+    need(c.eval_pass_k >= 0, f"eval_pass_k must be >= 0, got {c.eval_pass_k}")
     need(c.overlong_penalty >= 0, f"overlong_penalty must be >= 0, got {c.overlong_penalty}")
     need(c.resample_rounds >= 0, f"resample_rounds must be >= 0, got {c.resample_rounds}")
     need(c.resample_rounds == 0 or c.dynamic_sampling, "resample_rounds needs --dynamic-sampling")

@@ -9,6 +9,7 @@ import numpy as np
 from .data import encode_prompt
 from .rewarding import score_completions
 from .rollout import SamplingConfig, sample_completions
+from .stats import mean_pass_at_k
 
 
 def columns_of(rows: list[dict], repeat: int = 1) -> dict[str, list]:
@@ -44,3 +45,31 @@ def evaluate_accuracy(model, tokenizer, task, max_tokens: int, concurrency: int 
         "seconds": time.perf_counter() - start,
         "completions": [c.text for c in completions],
     }
+
+
+def evaluate_pass_at_k(model, tokenizer, task, k: int, max_tokens: int, temperature: float,
+                       concurrency: int = 256, seed: int = 0) -> float | None:
+    """Sampled pass@k on the held-out rows: k completions each, the unbiased estimator (n = k).
+
+    Seeded on its own, so evaluating does not depend on (or disturb) where training is.
+    """
+    rows = task.eval_rows
+    if not rows or task.accuracy_reward is None:
+        return None
+    import mlx.core as mx
+
+    was_training = model.training
+    model.eval()
+    mx.random.seed(seed)
+    prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
+    completions = sample_completions(
+        model, tokenizer, prompts, k, SamplingConfig(temperature=temperature, max_tokens=max_tokens), concurrency
+    )
+    scores = score_completions(
+        [task.accuracy_reward], [1.0], [r["prompt"] for r in rows for _ in range(k)], [c.text for c in completions],
+        columns_of(rows, k),
+    )
+    model.train(was_training)
+    values = np.array([v if v is not None else 0.0 for v in next(iter(scores.parts.values()))])
+    successes = (values.reshape(len(rows), k) >= 0.5).sum(axis=1)
+    return mean_pass_at_k(successes, k, k)

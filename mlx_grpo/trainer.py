@@ -26,11 +26,13 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from . import checkpoint as ckpt
+from . import multiturn
 from .advantages import advantage_stats, group_advantages
 from .batch import MicroBatch, RolloutBatch, batch_rows, build_batch, groups_with_signal, micro_batches
 from .config import TrainConfig, dump_yaml
+from .curriculum import group_success
 from .data import encode_prompt, screen_task
-from .evaluate import columns_of, evaluate_accuracy
+from .evaluate import columns_of, evaluate_accuracy, evaluate_pass_at_k
 from .health import HealthMonitor, TrainingStopped, relative_change, reward_range, stop_run
 from .interrupt import steps_until_ctrl_c
 from .logprobs import completion_logprobs
@@ -182,6 +184,8 @@ def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
 
 
 def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig):
+    if task.make_env is not None:  # multi-turn: episodes shaped like completions, env tokens masked
+        return multiturn.rollout_and_score(model, tokenizer, task, rows, config)
     prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
     model.eval()
     start = time.perf_counter()
@@ -197,6 +201,17 @@ def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: Tr
         [r["prompt"] for r in rows for _ in range(g)], [c.text for c in completions], columns_of(rows, g),
     )
     return completions, scores, rollout_s
+
+
+def evaluate(model, tokenizer, task: Task, config: TrainConfig) -> dict:
+    """Held-out accuracy: greedy completions, or greedy episodes for a multi-turn task."""
+    if task.make_env is not None:
+        return multiturn.evaluate_episodes(model, tokenizer, task, config)
+    result = evaluate_accuracy(model, tokenizer, task, config.max_tokens, config.decode_concurrency)
+    if config.eval_pass_k > 0:
+        result["pass_at_k"] = evaluate_pass_at_k(model, tokenizer, task, config.eval_pass_k, config.max_tokens,
+                                                 config.temperature, config.decode_concurrency, config.seed)
+    return result
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -240,9 +255,12 @@ def collect_rollouts(model, tokenizer, task: Task, config: TrainConfig, step: in
     for round_ in range(1 + extra_rounds):
         if out is not None and out.keep.sum() >= config.batch_size:
             break
-        rows = (batch_rows(task.train_rows, step, config.batch_size, config.seed) if round_ == 0
+        first = (task.curriculum.pick if task.curriculum else batch_rows)
+        rows = (first(task.train_rows, step, config.batch_size, config.seed) if round_ == 0
                 else resample_rows(task.train_rows, step, round_, config.batch_size, config.seed))
         completions, scores, seconds = rollout_and_score(model, tokenizer, task, rows, config)
+        if task.curriculum:
+            task.curriculum.update(rows, group_success(task, rows, completions, scores, g))
         rewards = shape_rewards(
             scores.total, [len(c.tokens) for c in completions], [c.finish_reason == "length" for c in completions],
             max_tokens=config.max_tokens, runaway_factor=config.runaway_penalty,
@@ -302,7 +320,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         groups_per_part = max(1, config.micro_batch_size // g)
         sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
                            num_micro_batches=math.ceil(len(batch.prompts) / groups_per_part),
-                           max_tokens=config.max_tokens)
+                           max_tokens=config.max_episode_tokens if task.make_env else config.max_tokens)
         if watch_kl:  # over every group, silent ones included
             all_parts = micro_batches(batch, config.micro_batch_size) if skip_silent else parts
             metrics["kl"] = _kl_to_reference(all_parts, reference_logprobs(model, config, all_parts, ref_params, chunk))
@@ -339,6 +357,10 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         "time/step_s": time.perf_counter() - start,
         "memory/peak_gb": mx.get_peak_memory() / 1e9,
     })
+    if task.make_env is not None:
+        metrics.update(multiturn.episode_metrics(sampled.completions))
+    if task.curriculum:
+        metrics.update(task.curriculum.metrics(task.train_rows))
 
     records = []
     advantage_of = dict(zip(np.flatnonzero(kept_rows), advantages))
@@ -416,6 +438,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
             ref_params = opt_state.pop("reference_weights")
         optimizer.state = opt_state
         start_step = int(state["step"])
+        if task.curriculum and "curriculum" in state:
+            task.curriculum.load_state_dict(state["curriculum"])
     if config.resume:  # drop records past the checkpoint (all, if none was written) and lines cut by a kill
         for name in ("metrics.jsonl", "completions.jsonl", "health.jsonl"):
             ckpt.truncate_jsonl(run_dir / name, start_step)
@@ -426,7 +450,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
 
     before = state.get("eval_before")
     if before is None and not resumed:
-        result = evaluate_accuracy(model, tokenizer, task, config.max_tokens, config.decode_concurrency)
+        result = evaluate(model, tokenizer, task, config)
         before = result["accuracy"]
         emit("eval", {"when": "before", **result})
 
@@ -439,6 +463,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
             training_state = {**optimizer.state, "reference_weights": ref_params}
         ckpt.save_checkpoint(run_dir, step, weights, adapter_config, training_state,
                              {"eval_before": before, "data_position": step * config.batch_size,
+                              **({"curriculum": task.curriculum.state_dict()} if task.curriculum else {}),
                               "rng": {"seed": config.seed, "next_step_seed": step_seed(config.seed, step + 1)}},
                              keep_last=config.keep_checkpoints, keep_best=config.keep_best, metric=metric)
         save_adapters(model, run_dir, adapter_config)
@@ -456,8 +481,10 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
             ref_params = refreshed_reference(ref_params, model.trainable_parameters(), config.ref_refresh_alpha)
             metrics["ref_refreshed"] = True
         if config.eval_steps and step % config.eval_steps == 0 and step < config.steps:
-            result = evaluate_accuracy(model, tokenizer, task, config.max_tokens, config.decode_concurrency)
+            result = evaluate(model, tokenizer, task, config)
             metrics["eval/accuracy"] = result["accuracy"]
+            if result.get("pass_at_k") is not None:
+                metrics[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
             emit("eval", {"when": step, **result})
         metrics.update(reward_range(records))
         _append_jsonl(run_dir / "metrics.jsonl", [metrics])
@@ -478,9 +505,12 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
 
     if start_step >= config.steps and ckpt.latest_checkpoint(run_dir) is None:
         save(config.steps)
-    result = evaluate_accuracy(model, tokenizer, task, config.max_tokens, config.decode_concurrency)
+    result = evaluate(model, tokenizer, task, config)
     emit("eval", {"when": "after", **result})
-    _append_jsonl(run_dir / "metrics.jsonl", [{"step": config.steps, "eval/accuracy": result["accuracy"], "final": True}])
+    final = {"step": config.steps, "eval/accuracy": result["accuracy"], "final": True}
+    if result.get("pass_at_k") is not None:
+        final[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
+    _append_jsonl(run_dir / "metrics.jsonl", [final])
     outcome = RunResult(run_dir, before, result["accuracy"], result["n"], history)
     ckpt.atomic_write_json(run_dir / "summary.json", {
         "accuracy_before": before, "accuracy_after": result["accuracy"], "eval_n": result["n"],

@@ -170,3 +170,20 @@ def test_options_train_and_resume_bitwise(name, tmp_path, custom_run):  # noqa: 
     if options.get("ref_refresh_every"):
         assert all(m.get("ref_refreshed") for m in metrics)
         assert all(m["kl"] is not None for m in metrics)
+
+
+def test_pass_at_k_evaluation_counts_any_right_sample(tiny_model_path, monkeypatch):
+    """eval/pass@k with n = k samples is the fraction of problems with at least one right sample."""
+    from types import SimpleNamespace
+
+    from mlx_grpo import evaluate
+
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(3)]
+    # problem 0: no right sample; 1: one of two; 2: both
+    verdicts = iter([0.0, 0.0, 1.0, 0.0, 1.0, 1.0])
+
+    def reward(prompts, completions, **kw):
+        return [next(verdicts) for _ in completions]
+    task = SimpleNamespace(eval_rows=rows, accuracy_reward=reward, system_prompt=None)
+    model, tokenizer = load_policy(str(tiny_model_path))
+    assert evaluate.evaluate_pass_at_k(model, tokenizer, task, 2, 4, 1.0) == pytest.approx(2 / 3)

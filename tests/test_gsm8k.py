@@ -297,3 +297,28 @@ def test_grpo_config_is_accepted():
     config = build_config({}, str(REPO / "configs" / "gsm8k_grpo.yaml"), task_defaults=tasks.recommended_settings)
     assert (config.task, config.loss, config.model) == ("gsm8k", "grpo", "Qwen/Qwen2.5-0.5B-Instruct")
     assert config.max_tokens == 512 and config.group_size == 8 and config.scale_rewards == "none"
+
+
+def test_cispo_config_builds():
+    config = build_config({}, str(REPO / "configs" / "gsm8k_cispo.yaml"), task_defaults=tasks.recommended_settings)
+    assert (config.loss, config.epsilon_high, config.scale_rewards) == ("cispo", 0.28, "none")
+
+
+@needs_data
+def test_short_run_on_a_tiny_model(tmp_path, tiny_model_path):
+    """End to end on the local data with the seed-000 objective; learning is not expected."""
+    from mlx_grpo.trainer import train
+
+    run = tmp_path / "run"
+    config = build_config({
+        "task": "gsm8k", "model": str(tiny_model_path), "data": str(GSM8K_DATA), "loss": "cispo",
+        "epsilon_high": 0.28, "steps": 2, "batch_size": 2, "group_size": 2, "max_tokens": 12,
+        "eval_steps": 1, "eval_num_problems": 3, "eval_pass_k": 2, "output": str(run),
+    }, task_defaults=tasks.recommended_settings)
+    result = train(config)
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 2]
+    assert 0 <= metrics[0]["eval/accuracy"] <= 1 and 0 <= metrics[0]["eval/pass@2"] <= 1
+    assert {"reward/correctness_reward/mean", "reward/format_reward/mean"} <= metrics[0].keys()
+    assert metrics[-1]["final"] and "eval/pass@2" in metrics[-1]
+    assert result.eval_n == 3 and (run / "adapters.safetensors").is_file()
