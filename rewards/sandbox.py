@@ -419,6 +419,7 @@ class Sandbox:
         if self.uid is not None:
             os.chown(self.dir, self.uid, self.uid)
         self.closed = False
+        self._swept = True  # no process of the uid can exist yet
 
     def write(self, name: str, text: str) -> Path:
         """Write a file into the directory (readable by the sandboxed uid)."""
@@ -434,6 +435,7 @@ class Sandbox:
             raise RuntimeError("sandbox is closed")
         limits = limits or self.limits
         start = time.monotonic()
+        self._swept = False
         try:
             proc = subprocess.Popen(
                 _command(argv, limits, self.uid, self.caps), cwd=self.dir,
@@ -451,6 +453,7 @@ class Sandbox:
             returncode = proc.wait()
             if self.uid is not None:
                 kill_uid(self.uid)
+                self._swept = True
         return Result(returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
                       timed_out, capped, time.monotonic() - start)
 
@@ -459,7 +462,8 @@ class Sandbox:
             return
         self.closed = True
         if self.uid is not None:
-            kill_uid(self.uid)
+            if not self._swept:
+                kill_uid(self.uid)
             for top in _world_writable_dirs():
                 remove_files_of(self.uid, top)
             _release_uid(self.uid)

@@ -1,0 +1,127 @@
+"""Build rewards/ocaml_data/{train,test}.jsonl from scripts/ocaml_problems.txt, and check it.
+
+    python scripts/build_ocaml_problems.py            # write the JSONL files
+    python scripts/build_ocaml_problems.py --check    # also grade every reference (needs ocaml)
+
+Every fifth problem (in file order, so each difficulty and topic is spread over
+both) goes to the held-out test split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "scripts" / "ocaml_problems.txt"
+OUT = ROOT / "rewards" / "ocaml_data"
+TEST_EVERY = 5
+DIFFICULTIES = ("easy", "medium", "hard")
+
+
+def parse(text: str) -> list[dict]:
+    problems, current, in_solution = [], None, False
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = re.match(r"## (\S+) (\S+) (\S+)\s*$", line)
+        if header:
+            current = {"id": header[1], "difficulty": header[2], "topic": header[3], "prompt": "",
+                       "signature": "", "preamble": "", "tests": [], "solution": ""}
+            problems.append(current)
+            in_solution = False
+            continue
+        if current is None or (line.startswith("#") and not in_solution):
+            continue
+        if line.startswith("test: "):
+            in_solution = False
+            current["tests"].append(f"assert ({line[6:].strip()})")
+        elif in_solution:
+            current["solution"] += line + "\n"
+        elif line.startswith("sig: "):
+            current["signature"] = line[5:].strip()
+        elif line.startswith("pre: "):
+            current["preamble"] += line[5:].strip() + "\n"
+        elif line.strip() == "sol:":
+            in_solution = True
+        elif line.strip():
+            current["prompt"] += (" " if current["prompt"] else "") + line.strip()
+    for p in problems:
+        p["solution"] = p["solution"].strip() + "\n"
+        problem_errors = [e for e in _errors(p)]
+        if problem_errors:
+            raise SystemExit(f"{SOURCE.name}: problem {p['id']}: {'; '.join(problem_errors)}")
+    ids = [p["id"] for p in problems]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise SystemExit(f"duplicate ids: {', '.join(duplicates)}")
+    return problems
+
+
+def _errors(p: dict):
+    if p["difficulty"] not in DIFFICULTIES:
+        yield f"difficulty {p['difficulty']!r} is not one of {DIFFICULTIES}"
+    if not p["prompt"]:
+        yield "no description"
+    if not p["signature"].startswith("let ") or not p["signature"].endswith("="):
+        yield "the signature must be `let name ... =`"
+    if len(p["tests"]) < 4:
+        yield f"only {len(p['tests'])} tests (at least 4)"
+    name = re.match(r"let\s+(?:rec\s+)?(\S+)", p["signature"])[1]
+    if not re.search(rf"\blet\s+(?:rec\s+)?{re.escape(name)}\b", p["solution"]):
+        yield f"the solution does not define {name}"
+
+
+def split(problems: list[dict]) -> tuple[list[dict], list[dict]]:
+    train = [p for i, p in enumerate(problems) if i % TEST_EVERY != TEST_EVERY - 1]
+    test = [p for i, p in enumerate(problems) if i % TEST_EVERY == TEST_EVERY - 1]
+    return train, test
+
+
+def write(problems: list[dict]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, part in zip(("train", "test"), split(problems)):
+        with open(OUT / f"{name}.jsonl", "w", encoding="utf-8") as f:
+            for p in part:
+                f.write(json.dumps(p, ensure_ascii=False) + "\n")
+        print(f"{OUT / name}.jsonl: {len(part)} problems")
+
+
+def check(problems: list[dict]) -> int:
+    """Grade every reference solution; also check no function name is a Stdlib value."""
+    sys.path.insert(0, str(ROOT))
+    from rewards import ocaml
+    from rewards.sandbox import run_once
+
+    start = time.monotonic()
+    grades = ocaml.grade_many([f"```ocaml\n{p['solution']}```" for p in problems], problems)
+    bad = [(p["id"], g) for p, g in zip(problems, grades) if g.score != 1.0]
+    for pid, g in bad:
+        print(f"FAIL {pid}: {g.stage} {g.tests_passed}/{g.tests_total} {g.error}")
+    names = sorted({ocaml.function_name(p["signature"]) for p in problems})
+    shadowing = []
+    for n in names:  # a name Stdlib defines would be shadowed by `open Stdlib` before the tests
+        if run_once(["ocamlc", "-stop-after", "typing", "-c", "p.ml"], {"p.ml": f"let _ = Stdlib.{n}\n"}).ok:
+            shadowing.append(n)
+    if shadowing:
+        print(f"FAIL: these names are Stdlib values: {', '.join(shadowing)}")
+    print(f"{len(problems) - len(bad)}/{len(problems)} references score 1.0 "
+          f"({time.monotonic() - start:.1f} s)")
+    return 1 if bad or shadowing else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="grade every reference solution")
+    args = parser.parse_args()
+    problems = parse(SOURCE.read_text(encoding="utf-8"))
+    write(problems)
+    by = {d: sum(p["difficulty"] == d for p in problems) for d in DIFFICULTIES}
+    print(f"{len(problems)} problems: " + ", ".join(f"{n} {d}" for d, n in by.items()))
+    return check(problems) if args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
