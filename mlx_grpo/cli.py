@@ -97,6 +97,9 @@ app.command()(train)
 
 
 def main():
+    from .blas import use_openblas
+
+    use_openblas()  # Linux CPU: re-executes once with OpenBLAS preloaded when installed (MLX_GRPO_OPENBLAS=0: off)
     try:
         app()
     except KeyboardInterrupt:
