@@ -74,6 +74,7 @@ def train(**flags):
     from .checkpoint import CheckpointError
     from .display import TrainDisplay
     from .rewarding import RewardError
+    from .health import TrainingStopped
     from .tasks import recommended_settings
     from .trainer import train as run_training
 
@@ -90,10 +91,43 @@ def train(**flags):
         err.print(str(e) or "interrupted at once; the newest complete checkpoint is intact", highlight=False,
                   soft_wrap=True)
         raise typer.Exit(130)
+    except TrainingStopped as e:  # the run stopped itself (NaN/Inf steps): one line, not a traceback
+        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 train.__signature__ = _train_signature()
 app.command()(train)
+
+
+@app.command()
+def plot(run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...", help="run folders; several are overlaid"),
+         output: Optional[Path] = typer.Option(None, help="PNG to write; default RUN_DIR/plot.png for one run, "
+                                                            "plot.png here for several")):
+    """Plot a run's curves (reward, eval accuracy, KL, grad norm, entropy, length, lr) into a PNG."""
+    from .plot import PlotError, plot_runs
+
+    target = output or (run_dirs[0] / "plot.png" if len(run_dirs) == 1 else Path("plot.png"))
+    try:
+        plot_runs(run_dirs, target)
+    except PlotError as e:
+        fail(str(e))
+    Console().print(f"wrote {target}", highlight=False, soft_wrap=True)
+
+
+@app.command(name="inspect")
+def inspect_command(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run folder")):
+    """Summarise a run from its files: settings, first/last/best metrics, health events, checkpoints."""
+    from .inspect_run import summarize
+    from .plot import PlotError
+
+    try:
+        lines = summarize(run_dir)
+    except PlotError as e:
+        fail(str(e))
+    out = Console()
+    for line in lines:
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def main():

@@ -124,7 +124,7 @@ class TrainConfig:
     health_entropy_drop: float = 0.1  # token entropy below this fraction of its value over the first window
     health_truncated_frac: float = 0.5  # mean fraction of completions cut at max_tokens above this
     health_adv_factor: float = 10.0  # largest |advantage| above this multiple of the batch's reward range
-    health_min_update: float = 3e-5  # updates move the weights by less than this fraction of their norm, reward flat
+    health_min_update: float = 1e-4  # updates move the weights by less than this fraction of their norm, reward flat
     max_nonfinite_steps: int = 3  # stop after this many steps in a row with a NaN/Inf loss or gradient (0: never)
 
 

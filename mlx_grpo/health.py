@@ -35,7 +35,7 @@ class Thresholds:
     entropy_drop: float = 0.1  # entropy_collapse: entropy below this fraction of its starting value
     truncated_frac: float = 0.5  # truncated: mean fraction of completions that hit max_tokens
     adv_factor: float = 10.0  # advantage_blowup: max |advantage| over the batch's reward range
-    min_update: float = 3e-5  # lr_too_low: median ||delta W|| / ||W|| per step below this
+    min_update: float = 1e-4  # lr_too_low: median ||delta W|| / ||W|| per step below this
     # Facts about the run the rules compare against (not thresholds).
     max_grad_norm: float = 1.0
     max_tokens: int | None = None
@@ -111,8 +111,12 @@ def grad_spike(h: History) -> str | None:
     median = float(np.median(before))
     if now <= h.t.spike_factor * median:
         return None
-    return (f"grad norm {now:.4g} at step {h.step} is {now / median:.0f}x its running median "
+    return (f"grad norm {_big(now)} at step {h.step} is {_big(now / median)}x its running median "
             f"{median:.3g} (last {len(before)} steps)")
+
+
+def _big(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1e4 else f"{x:.3g}"
 
 
 def zero_std(h: History) -> str | None:

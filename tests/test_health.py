@@ -1,0 +1,269 @@
+"""Health rules: each fires on a metric stream built to trigger it and stays quiet on a
+healthy one; the non-finite guard stops a real run with its last good checkpoint intact;
+the display prints a health event once."""
+
+import inspect
+import io
+import json
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from mlx_grpo import trainer
+from mlx_grpo.cli import app
+from mlx_grpo.display import TrainDisplay, metrics_table, trend
+from mlx_grpo.health import RULES, HealthMonitor, Thresholds, fitted_trend, relative_change
+
+STEPS = 60
+
+
+def healthy(step: int, rng) -> dict:
+    """One step of a run that learns steadily: reward rising, nothing near a limit."""
+    return {
+        "step": step, "loss": float(rng.normal(0, 0.01)), "grad_norm": float(0.3 + rng.uniform(0, 0.1)),
+        "grad_clipped": False, "frac_zero_std": 0.25, "reward/mean": 0.3 + 0.005 * step + float(rng.normal(0, 0.02)),
+        "reward/std": 0.4, "reward/best_of_n": 0.9, "reward/min": 0.0, "reward/max": 1.0,
+        "kl": 0.001 * step if step % 10 == 0 else None, "entropy": 0.5 + float(rng.normal(0, 0.02)),
+        "completion/truncated_frac": 0.05, "completion/mean_length": 40.0, "advantage/min": -0.6,
+        "advantage/max": 0.7, "advantage/abs_mean": 0.3, "lr": 1e-5, "update/rel_change": 1e-3,
+        "skipped_updates": 0,
+    }
+
+
+def run(stream, **thresholds) -> list[dict]:
+    monitor = HealthMonitor(Thresholds(lr=1e-5, max_tokens=64, **thresholds))
+    return [e for m in stream for e in monitor.observe(m)]
+
+
+def stream(change, start: int = 30, seed: int = 0) -> list[dict]:
+    """A healthy stream whose steps from `start` on are altered by change(metrics, step)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for step in range(1, STEPS + 1):
+        m = healthy(step, rng)
+        if step >= start:
+            change(m, step)
+        out.append(m)
+    return out
+
+
+def test_healthy_stream_is_quiet():
+    for seed in range(3):
+        assert run(stream(lambda m, s: None, seed=seed)) == []
+
+
+def set_(**values):
+    return lambda m, s: m.update(values)
+
+
+def falling_reward(m, s):
+    m["reward/mean"] = 0.6 - 0.02 * (s - 30)
+
+
+def kl_growing(m, s):
+    m["kl"] = 0.2 * (s - 29) if s % 5 == 0 else None
+
+
+def loss_jump(m, s):
+    m["loss"] = 0.5 + 0.01 * math.sin(s)
+
+
+def entropy_falls(m, s):
+    m["entropy"] = 0.02
+
+
+def spike(m, s):
+    if s == 40:
+        m["grad_norm"] = 54_648_652.0
+
+
+CASES = {
+    "grad_at_clip": set_(grad_norm=1.0, grad_clipped=True),
+    "grad_spike": spike,
+    "zero_std": set_(frac_zero_std=0.75),
+    "reward_collapse": set_(loss=0.0, grad_norm=0.0, **{"reward/std": 0.0, "reward/mean": 0.05,
+                                                        "frac_zero_std": 1.0}),
+    "reward_down": falling_reward,
+    "loss_spike": loss_jump,
+    "kl_runaway": kl_growing,
+    "entropy_collapse": entropy_falls,
+    "truncated": set_(**{"completion/truncated_frac": 0.9, "completion/mean_length": 63.5}),
+    "advantage_blowup": set_(**{"reward/min": 0.62, "reward/max": 0.71, "advantage/min": -1.3,
+                                "advantage/max": 1.47}),
+    "lr_too_low": lambda m, s: m.update({"update/rel_change": 2e-6, "reward/mean": 0.45 + 0.01 * math.sin(s)}),
+}
+
+
+def test_every_rule_has_a_case_and_is_documented():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "health.md").read_text()
+    for rule in RULES:
+        assert rule.name in CASES
+        assert f"`{rule.name}`" in doc and rule.seed and rule.suggestion
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_rule_fires_on_its_stream(name):
+    events = run(stream(CASES[name]))
+    fired = [e["rule"] for e in events]
+    assert name in fired, fired
+    event = next(e for e in events if e["rule"] == name)
+    assert event["step"] >= 30 and event["evidence"] and event["suggestion"]
+    # reported once even though the condition holds to the end
+    assert fired.count(name) == 1
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_stream_triggers_only_what_belongs_to_it(name):
+    # A collapse from 0.45 to 0.05 with every group alike is also a falling reward and empty groups.
+    expected = {"reward_collapse": {"reward_collapse", "reward_down", "zero_std"}}.get(name, {name})
+    assert {e["rule"] for e in run(stream(CASES[name]))} == expected
+
+
+def test_evidence_is_worked_out():
+    events = run(stream(CASES["grad_at_clip"]))
+    # 0.8 is exceeded at 9 of 10: steps 30..38 pinned, step 29 not
+    assert "on 9 of the last 10 steps" in events[0]["evidence"] and events[0]["step"] == 38
+    spike_event = run(stream(spike))[0]
+    assert spike_event["step"] == 40 and "54648652" in spike_event["evidence"].replace(",", "")
+    blow = next(e for e in run(stream(CASES["advantage_blowup"])) if e["rule"] == "advantage_blowup")
+    assert "(16x)" in blow["evidence"]  # 1.47 / (0.71 - 0.62) = 16.3
+
+
+def test_thresholds_are_configurable():
+    assert run(stream(CASES["zero_std"]), zero_std=0.8) == []
+    assert run(stream(CASES["truncated"]), truncated_frac=0.95) == []
+    assert run(stream(spike), spike_factor=1e9) == []
+    assert [e["rule"] for e in run(stream(set_(frac_zero_std=0.45)), zero_std=0.4)] == ["zero_std"]
+
+
+def test_a_rule_rearms_after_a_quiet_window():
+    def on_off(m, s):
+        if s < 42 or s >= 55:
+            m["completion/truncated_frac"] = 1.0
+    fired = [e["step"] for e in run(stream(on_off, start=20)) if e["rule"] == "truncated"]
+    assert len(fired) == 2 and fired[0] < 42 < 55 <= fired[1]
+
+
+def test_collapse_at_the_top_is_told_apart():
+    solved = run(stream(set_(loss=0.0, grad_norm=0.0, **{"reward/std": 0.0, "reward/mean": 1.0,
+                                                          "reward/best_of_n": 1.0, "frac_zero_std": 1.0})))
+    event = next(e for e in solved if e["rule"] == "reward_collapse")
+    assert "best reward of the run" in event["evidence"]
+
+
+def test_fitted_trend_matches_numpy():
+    rng = np.random.default_rng(3)
+    y = 2.0 - 0.1 * np.arange(20) + rng.normal(0, 0.2, 20)
+    slope, t = fitted_trend(list(y))
+    (ref_slope, _), cov = np.polyfit(np.arange(20), y, 1, cov="unscaled")
+    resid = y - np.polyval(np.polyfit(np.arange(20), y, 1), np.arange(20))
+    se = math.sqrt(resid @ resid / 18 * cov[0, 0])
+    assert slope == pytest.approx(ref_slope) and t == pytest.approx(ref_slope / se)
+
+
+def test_relative_change_of_parameter_trees():
+    before = {"a": mx.array([3.0, 0.0]), "b": [mx.array([[0.0, 4.0]])]}
+    after = {"a": mx.array([3.0, 1.0]), "b": [mx.array([[0.0, 4.0 + 2.0]])]}
+    assert relative_change(before, after) == pytest.approx(math.sqrt(1 + 4) / 5)
+
+
+def test_nonfinite_events_and_stop():
+    monitor = HealthMonitor(max_nonfinite=2)
+    assert monitor.observe({"step": 1, "skipped_updates": 1})[0]["rule"] == "nonfinite"
+    monitor.observe({"step": 2, "skipped_updates": 0})
+    assert monitor.stop_reason is None  # the streak was broken
+    monitor.observe({"step": 3, "skipped_updates": 1})
+    monitor.observe({"step": 4, "skipped_updates": 1})
+    assert monitor.stop_reason.startswith("stopped at step 4")
+
+
+# ---- the display ----
+
+def test_trend_arrows():
+    assert trend([1, 1, 1, 2, 2, 2]) == "↑"
+    assert trend([2, 2, 2, 1, 1, 1]) == "↓"
+    assert trend([1.0, 1.01, 1.0, 1.01]) == "→"
+    assert trend([1.0]) == ""
+
+
+def test_plain_display_prints_a_health_event_once_and_live_view_renders():
+    out = io.StringIO()
+    display = TrainDisplay(Console(file=out, width=200), live=False)
+    event = {"step": 7, "rule": "zero_std", "title": "most groups carry no signal",
+             "evidence": "60% of groups ...", "suggestion": "raise temperature"}
+    display("health", event)
+    text = out.getvalue()
+    assert text.count("health: step 7: most groups carry no signal: 60% of groups") == 1
+    assert "suggestion: raise temperature" in text
+
+    console = Console(file=io.StringIO(), width=120, force_terminal=True, record=True)
+    rng = np.random.default_rng(0)
+    steps = [{**healthy(s, rng), "reward/mean": 0.1 * s, "grad_norm": 1.0 / s} for s in range(1, 9)]
+    steps[3]["kl"] = 0.0123  # measured on step 4 only: the table keeps showing it
+    console.print(metrics_table(steps))
+    header, values = console.export_text().splitlines()[:2]
+    assert header.split()[:3] == ["reward", "best-of-N", "eval"]
+    assert values.split()[:8] == ["0.800", "↑", "0.90", "→", "-", "0.0123", "0.125", "↓"]
+
+
+# ---- the guard in a real run ----
+
+REWARDS = '''
+def variety(prompts, completions, **kw):
+    return [len(set(c)) / 10 for c in completions]
+'''
+
+
+def test_injected_nan_skips_updates_then_stops_with_last_good_checkpoint(tmp_path, tiny_model_path, monkeypatch):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(40)))
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text(REWARDS)
+    poison = {"on": False}
+    real_loss, real_step = trainer.policy_loss, trainer.train_step
+
+    def nan_loss(*args, **kwargs):
+        loss, stats = real_loss(*args, **kwargs)
+        return (loss * float("nan"), stats) if poison["on"] else (loss, stats)
+
+    def step_from_3(*args, **kwargs):
+        step = inspect.signature(real_step).bind(*args, **kwargs).arguments["step"]
+        poison["on"] = step >= 3
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "policy_loss", nan_loss)
+    monkeypatch.setattr(trainer, "train_step", step_from_3)
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "train", "--model", str(tiny_model_path), "--data", str(data), "--reward-file", str(rewards),
+        "--reward", "variety", "--steps", "6", "--batch-size", "2", "--group-size", "4", "--max-tokens", "8",
+        "--lr", "1e-2", "--save-every", "1", "--keep-checkpoints", "10", "--warmup-steps", "0",
+        "--max-nonfinite-steps", "2", "--output", str(run_dir)])
+    assert result.exit_code == 1, result.output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "stopped at step 4" in last and "step_000003" in last
+
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [m["skipped_updates"] for m in metrics] == [0, 0, 1, 1]
+    assert metrics[0]["update/rel_change"] > 0 and metrics[2]["update/rel_change"] == 0
+    events = [json.loads(x) for x in (run_dir / "health.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["rule"]) for e in events if e["rule"] == "nonfinite"] == [(3, "nonfinite"), (4, "nonfinite")]
+    assert json.loads((run_dir / "summary.json").read_text())["stopped"] is True
+
+    ckpts = run_dir / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step_000003" and not (ckpts / "step_000004").exists()
+    good = mx.load(str(ckpts / "step_000002" / "adapters.safetensors"))
+    kept = mx.load(str(ckpts / "step_000003" / "adapters.safetensors"))
+    assert good.keys() == kept.keys()
+    for name in good:  # the skipped update left the weights exactly as they were
+        assert np.array_equal(np.array(good[name]), np.array(kept[name])), name
+        assert np.isfinite(np.array(kept[name])).all()
