@@ -105,13 +105,15 @@ def plot(run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...", help="
          output: Optional[Path] = typer.Option(None, help="PNG to write; default RUN_DIR/plot.png for one run, "
                                                             "plot.png here for several")):
     """Plot a run's curves (reward, eval accuracy, KL, grad norm, entropy, length, lr) into a PNG."""
+    from rich.markup import escape
+
     from .plot import PlotError, plot_runs
 
     target = output or (run_dirs[0] / "plot.png" if len(run_dirs) == 1 else Path("plot.png"))
     try:
         plot_runs(run_dirs, target)
     except PlotError as e:
-        fail(str(e))
+        fail(escape(str(e)))  # "mlx-grpo[plot]" is not rich markup
     Console().print(f"wrote {target}", highlight=False, soft_wrap=True)
 
 
