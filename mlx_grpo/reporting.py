@@ -23,7 +23,11 @@ def check_reporters(names: list[str]) -> str | None:
         if name not in REPORTERS:
             return f"report_to: unknown logger {name!r}; choose from {', '.join(REPORTERS)}"
         module, install = REPORTERS[name]
-        if importlib.util.find_spec(module) is None:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken or half-imported package
+            found = False
+        if not found:
             return f"--report-to {name}: {module} is not installed ({install})"
     return None
 

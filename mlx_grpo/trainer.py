@@ -404,7 +404,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     """Run (or resume) a training run described by `config`.
 
     on_event(kind, data) is told about progress: "start", "eval", "step",
-    "checkpoint", "end". The CLI draws its live display from these.
+    "health" (a health rule fired: health.py), "checkpoint", "stopped" (too many
+    NaN/Inf steps; TrainingStopped follows), "end". The CLI draws its live display from these.
     """
     emit = with_reporters(config, on_event or (lambda kind, data: None))
     run_dir = Path(config.resume or config.output or default_run_dir(config))
