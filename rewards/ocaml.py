@@ -396,15 +396,23 @@ REWARDS = [(ocaml_reward, 1.0), (ocaml_compiles, 0.0), (ocaml_runaway, 0.0)]
 # Data
 
 
-def format_prompt(problem: dict) -> str:
+def format_prompt(problem: dict, compact: bool = False) -> str:
+    """The prompt: description, then the definition to complete in a code block.
+
+    ``compact``: the definition alone, for the embedded tiny model, whose
+    256-token context cannot hold a description (it knows no OCaml anyway; the
+    task runs on it only to check the wiring).
+    """
     preamble = (problem.get("preamble") or "").strip()
     definition = f"{preamble}\n\n{problem['signature']}" if preamble else problem["signature"]
+    if compact:
+        return definition
     return (f"{problem['prompt'].strip()}\n\nWrite it in OCaml by completing this definition:\n\n"
             f"```ocaml\n{definition}\n```\n\n"
             "Answer with the complete definition, starting with `let`, in one ```ocaml code block.")
 
 
-def to_row(record: dict, where: str) -> dict:
+def to_row(record: dict, where: str, compact: bool = False) -> dict:
     """A task row from a problem record; ValueError names ``where``."""
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object")
@@ -419,7 +427,7 @@ def to_row(record: dict, where: str) -> dict:
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     return {
-        "prompt": format_prompt(record),
+        "prompt": format_prompt(record, compact),
         "id": str(record.get("id", where)),
         "difficulty": str(record.get("difficulty", "")),
         "signature": record["signature"],
@@ -474,7 +482,8 @@ def load_rows(split: str, config) -> list[dict]:
             records = records[len(records) - held_out:] if split == "test" else records[:len(records) - held_out]
         else:
             raise ValueError(f"data not found: {data}")
-    return [to_row(r, f"{path}:{i + 1}") for i, r in enumerate(records)]
+    compact = getattr(config, "model", None) is None  # the embedded tiny model: see format_prompt
+    return [to_row(r, f"{path}:{i + 1}", compact) for i, r in enumerate(records)]
 
 
 def recommended_settings(model: str | None) -> dict:
