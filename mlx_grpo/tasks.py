@@ -25,7 +25,7 @@ from .config import ConfigError, TrainConfig
 from .data import DataError, load_rows
 from .rewarding import RewardFn, load_reward_functions, reward_name
 
-BUILTIN_TASKS = {"arith": "rewards.arith", "gsm8k": "rewards.gsm8k"}
+BUILTIN_TASKS = {"arith": "rewards.arith", "gsm8k": "rewards.gsm8k", "ocaml": "rewards.ocaml"}
 TASKS = (*BUILTIN_TASKS, "custom")
 
 
@@ -77,6 +77,8 @@ def load_task(config: TrainConfig) -> Task:
         module = importlib.import_module(BUILTIN_TASKS[config.task])
         try:
             train, test = module.load_rows("train", config), module.load_rows("test", config)
+        except ConfigError:
+            raise  # the task's own complete message (e.g. a missing toolchain and how to install it)
         except (OSError, ValueError) as e:
             raise ConfigError(f"task {config.task!r}: could not load its data ({e})") from None
         functions = [fn for fn, _ in module.REWARDS]
