@@ -64,6 +64,16 @@ class History:
         rows = self.steps if last is None else self.steps[-last:]
         return [float(r[key]) for r in rows if _number(r.get(key))]
 
+    def last_measured(self, key: str, n: int) -> list[tuple[int, float]]:
+        """(step, value) of the last n steps that logged a number under `key`, oldest first."""
+        found = []
+        for r in reversed(self.steps):
+            if len(found) == n:
+                break
+            if _number(r.get(key)):
+                found.append((r.get("step"), float(r[key])))
+        return found[::-1]
+
     def latest(self, key: str):
         value = self.steps[-1].get(key) if self.steps else None
         return float(value) if _number(value) else None
@@ -105,7 +115,7 @@ def grad_at_clip(h: History) -> str | None:
 
 def grad_spike(h: History) -> str | None:
     now = h.latest("grad_norm")
-    before = [n for n in h.values("grad_norm")[-2 * h.t.window - 1:-1] if n > 0]
+    before = [n for n in History(h.steps[:-1], h.t).values("grad_norm", 2 * h.t.window) if n > 0]
     if now is None or len(before) < h.t.window:
         return None
     median = float(np.median(before))
@@ -182,7 +192,7 @@ def loss_spike(h: History) -> str | None:
 
 
 def kl_runaway(h: History) -> str | None:
-    measured = [(r.get("step"), float(r["kl"])) for r in h.steps if _number(r.get("kl"))]
+    measured = h.last_measured("kl", 3)
     if not measured or measured[-1][1] <= h.t.kl_max:
         return None
     if len(measured) >= 2 and measured[-1][1] <= measured[-2][1]:

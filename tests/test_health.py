@@ -267,3 +267,36 @@ def test_injected_nan_skips_updates_then_stops_with_last_good_checkpoint(tmp_pat
     for name in good:  # the skipped update left the weights exactly as they were
         assert np.array_equal(np.array(good[name]), np.array(kept[name])), name
         assert np.isfinite(np.array(kept[name])).all()
+
+
+def test_resumed_run_reports_the_same_health_events(tmp_path, tiny_model_path):
+    """The monitor catches up on metrics.jsonl when resuming: no event twice, none lost."""
+    from mlx_grpo.config import build_config
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(40)))
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text(REWARDS)
+
+    def config(out, **more):
+        # Thresholds set so that rules fire on a few steps of a tiny run.
+        return build_config(dict(model=str(tiny_model_path), data=str(data), reward_file=str(rewards),
+                                 reward=["variety"], steps=6, batch_size=2, group_size=4, max_tokens=8, lr=1e-2,
+                                 save_every=3, seed=3, output=str(out), warmup_steps=0, health_window=2,
+                                 health_clip_frac=0.0, health_zero_std=0.0, health_min_update=1.0, **more))
+
+    trainer.train(config(tmp_path / "straight"))
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_3(kind, data):
+        if kind == "checkpoint" and data["step"] == 3:
+            raise Interrupt
+    with pytest.raises(Interrupt):
+        trainer.train(config(tmp_path / "resumed"), on_event=stop_at_3)
+    trainer.train(config(tmp_path / "resumed", resume=str(tmp_path / "resumed")))
+
+    straight = (tmp_path / "straight" / "health.jsonl").read_text().splitlines()
+    resumed = (tmp_path / "resumed" / "health.jsonl").read_text().splitlines()
+    assert len(straight) >= 2 and resumed == straight
