@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from .health import read_events
+
 # (title, [(metric key, label suffix, line style)]) in panel order.
 PANELS = (
     ("reward", [("reward/mean", "mean", "-"), ("reward/best_of_n", "best-of-N", "--")]),
@@ -77,6 +79,7 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path) -> dict[str, list[
         before = _accuracy_before(Path(run_dir))
         if before is not None:  # measured before step 1: drawn at step 0
             rows.insert(0, {"step": 0, "eval/accuracy": before})
+    warnings = [[e["step"] for e in read_events(d) if isinstance(e.get("step"), int)] for d in run_dirs]
     plt = _pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))
     fig.subplots_adjust(left=0.04, right=0.99, top=0.92, bottom=0.07, wspace=0.25, hspace=0.3)  # fixed: fast
@@ -92,6 +95,9 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path) -> dict[str, list[
                 if steps:
                     label = f"{name} {suffix}".strip() if len(runs) > 1 or suffix else name
                     ax.plot(steps, values, style, color=color, label=label, markersize=3)
+            if title == "reward" and warnings[i]:  # where health warnings fired (health.jsonl), at the bottom
+                ax.plot(warnings[i], [0.02] * len(warnings[i]), "^", color=color, transform=ax.get_xaxis_transform(),
+                        label="health warning" + (f" ({name})" if len(runs) > 1 else ""))
             if title == "grad norm" and config.get("max_grad_norm") is not None:
                 ax.axhline(float(config["max_grad_norm"]), color=color, linestyle=":", linewidth=1,
                            label=f"clip {config['max_grad_norm']:g}" + (f" ({name})" if len(runs) > 1 else ""))

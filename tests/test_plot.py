@@ -42,11 +42,12 @@ def test_plot_has_the_panels_and_overlays_runs(tmp_path, monkeypatch):
     real_close = plt.close
     monkeypatch.setattr(plt, "close", lambda fig: (captured.setdefault("fig", fig), real_close(fig)))
     a, b = fake_run(tmp_path / "a"), fake_run(tmp_path / "b", max_grad_norm=0.5, steps=4)
+    (b / "health.jsonl").write_text(json.dumps({"step": 2, "rule": "zero_std"}) + "\n")
     out = tmp_path / "out" / "ab.png"
     drawn = plot_runs([a, b], out)
     assert list(drawn) == TITLES == [title for title, _ in PANELS]
     assert png_size(out) == (18 * 80, 8 * 80)
-    assert drawn["reward"] == ["a mean", "a best-of-N", "b mean", "b best-of-N"]
+    assert drawn["reward"] == ["a mean", "a best-of-N", "b mean", "b best-of-N", "health warning (b)"]
     assert drawn["grad norm"] == ["a", "clip 1 (a)", "b", "clip 0.5 (b)"]
     assert drawn["eval accuracy"] == ["a", "b"]
 
