@@ -424,7 +424,8 @@ def run(args) -> dict:
             del ours
         dtype = next(v.dtype for _, v in tree_flatten(trainers[0].model.parameters())
                      if mx.issubdtype(v.dtype, mx.floating))
-        peak = matmul_peak(dtype, sizes=(1024, 2048, 4096) if mx.default_device() == mx.gpu else (512, 1024))
+        on_gpu = mx.default_device().type == mx.DeviceType.gpu
+        peak = matmul_peak(dtype, sizes=(2048, 4096, 8192) if on_gpu else (512, 1024))
 
         results = {t.name: [] for t in trainers}
         for _ in range(args.steps):  # one step of each in turn: both see the same load
