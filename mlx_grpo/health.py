@@ -115,7 +115,8 @@ def grad_at_clip(h: History) -> str | None:
 
 def grad_spike(h: History) -> str | None:
     now = h.latest("grad_norm")
-    before = [n for n in History(h.steps[:-1], h.t).values("grad_norm", 2 * h.t.window) if n > 0]
+    rows = h.steps[-2 * h.t.window - 1:-1]  # the two windows before this step
+    before = [float(r["grad_norm"]) for r in rows if _number(r.get("grad_norm")) and r["grad_norm"] > 0]
     if now is None or len(before) < h.t.window:
         return None
     median = float(np.median(before))
