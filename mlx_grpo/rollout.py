@@ -6,6 +6,14 @@ all G members of its group, instead of G identical prefills. For each
 completion we keep exactly what the policy gradient needs: the sampled token
 ids (never decoded and re-encoded), each token's behaviour log-prob at the
 sampling temperature, and why it stopped.
+
+Sampling is seeded per completion, not per batch: completion j of a prompt
+with id p draws its token at position t with a random key made from
+(seed, p, j, t). A prompt's group therefore does not depend on which other
+prompts share the batch, how wide the decode is, or which process samples it,
+which is what lets data-parallel ranks split a step's prompts and still
+reproduce a one-process run. The draw stays one batched call per decode step
+(the Gumbel-max trick with one key per row).
 """
 
 from __future__ import annotations
@@ -14,9 +22,10 @@ import copy
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 
 @dataclass
@@ -76,6 +85,54 @@ def _shared_caches(model, prompts: list[list[int]], group_size: int):
     return caches
 
 
+class KeyedSampler:
+    """A batched sampler whose random draw for each row depends only on that row's key.
+
+    `row_seeds[r]` is a 64-bit seed per row (completion); the row's token at
+    position t uses the t-th key split from it. The decode loop says which rows
+    are in the generator's batch (`rows`, in the batch's order) before each step.
+    Filters (top-p, min-p, top-k) follow mlx-lm's make_sampler, in its order.
+    """
+
+    def __init__(self, sampling: SamplingConfig, row_seeds: np.ndarray):
+        self.sampling = sampling
+        words = np.asarray(row_seeds, dtype=np.uint64)
+        keys = mx.array(np.stack([words >> np.uint64(32), words & np.uint64(0xFFFFFFFF)], axis=1).astype(np.uint32))
+        # One key per row and position; max_tokens + 1 because the generator
+        # samples one token past a row's last (and throws it away).
+        self.keys = mx.vmap(lambda k: mx.random.split(k, sampling.max_tokens + 1))(keys)
+        self.position = np.zeros(len(words), dtype=np.int64)
+        self.rows: list[int] = []
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        rows = self.rows
+        if len(rows) != logprobs.shape[0]:
+            raise RuntimeError("the batch generator's rows are not the ones the sampler was told about")
+        s = self.sampling
+        if 0 < s.top_p < 1:
+            logprobs = apply_top_p(logprobs, s.top_p)
+        if s.min_p != 0:
+            logprobs = apply_min_p(logprobs, s.min_p)
+        if s.top_k > 0:
+            logprobs = apply_top_k(logprobs, s.top_k)
+        keys = self.keys[mx.array(rows), mx.array(self.position[rows])]
+        self.position[rows] += 1
+        vocab = logprobs.shape[-1]
+        noise = mx.vmap(lambda k: mx.random.gumbel((vocab,), key=k))(keys)
+        # argmax(logits / T + Gumbel noise) is a sample from softmax(logits / T).
+        return mx.argmax(logprobs * (1 / s.temperature) + noise, axis=-1)
+
+
+def _greedy(logprobs: mx.array) -> mx.array:
+    return mx.argmax(logprobs, axis=-1)
+
+
+def completion_seeds(seed: int, prompt_ids: list[int], group_size: int) -> np.ndarray:
+    """One 64-bit seed per completion, from (seed, prompt id, member) alone."""
+    return np.array([np.random.SeedSequence([seed, pid, j]).generate_state(1, dtype=np.uint64)[0]
+                     for pid in prompt_ids for j in range(group_size)], dtype=np.uint64)
+
+
 def sample_completions(
     model,
     tokenizer,
@@ -83,63 +140,45 @@ def sample_completions(
     group_size: int,
     sampling: SamplingConfig,
     concurrency: int = 256,
+    seed: int | None = None,
+    prompt_ids: list[int] | None = None,
 ) -> list[Completion]:
     """Sample `group_size` completions per prompt; returned grouped by prompt.
 
-    The result is ordered [p0 c0..c(G-1), p1 c0..c(G-1), ...]. The sampler draws
-    from MLX's global random state: seed it (mx.random.seed) for a repeatable run.
+    The result is ordered [p0 c0..c(G-1), p1 c0..c(G-1), ...]. Completion j of
+    prompt i is drawn from keys of (seed, prompt_ids[i], j) alone; prompt_ids
+    defaults to 0, 1, ... and seed, when None, is drawn from MLX's global
+    random state (seed that with mx.random.seed for a repeatable run).
+    At most `concurrency` sequences decode at once: more go in successive waves.
     temperature 0 decodes greedily.
     """
-    sampler = make_sampler(
-        temp=sampling.temperature,
-        top_p=sampling.top_p if 0 < sampling.top_p < 1 else 0.0,
-        top_k=sampling.top_k,
-        min_p=sampling.min_p,
-    )
+    if prompt_ids is None:
+        prompt_ids = list(range(len(prompts)))
+    if len(prompt_ids) != len(prompts):
+        raise ValueError("prompt_ids needs one id per prompt")
+    if seed is None:
+        seed = int(mx.random.randint(0, 2**31 - 1, ()).item())
+    sampler = (KeyedSampler(sampling, completion_seeds(seed, prompt_ids, group_size))
+               if sampling.temperature > 0 else None)
     end_ids = _end_token_ids(tokenizer)
-    flat_prompts = [p for p in prompts for _ in range(group_size)]
-    generator = BatchGenerator(
-        model,
-        max_tokens=sampling.max_tokens,
-        stop_tokens=[[i] for i in end_ids],
-        sampler=sampler,
-        completion_batch_size=concurrency,
-        prefill_batch_size=min(concurrency, len(flat_prompts)),
-    )
-    try:
-        uids = generator.insert(
-            [p[-1:] for p in flat_prompts],
-            caches=_shared_caches(model, prompts, group_size),
-            all_tokens=[list(p[:-1]) for p in flat_prompts],
-        )
-        position = {uid: i for i, uid in enumerate(uids)}
-        tokens = [[] for _ in flat_prompts]
-        logprobs = [[] for _ in flat_prompts]
-        finish = [None] * len(flat_prompts)
-        while any(f is None for f in finish):
-            responses = generator.next_generated()
-            if not responses:
-                raise RuntimeError("the batch generator stopped before every completion finished")
-            step_tokens = [r.token for r in responses]
-            step_logprobs = _tempered_logprobs(
-                [r.logprobs for r in responses], step_tokens, sampling.temperature
-            ).tolist()
-            for r, lp in zip(responses, step_logprobs):
-                i = position[r.uid]
-                tokens[i].append(r.token)
-                logprobs[i].append(lp)
-                if r.finish_reason is not None:
-                    finish[i] = r.finish_reason
-    finally:
-        generator.close()
+    n = len(prompts) * group_size
+    tokens = [[] for _ in range(n)]
+    logprobs = [[] for _ in range(n)]
+    finish = [None] * n
+    caches = _shared_caches(model, prompts, group_size)
+    width = max(1, concurrency)
+    for start in range(0, n, width):
+        wave = list(range(start, min(n, start + width)))
+        _decode_wave(model, [prompts[i // group_size] for i in wave], wave, caches[start:start + width], sampler,
+                     end_ids, sampling, tokens, logprobs, finish)
 
     completions = []
-    for i, prompt in enumerate(flat_prompts):
+    for i in range(n):
         body = tokens[i][:-1] if finish[i] == "stop" else tokens[i]
         completions.append(
             Completion(
                 prompt_index=i // group_size,
-                prompt_tokens=list(prompt),
+                prompt_tokens=list(prompts[i // group_size]),
                 tokens=tokens[i],
                 logprobs=logprobs[i],
                 finish_reason=finish[i],
@@ -147,3 +186,49 @@ def sample_completions(
             )
         )
     return completions
+
+
+def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, tokens, logprobs, finish):
+    """Decode `rows` together (all admitted at once) until each has finished.
+
+    Every row enters the generator's batch in the first step and leaves it when
+    it finishes, so the batch is always the unfinished rows in insertion order;
+    the sampler is told that list, and each step's responses confirm it.
+    """
+    generator = BatchGenerator(
+        model,
+        max_tokens=sampling.max_tokens,
+        stop_tokens=[[i] for i in end_ids],
+        sampler=sampler or _greedy,
+        completion_batch_size=len(rows),
+        prefill_batch_size=len(rows),
+    )
+    try:
+        uids = generator.insert(
+            [p[-1:] for p in prompts],
+            caches=caches,
+            all_tokens=[list(p[:-1]) for p in prompts],
+        )
+        row_of = dict(zip(uids, rows))
+        active = list(rows)
+        while active:
+            if sampler is not None:
+                sampler.rows = active
+            responses = generator.next_generated()
+            if not responses:
+                raise RuntimeError("the batch generator stopped before every completion finished")
+            if [row_of[r.uid] for r in responses] != active:
+                raise RuntimeError("the batch generator reordered its rows; per-completion seeding needs mlx-lm 0.32")
+            step_tokens = [r.token for r in responses]
+            step_logprobs = _tempered_logprobs(
+                [r.logprobs for r in responses], step_tokens, sampling.temperature
+            ).tolist()
+            for r, lp in zip(responses, step_logprobs):
+                i = row_of[r.uid]
+                tokens[i].append(r.token)
+                logprobs[i].append(lp)
+                if r.finish_reason is not None:
+                    finish[i] = r.finish_reason
+            active = [i for i in active if finish[i] is None]
+    finally:
+        generator.close()

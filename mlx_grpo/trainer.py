@@ -26,6 +26,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from . import checkpoint as ckpt
+from . import distributed as dist
 from . import multiturn
 from .advantages import advantage_stats, group_advantages
 from .batch import MicroBatch, RolloutBatch, batch_rows, build_batch, groups_with_signal, micro_batches
@@ -39,7 +40,7 @@ from .logprobs import completion_logprobs
 from .losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
 from .policy import (adapters_disabled, load_policy, prepare_for_training, resolve_model_path, save_adapters,
                      weights_swapped)
-from .rewarding import part_means, score_completions, with_timeout
+from .rewarding import Scores, part_means, score_completions, with_timeout
 from .rollout import SamplingConfig, sample_completions
 from .shaping import groups_to_keep, shape_rewards
 from .reporting import with_reporters
@@ -132,15 +133,21 @@ def update(model, optimizer, config: TrainConfig, sizes: BatchShape, parts: list
         # Zero gradients when no group carries signal: the optimizer still steps
         # (as it would on an all-zero batch), keeping the schedule and moments in order.
         grads = tree_map(mx.zeros_like, model.trainable_parameters()) if not parts else None
-        loss_sum = 0.0
+        sums = {"loss": 0.0}
         for i, mb in enumerate(parts):
             ref = ref_logps[i] if ref_logps else None
             (loss, stats), g = loss_and_grad(model, mb, ref)
             grads = g if grads is None else tree_map(mx.add, grads, g)
             mx.eval(grads, loss, stats)
-            loss_sum += loss.item()
+            sums["loss"] += loss.item()
             for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + v.item()
+                sums[k] = sums.get(k, 0.0) + v.item()
+        # Data-parallel: add the other ranks' micro-batches (a no-op with one process).
+        grads = dist.all_sum_tree(grads)
+        sums = dist.sum_across_ranks(sums)
+        loss_sum = sums.pop("loss")
+        for k, v in sums.items():
+            totals[k] = totals.get(k, 0.0) + v
         grads, norm = optim.clip_grad_norm(grads, config.max_grad_norm)
         norm = norm.item()
         if not math.isfinite(norm) or not math.isfinite(loss_sum):
@@ -175,15 +182,61 @@ def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
 
     With beta = 0 the loss has no KL term; this keeps KL visible anyway.
     """
-    total, count = 0.0, 0.0
+    sums = {"total": 0.0, "count": 0.0}
     for mb, ref in zip(parts, ref_logps):
         log_ratio = ref - mb.behaviour_logp
-        total += ((mx.exp(log_ratio) - log_ratio - 1) * mb.mask).sum().item()
-        count += mb.mask.sum().item()
-    return total / max(count, 1.0)
+        sums["total"] += ((mx.exp(log_ratio) - log_ratio - 1) * mb.mask).sum().item()
+        sums["count"] += mb.mask.sum().item()
+    sums = dist.sum_across_ranks(sums)  # each rank passes its share of the micro-batches
+    return sums["total"] / max(sums["count"], 1.0)
 
 
-def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig):
+def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed: int | None = None):
+    """Sample and score the groups of `rows`: (completions, scores, seconds).
+
+    Completions are keyed by (seed, prompt position in the step, member), so a
+    prompt samples the same group whichever rank takes it. With several ranks
+    (distributed.py) each samples and scores a contiguous share of whole
+    prompts, and every rank gets the whole back.
+    """
+    if dist.size() == 1:
+        return _sample_and_score(model, tokenizer, task, rows, config, seed, 0)
+    share = dist.shard(len(rows))
+    try:
+        local = (_sample_and_score(model, tokenizer, task, rows[share.start:share.stop], config, seed, share.start)
+                 if len(share) else None)
+    except Exception as e:  # passed to every rank, so none waits forever for this one
+        local = e
+    shares = dist.all_gather_objects(local)
+    for x in shares:
+        if isinstance(x, Exception):
+            raise x
+    return merge_rollouts(shares, config.group_size)
+
+
+def merge_rollouts(shares: list, group_size: int):
+    """(completions, scores, seconds) of consecutive shares of a step's prompts -> those of the whole."""
+    shares = [x for x in shares if x is not None]
+    completions, offset = [], 0
+    for share, _, _ in shares:
+        completions += [replace(c, prompt_index=c.prompt_index + offset) for c in share]
+        offset += len(share) // group_size
+    names = list(dict.fromkeys(name for _, scores, _ in shares for name in scores.parts))
+    errors, examples = {}, {}
+    for _, scores, _ in shares:
+        for name, n in scores.errors.items():
+            errors[name] = errors.get(name, 0) + n
+        for name, example in scores.error_examples.items():
+            examples.setdefault(name, example)
+    scores = Scores(
+        total=np.concatenate([sc.total for _, sc, _ in shares]),
+        parts={name: [v for c, sc, _ in shares for v in sc.parts.get(name, [None] * len(c))] for name in names},
+        errors=errors, error_examples=examples)
+    return completions, scores, max(seconds for _, _, seconds in shares)
+
+
+def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed, first: int):
+    """rollout_and_score on this process alone; rows[0] is the step's prompt number `first`."""
     if task.make_env is not None:  # multi-turn: episodes shaped like completions, env tokens masked
         return multiturn.rollout_and_score(model, tokenizer, task, rows, config)
     prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
@@ -192,7 +245,7 @@ def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: Tr
     completions = sample_completions(
         model, tokenizer, prompts, config.group_size,
         SamplingConfig(config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens),
-        config.decode_concurrency,
+        config.decode_concurrency, seed=seed, prompt_ids=list(range(first, first + len(rows))),
     )
     rollout_s = time.perf_counter() - start
     g = config.group_size
@@ -222,6 +275,11 @@ def step_seed(seed: int, step: int) -> int:
     the random state a checkpoint needs is just (seed, step).
     """
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+
+
+def rollout_seed(seed: int, step: int, round_: int) -> int:
+    """The sampling seed of one step's round of rollouts (each completion's keys derive from it)."""
+    return int(np.random.SeedSequence([seed, step, round_, 1]).generate_state(1)[0])
 
 
 @dataclass
@@ -258,7 +316,8 @@ def collect_rollouts(model, tokenizer, task: Task, config: TrainConfig, step: in
         first = (task.curriculum.pick if task.curriculum else batch_rows)
         rows = (first(task.train_rows, step, config.batch_size, config.seed) if round_ == 0
                 else resample_rows(task.train_rows, step, round_, config.batch_size, config.seed))
-        completions, scores, seconds = rollout_and_score(model, tokenizer, task, rows, config)
+        completions, scores, seconds = rollout_and_score(model, tokenizer, task, rows, config,
+                                                         rollout_seed(config.seed, step, round_))
         if task.curriculum:
             task.curriculum.update(rows, group_success(task, rows, completions, scores, g))
         rewards = shape_rewards(
@@ -323,7 +382,9 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
                            max_tokens=config.max_episode_tokens if task.make_env else config.max_tokens)
         if watch_kl:  # over every group, silent ones included
             all_parts = micro_batches(batch, config.micro_batch_size) if skip_silent else parts
-            metrics["kl"] = _kl_to_reference(all_parts, reference_logprobs(model, config, all_parts, ref_params, chunk))
+            mine = [all_parts[i] for i in dist.shard(len(all_parts))]
+            metrics["kl"] = _kl_to_reference(mine, reference_logprobs(model, config, mine, ref_params, chunk))
+        parts = [parts[i] for i in dist.shard(len(parts))]  # data-parallel: this rank's micro-batches
         ref_logps = reference_logprobs(model, config, parts, ref_params, chunk) if config.beta > 0 else None
         prompt_tokens = sum(map(len, batch.prompts))
     else:  # every group was filtered out: the optimizer still steps, on zero gradients
@@ -379,6 +440,8 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
 
 
 def _append_jsonl(path: Path, records: list[dict]) -> None:
+    if not dist.is_main():  # data-parallel: rank 0 alone writes the run folder
+        return
     with open(path, "a", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r, default=str) + "\n")
@@ -407,11 +470,13 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     "health" (a health rule fired: health.py), "checkpoint", "stopped" (too many
     NaN/Inf steps; TrainingStopped follows), "end". The CLI draws its live display from these.
     """
-    emit = with_reporters(config, on_event or (lambda kind, data: None))
+    main = dist.is_main()  # data-parallel (distributed.py): rank 0 alone writes and reports
+    emit = with_reporters(config, on_event or (lambda kind, data: None)) if main else (lambda kind, data: None)
     run_dir = Path(config.resume or config.output or default_run_dir(config))
     mx.random.seed(config.seed)
     task = load_task(config)  # first: a bad data file or reward is reported before a slow model load
-    ckpt.ensure_writable(run_dir)  # ... and so is an output folder that cannot be written
+    if main:
+        ckpt.ensure_writable(run_dir)  # ... and so is an output folder that cannot be written
     model, tokenizer = load_policy(config.model)
     screen_task(task, tokenizer, model, config.max_tokens, config.max_prompt_tokens, config.on_bad_data)
     task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
@@ -441,11 +506,12 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         start_step = int(state["step"])
         if task.curriculum and "curriculum" in state:
             task.curriculum.load_state_dict(state["curriculum"])
-    if config.resume:  # drop records past the checkpoint (all, if none was written) and lines cut by a kill
+    if config.resume and main:  # drop records past the checkpoint (all, if none was written) and lines cut by a kill
         for name in ("metrics.jsonl", "completions.jsonl", "health.jsonl"):
             ckpt.truncate_jsonl(run_dir / name, start_step)
     monitor = HealthMonitor.from_config(config, run_dir if resumed else None)
-    ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
+    if main:
+        ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
                    "warnings": task.warnings})
 
@@ -458,6 +524,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     history = []
 
     def save(step: int, metric: float | None = None):
+        if not main:  # every rank holds the same weights; one writes them
+            return
         weights = dict(tree_flatten(model.trainable_parameters()))
         training_state = optimizer.state
         if config.ref_refresh_every > 0:
@@ -497,7 +565,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         for event in events:
             emit("health", event)
         if monitor.stop_reason:  # too many NaN/Inf steps in a row: stop before any further checkpoint
-            line = stop_run(run_dir, monitor.stop_reason)
+            line = stop_run(run_dir, monitor.stop_reason) if main else monitor.stop_reason
             emit("stopped", {"line": line})
             raise TrainingStopped(line)
         evaluated = config.keep_best and "eval/accuracy" in metrics  # keep_best compares evaluated checkpoints
@@ -513,9 +581,10 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         final[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
     _append_jsonl(run_dir / "metrics.jsonl", [final])
     outcome = RunResult(run_dir, before, result["accuracy"], result["n"], history)
-    ckpt.atomic_write_json(run_dir / "summary.json", {
-        "accuracy_before": before, "accuracy_after": result["accuracy"], "eval_n": result["n"],
-        "steps": config.steps, "line": outcome.summary_line(),
-    })
+    if main:
+        ckpt.atomic_write_json(run_dir / "summary.json", {
+            "accuracy_before": before, "accuracy_after": result["accuracy"], "eval_n": result["n"],
+            "steps": config.steps, "line": outcome.summary_line(),
+        })
     emit("end", {"result": outcome})
     return outcome
