@@ -47,12 +47,23 @@ class LoadReport:
                 f"({first}{where})")
 
 
+def _text(x) -> bool:
+    """A string the tokenizer can take: JSON's \\ud800 escapes give lone surrogates, which UTF-8 cannot encode."""
+    if not isinstance(x, str):
+        return False
+    try:
+        x.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _valid_prompt(prompt) -> bool:
     if isinstance(prompt, str):
-        return bool(prompt.strip())
+        return _text(prompt) and bool(prompt.strip())
     if isinstance(prompt, list) and prompt:
-        return all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                   for m in prompt) and any(m["content"].strip() for m in prompt)
+        messages = all(isinstance(m, dict) and _text(m.get("role")) and _text(m.get("content")) for m in prompt)
+        return messages and any(m["content"].strip() for m in prompt)
     return False
 
 
@@ -85,7 +96,7 @@ def read_jsonl(path: Path, report: LoadReport, prompt_key: str = "prompt") -> li
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw.decode("utf-8"))
+                row = json.loads(raw.decode("utf-8-sig"))  # -sig: a byte-order mark (Windows editors) is dropped
             except UnicodeDecodeError:
                 report.skip(number, "not UTF-8")
                 continue

@@ -25,6 +25,7 @@ BAD_LINES = [
     ('{"prompt": 42}', "empty or malformed prompt"),
     ('{"prompt": [{"role": "user"}]}', "empty or malformed prompt"),
     ('{"prompt": [{"role": "user", "content": 7}]}', "empty or malformed prompt"),
+    ('{"prompt": "\\ud800 a lone surrogate"}', "empty or malformed prompt"),
 ]
 
 
@@ -32,7 +33,7 @@ def test_bad_lines_are_skipped_and_reported_by_line_number(tmp_path):
     lines = [GOOD, ""] + [bad for bad, _ in BAD_LINES] + [GOOD]
     rows, note = load_rows(write_lines(tmp_path / "d.jsonl", lines), "train")
     assert len(rows) == 2
-    assert f"skipped {len(BAD_LINES)} bad row(s) of 10" in note
+    assert f"skipped {len(BAD_LINES)} bad row(s) of {len(BAD_LINES) + 2}" in note
     assert "first 5: line 3: not UTF-8; line 4: malformed JSON" in note  # line 2 is blank: not a row
     assert "line 7: empty or malformed prompt" in note
 
@@ -44,6 +45,11 @@ def test_on_bad_data_error_stops_at_the_first_bad_line(tmp_path, bad, reason):
         load_rows(path, "train", on_bad="error")
     assert f"d.jsonl line 3: {reason}" in str(err.value)
     assert "on_bad_data=skip" in str(err.value)
+
+
+def test_a_byte_order_mark_is_not_an_error(tmp_path):
+    rows, note = load_rows(write_lines(tmp_path / "d.jsonl", [b"\xef\xbb\xbf" + GOOD.encode(), GOOD]), "train")
+    assert len(rows) == 2 and note is None
 
 
 def test_json_list_and_broken_json_file(tmp_path):
