@@ -274,18 +274,25 @@ def _rmtree(path: str) -> None:
 
 # The portable launcher (no util-linux): set limits, drop to the uid, exec.
 _LAUNCHER = """
-import json, os, resource, sys
+import json, os, resource, shutil, sys
 spec = json.loads(sys.argv[1])
+# Resolve the program while this process can still read everything.
+program = spec["argv"][0] if "/" in spec["argv"][0] else shutil.which(spec["argv"][0]) or spec["argv"][0]
 for name, (soft, hard) in spec["limits"].items():
     try:
         resource.setrlimit(getattr(resource, name), (soft, hard))
     except (ValueError, OSError, AttributeError):
         pass  # e.g. macOS refuses RLIMIT_AS below its current use
+try:  # Linux: set-uid binaries cannot raise privileges (PR_SET_NO_NEW_PRIVS)
+    import ctypes
+    ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)
+except (OSError, AttributeError):
+    pass
 if spec["uid"] is not None:
     os.setgroups([])
     os.setgid(spec["uid"])
     os.setuid(spec["uid"])
-os.execvp(spec["argv"][0], spec["argv"])
+os.execv(program, spec["argv"])
 """
 
 
@@ -410,9 +417,11 @@ def _parent_dir(dropping_uid: bool) -> str | None:
 class Sandbox:
     """A temporary directory in which untrusted programs run under limits; removed on close."""
 
-    def __init__(self, limits: Limits | None = None, path: str | None = None, prefix: str = "sandbox-"):
+    def __init__(self, limits: Limits | None = None, path: str | None = None, prefix: str = "sandbox-",
+                 caps: Capabilities | None = None):
+        """``path``: PATH for the programs; ``caps``: to use less than the machine allows (tests)."""
         self.limits = limits or Limits()
-        self.caps = capabilities()
+        self.caps = caps or capabilities()
         self.path_env = path
         self.uid = _take_uid() if self.caps.drop_uid else None
         self.dir = tempfile.mkdtemp(prefix=prefix, dir=_parent_dir(self.uid is not None))
@@ -451,7 +460,9 @@ class Sandbox:
             proc.stdout.close()
             proc.stderr.close()
             returncode = proc.wait()
-            if self.uid is not None:
+            # In a PID namespace the kernel has already killed everything the
+            # program started (its init, our child, has exited): no sweep needed.
+            if self.uid is not None and not self.caps.namespaces:
                 kill_uid(self.uid)
                 self._swept = True
         return Result(returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
