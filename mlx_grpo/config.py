@@ -257,6 +257,8 @@ def validate(c: TrainConfig) -> None:
     for name, value in dataclasses.asdict(c).items():
         for v in value if isinstance(value, list) else [value]:
             need(not isinstance(v, float) or math.isfinite(v), f"{name} must be a finite number, got {v}")
+            # MLX keeps counts in 32-bit integers; the seed is the one 64-bit number.
+            need(not isinstance(v, int) or name == "seed" or abs(v) < 2**31, f"{name} is too large: {v}")
     need(c.max_turns >= 1 and c.max_episode_tokens >= 1, "max_turns and max_episode_tokens must be at least 1")
     need(c.curriculum in ("none", "ued"), f"curriculum must be none or ued; got {c.curriculum!r}")
     need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")
@@ -304,7 +306,9 @@ def validate(c: TrainConfig) -> None:
     need(c.on_bad_data in ("skip", "error"), f"on_bad_data must be skip or error; got {c.on_bad_data!r}")
     need(c.max_prompt_tokens is None or c.max_prompt_tokens >= 1, "max_prompt_tokens must be >= 1")
     need(c.reward_timeout >= 0, f"reward_timeout must be >= 0 (0: no limit), got {c.reward_timeout}")
-    need(not c.keep_best or c.eval_steps > 0, "keep_best needs eval_steps > 0 (it keeps the best evaluated checkpoint)")
+    need(not c.keep_best or 0 < c.eval_steps < c.steps,
+         f"keep_best needs 0 < eval_steps < steps (it keeps the best checkpoint evaluated during training); "
+         f"got eval_steps {c.eval_steps}, steps {c.steps}")
     if c.reward_weights is not None:
         need(len(c.reward_weights) == len(c.reward),
              f"reward_weights has {len(c.reward_weights)} entries but {len(c.reward)} rewards are named")

@@ -225,11 +225,12 @@ def required_columns(functions) -> dict[str, str]:
 
 def prompt_token_limit(model, max_tokens: int, max_prompt_tokens: int | None) -> int | None:
     """The longest prompt allowed: max_prompt_tokens, else the model's context minus max_tokens."""
-    if max_prompt_tokens:
-        return max_prompt_tokens
     context = getattr(getattr(model, "args", None), "max_position_embeddings", None)
-    if not context:
-        return None
+    if max_prompt_tokens and context and max_prompt_tokens + max_tokens > context:
+        raise DataError(f"max_prompt_tokens {max_prompt_tokens} + max_tokens {max_tokens} exceed the model's "
+                        f"context of {context} positions")
+    if max_prompt_tokens or not context:
+        return max_prompt_tokens
     if max_tokens >= context:
         raise DataError(f"max_tokens {max_tokens} leaves no room for a prompt: the model's context is "
                         f"{context} positions; lower max_tokens")

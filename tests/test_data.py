@@ -109,6 +109,8 @@ def test_prompt_limit_from_the_model_context():
     assert prompt_token_limit(model, 48, None) == 208
     assert prompt_token_limit(model, 48, 100) == 100  # a configured limit wins
     assert prompt_token_limit(SimpleNamespace(), 48, None) is None  # unknown context: no limit
+    with pytest.raises(DataError, match="max_prompt_tokens 220 \\+ max_tokens 48 exceed the model's context of 256"):
+        prompt_token_limit(model, 48, 220)
     with pytest.raises(DataError, match="max_tokens 256 leaves no room for a prompt"):
         prompt_token_limit(model, 256, None)
 

@@ -238,3 +238,44 @@ def test_a_reward_failing_on_every_example_stops_the_run(tmp_path, tiny_model_pa
     assert "error: reward 'broken' failed on all" in result.output
     assert "ZeroDivisionError: float division by zero (prompt 'say" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seed", "-1"], "seed must be in [0, 2**63), got -1"),
+    (["--lr", "inf"], "lr must be a finite number, got inf"),
+    (["--temperature", "nan"], "temperature must be a finite number, got nan"),
+    (["--steps", "3000000000"], "steps is too large: 3000000000"),
+    (["--on-bad-data", "drop"], "on_bad_data must be skip or error; got 'drop'"),
+    (["--reward-timeout", "-1"], "reward_timeout must be >= 0 (0: no limit), got -1.0"),
+    (["--max-prompt-tokens", "0"], "max_prompt_tokens must be >= 1"),
+    (["--lora-layers", "0"], "lora_layers must be -1 (all) or at least 1, got 0"),
+    (["--keep-best"], "keep_best needs 0 < eval_steps < steps"),
+    (["--keep-best", "--eval-steps", "5", "--steps", "5"], "got eval_steps 5, steps 5"),
+    (["--group-size", "1"], "group_size must be at least 2"),
+    (["--epsilon-low", "1"], "epsilon_low must be in [0, 1)"),
+])
+def test_config_mistakes_are_one_line_and_exit_2(args, message):
+    result = CliRunner().invoke(app, ["train", *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {message}" or message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_keep_best_keeps_the_best_evaluated_checkpoint(tmp_path, tiny_model_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(30)))
+    rewards = tmp_path / "r.py"
+    rewards.write_text("def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n")
+    run_dir = tmp_path / "run"
+    train(build_config(dict(model=str(tiny_model_path), data=str(data), reward_file=str(rewards), reward=["variety"],
+                            steps=5, batch_size=2, group_size=2, max_tokens=6, lr=3e-2, save_every=100, seed=1,
+                            eval_steps=1, keep_best=True, keep_checkpoints=1, eval_num_problems=3,
+                            output=str(run_dir))))
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    accuracy = {m["step"]: m["eval/accuracy"] for m in lines if "eval/accuracy" in m and "final" not in m}
+    assert sorted(accuracy) == [1, 2, 3, 4]  # evaluated during training (not at the last step)
+    best = max(accuracy, key=lambda s: (accuracy[s], -s))  # the first to reach the best
+    root = run_dir / "checkpoints"
+    assert (root / "best").read_text().strip() == ckpt.checkpoint_name(best)
+    assert sorted(p.name for p in root.glob("step_*")) == sorted({ckpt.checkpoint_name(best), "step_000005"})
+    assert json.loads((root / ckpt.checkpoint_name(best) / "state.json").read_text())["eval_metric"] == accuracy[best]
