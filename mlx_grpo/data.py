@@ -101,7 +101,7 @@ def read_jsonl(path: Path, report: LoadReport, prompt_key: str = "prompt") -> li
                 report.skip(number, "not UTF-8")
                 continue
             except json.JSONDecodeError as e:
-                report.skip(number, f"malformed JSON ({e.msg})")
+                report.skip(number, f"malformed JSON at column {e.colno} ({e.msg})")
                 continue
             problem = _row_problem(row, prompt_key)
             if problem:

@@ -152,12 +152,13 @@ def _describe(e: BaseException) -> str:
 _MAX_TIMEOUTS_PER_BATCH = 2
 
 
-def _score_one_function(fn: RewardFn, prompts: list, completions: list[str], columns: dict) -> tuple[list, list]:
-    """Scores of one function: (values, failures), failures = [(index, reason)].
+def _score_one_function(fn: RewardFn, prompts: list, completions: list[str], columns: dict):
+    """Scores of one function: (values, failures, note), failures = [(index, reason)].
 
     The batch is called once. If that call fails as a whole (raises, times out,
     wrong length), each example is called alone, so one bad example costs only
-    its own score and the failure names it.
+    its own score and the failure names it. note: set when the batch call
+    failed but every example then scored alone (nothing lost, but it costs time).
     """
     n = len(completions)
     kwargs = _accepted_columns(fn, columns)
@@ -173,7 +174,7 @@ def _score_one_function(fn: RewardFn, prompts: list, completions: list[str], col
             except (TypeError, ValueError) as e:
                 values.append(None)
                 failures.append((i, str(e)))
-        return values, failures
+        return values, failures, None
 
     values, failures, timeouts = [], [], 0
     for i in range(n):
@@ -188,7 +189,8 @@ def _score_one_function(fn: RewardFn, prompts: list, completions: list[str], col
             timeouts += isinstance(e, RewardTimeout)
             values.append(None)
             failures.append((i, _describe(e)))
-    return values, failures
+    note = f"the call on all {n} failed ({_describe(batch_error)}); each example was then scored alone"
+    return values, failures, None if failures else note
 
 
 def score_completions(functions: list[RewardFn], weights: list[float], prompts: list, completions: list[str],
@@ -205,7 +207,9 @@ def score_completions(functions: list[RewardFn], weights: list[float], prompts: 
     parts, errors, examples = {}, {}, {}
     for fn, weight in zip(functions, weights):
         name = reward_name(fn)
-        values, failures = _score_one_function(fn, prompts, completions, columns)
+        values, failures, note = _score_one_function(fn, prompts, completions, columns)
+        if note:  # nothing lost: no failed example, but the note is logged
+            errors[name], examples[name] = 0, note
         if failures:
             i, reason = failures[0]
             errors[name] = len(failures)

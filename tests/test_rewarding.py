@@ -69,7 +69,10 @@ def test_wrong_length_falls_back_to_one_call_per_example():
 
     s = score(drops_last)
     assert calls == [4, 1, 1, 1, 1]
-    assert s.parts["drops_last"] == [2.0] * 4 and s.errors == {}
+    assert s.parts["drops_last"] == [2.0] * 4
+    assert s.errors == {"drops_last": 0}  # nothing lost, but the failed batch call is noted
+    assert s.error_examples["drops_last"] == ("the call on all 4 failed (ValueError: returned 3 values for 4 "
+                                              "completions); each example was then scored alone")
 
 
 def test_a_reward_failing_on_every_example_stops_the_run():
