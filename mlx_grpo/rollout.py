@@ -27,6 +27,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from .logprobs import _output_head
+
 
 @dataclass
 class SamplingConfig:
@@ -70,7 +72,10 @@ def _prefilled_cache(model, prompt: list[int]):
     """KV cache of the prompt minus its last token (the generator feeds that one)."""
     cache = make_prompt_cache(model)
     if len(prompt) > 1:
-        model(mx.array([prompt[:-1]]), cache=cache)
+        # Only the keys and values are wanted: where the model allows, skip the
+        # vocabulary projection (with a 150k vocabulary, a quarter of the prefill's work).
+        forward = model.model if _output_head(model) is not None else model
+        forward(mx.array([prompt[:-1]]), cache=cache)
         mx.eval([c.state for c in cache])
     return cache
 
