@@ -251,11 +251,12 @@ def _count_passes(stdout: str, marker: str, total: int) -> int:
 def _stage_of_failed_build(box: Sandbox, solution: str, limits: Limits) -> str:
     """Why the build failed: the solution alone type-checks, parses, or neither."""
     box.write("solution.ml", solution)
-    if box.run(["ocamlc", "-w", "-a", "-stop-after", "typing", "-c", "solution.ml"], limits).ok:
-        return "compile_error"
-    if box.run(["ocamlc", "-w", "-a", "-stop-after", "parsing", "-c", "solution.ml"], limits).ok:
+    # Parsing first: it is the commonest failure of a weak model, and the cheapest check.
+    if not box.run(["ocamlc", "-w", "-a", "-stop-after", "parsing", "-c", "solution.ml"], limits).ok:
+        return "syntax_error"
+    if not box.run(["ocamlc", "-w", "-a", "-stop-after", "typing", "-c", "solution.ml"], limits).ok:
         return "type_error"
-    return "syntax_error"
+    return "compile_error"
 
 
 def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reason: str | None = None) -> Grade:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rewards import ocaml
-from rewards.sandbox import capabilities, processes_of
+from rewards.sandbox import Limits, capabilities
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,10 +214,11 @@ def test_hostile_completions_are_contained():
     hostile = dict(HOSTILE, write_outside=f'let () = let oc = open_out "{outside}" in output_string oc "x"; '
                                           f'close_out oc\nlet sum_list (xs : int list) : int = 0')
     before = set(os.listdir("/tmp"))
+    tight = ocaml.GradeConfig(run_limits=Limits(cpu_s=1, wall_s=3, memory_mb=512, file_mb=1, processes=8))
     grades = dict(zip(hostile, ocaml.grade_many([fenced(c) for c in hostile.values()],
-                                                [SUM_LIST] * len(hostile), workers=2)))
+                                                [SUM_LIST] * len(hostile), tight, workers=2)))
     assert grades["infinite_loop"].stage == "tests" and grades["infinite_loop"].tests_passed == 0
-    assert grades["infinite_loop"].error in ("timed out", "exit status 1") or grades["infinite_loop"].error
+    assert grades["infinite_loop"].error  # "timed out", or killed at the CPU limit
     assert grades["allocate_10_gb"].tests_passed == 0  # Out_of_memory is a failed test, not a crash
     assert grades["print_1_gb"].error == "too much output" and grades["print_1_gb"].tests_passed == 0
     assert grades["stack_overflow"].tests_passed == 0
