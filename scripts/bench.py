@@ -347,6 +347,29 @@ def without_shared_prompt_forward():
     return _replaced(trainer, "completion_logprobs", per_sequence)
 
 
+def synthetic_rollouts():
+    """Completions of exactly max_tokens random tokens, sampled by nobody: for measuring the update alone.
+
+    The longest completions are the update's worst case for memory; decoding them
+    for real on a shared 2-core CPU takes far longer than the update itself.
+    """
+    from mlx_grpo import trainer
+    from mlx_grpo.rollout import Completion
+
+    def sample(model, tokenizer, prompts, group_size, sampling, *args, **kwargs):
+        vocab = model.model.embed_tokens.weight.shape[0]
+        rng = np.random.default_rng(len(prompts))
+        out = []
+        for i, prompt in enumerate(prompts):
+            for _ in range(group_size):
+                tokens = [int(t) for t in rng.integers(3, vocab, sampling.max_tokens)]  # no end token
+                out.append(Completion(i, list(prompt), tokens, [-math.log(vocab)] * len(tokens), "length",
+                                      tokenizer.decode(tokens)))
+        return out
+
+    return _replaced(trainer, "sample_completions", sample)
+
+
 # name: (setting overrides, patch). Each runs interleaved with the others, so all see the same load.
 VARIANTS = {
     "decode_concurrency_2": ({"decode_concurrency": 2}, None),  # the peer's default decode width here
@@ -387,6 +410,8 @@ def parse_args(argv=None):
     p.add_argument("--decode-concurrency", type=int, default=256)
     p.add_argument("--logprob-chunk-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--synthetic-rollouts", action="store_true",
+                   help="skip decoding: every completion is max_tokens random tokens (to measure the update alone)")
     p.add_argument("--variants", default="",
                    help=f"comma-separated variants of ours to run alongside: {', '.join(VARIANTS)}, or all")
     p.add_argument("--peer", choices=("auto", "off", "only"), default="auto",
@@ -428,9 +453,10 @@ def run(args) -> dict:
         peak = matmul_peak(dtype, sizes=(2048, 4096, 8192) if on_gpu else (512, 1024))
 
         results = {t.name: [] for t in trainers}
-        for _ in range(args.steps):  # one step of each in turn: both see the same load
-            for t in trainers:
-                results[t.name].append(t.step())
+        with synthetic_rollouts() if args.synthetic_rollouts else contextlib.nullcontext():
+            for _ in range(args.steps):  # one step of each in turn: both see the same load
+                for t in trainers:
+                    results[t.name].append(t.step())
 
         prompt_tokens = [len(d[0]) for d in trainers[-1].dataset] if peer_wanted else \
             [len(ours._encode(t)) for t in texts]
@@ -439,7 +465,7 @@ def run(args) -> dict:
                          "prompts": args.prompts, "group_size": args.group_size, "max_tokens": args.max_tokens,
                          "steps": args.steps, "lora_rank": args.lora_rank, "lora_layers": args.lora_layers,
                          "decode_concurrency": args.decode_concurrency, "micro_batch_size": args.micro_batch_size,
-                         "logprob_chunk_size": args.logprob_chunk_size,
+                         "logprob_chunk_size": args.logprob_chunk_size, "synthetic_rollouts": args.synthetic_rollouts,
                          "prompt_tokens": prompt_tokens},
             "device": str(mx.default_device()),
             "blas": loaded_blas(),
