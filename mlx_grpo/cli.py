@@ -100,6 +100,100 @@ train.__signature__ = _train_signature()
 app.command()(train)
 
 
+# Options shared by `compare` and `eval` (see mlx_grpo/compare.py).
+_TASK_HELP = "task to evaluate on; default: the run's task (arith without a run)"
+_N_HELP = "number of prompts (the first N of the split); default: the run's eval_num_problems (200)"
+_SAMPLES_HELP = "completions per prompt (K); K > 1 also reports pass@k"
+_TEMPERATURE_HELP = "sampling temperature; default: 0 (greedy) for one sample, the run's temperature for more"
+
+
+def _evaluation(task, data, reward_file, reward, max_tokens, n, split, samples, temperature, seed, run_dir, model):
+    """(task, settings, n) from a run's config and the typed flags."""
+    from .compare import build_settings, task_config
+    from .tasks import load_task
+
+    config = task_config(run_dir, model, {"task": task, "data": data, "reward_file": reward_file,
+                                          "reward": reward or None, "max_tokens": max_tokens,
+                                          "eval_num_problems": n})
+    return load_task(config), build_settings(config, split, samples, temperature, seed), config.eval_num_problems
+
+
+@app.command("compare")
+def compare_command(
+    trained: str = typer.Option(..., help="run folder, adapter folder, or model (folder or Hugging Face id)"),
+    base: Optional[str] = typer.Option(None, help="model to compare against; default: the run's base model"),
+    task: Optional[str] = typer.Option(None, help=_TASK_HELP),
+    split: str = typer.Option("test", help="test or train"),
+    n: Optional[int] = typer.Option(None, help=_N_HELP),
+    samples: int = typer.Option(1, help=_SAMPLES_HELP),
+    temperature: Optional[float] = typer.Option(None, help=_TEMPERATURE_HELP),
+    max_tokens: Optional[int] = typer.Option(None, help="completion length limit; default: the run's"),
+    seed: int = typer.Option(0, help="sampler seed, the same for both models"),
+    output: Optional[Path] = typer.Option(None, help="report folder; default: RUN/compare for a run"),
+    data: Optional[str] = typer.Option(None, help="prompts (as for train --data)"),
+    reward_file: Optional[Path] = typer.Option(None, help="Python file defining reward functions"),
+    reward: Optional[List[str]] = typer.Option(None, help="reward function name(s)"),
+    plot: bool = typer.Option(True, help="write rewards.png (needs matplotlib: mlx-grpo[plot])"),
+):
+    """Does the trained model beat the base? Both answer the same prompts; paired statistics decide."""
+    from . import compare as cmp
+
+    console = Console()
+    progress = None
+    try:
+        trained_spec = cmp.resolve_model(trained)
+        base_spec = cmp.resolve_model(base) if base else cmp.default_base(trained_spec)
+        task_obj, settings, count = _evaluation(task, data, str(reward_file) if reward_file else None, reward,
+                                                max_tokens, n, split, samples, temperature, seed,
+                                                trained_spec.run_dir or base_spec.run_dir, base_spec.model)
+        progress = cmp.Progress(console)
+        report = cmp.compare(base_spec, trained_spec, task_obj, settings, count, progress)
+        progress.stop()
+        written = cmp.write_report(report, output or cmp.default_output(trained_spec), chart=plot)
+        cmp.print_report(report, console, written)
+    except (cmp.CompareError, ConfigError, DataError, FileNotFoundError) as e:
+        if progress is not None:
+            progress.stop()
+        fail(str(e))
+
+
+@app.command("eval")
+def eval_command(
+    model: str = typer.Option(..., help="run folder, adapter folder, model folder or Hugging Face id"),
+    adapter: Optional[str] = typer.Option(None, help="adapter folder to apply to --model"),
+    task: Optional[str] = typer.Option(None, help=_TASK_HELP),
+    split: str = typer.Option("test", help="test or train"),
+    n: Optional[int] = typer.Option(None, help=_N_HELP),
+    samples: int = typer.Option(1, help=_SAMPLES_HELP),
+    temperature: Optional[float] = typer.Option(None, help=_TEMPERATURE_HELP),
+    max_tokens: Optional[int] = typer.Option(None, help="completion length limit; default: the run's"),
+    seed: int = typer.Option(0, help="sampler seed"),
+    output: Optional[Path] = typer.Option(None, help="write report.json, report.md, rows.jsonl here"),
+    data: Optional[str] = typer.Option(None, help="prompts (as for train --data)"),
+    reward_file: Optional[Path] = typer.Option(None, help="Python file defining reward functions"),
+    reward: Optional[List[str]] = typer.Option(None, help="reward function name(s)"),
+):
+    """Score one model on a task: accuracy, rewards, pass@k, lengths, speed."""
+    from . import compare as cmp
+
+    console = Console()
+    progress = None
+    try:
+        spec = cmp.resolve_model(model, adapter)
+        task_obj, settings, count = _evaluation(task, data, str(reward_file) if reward_file else None, reward,
+                                                max_tokens, n, split, samples, temperature, seed, spec.run_dir,
+                                                spec.model)
+        progress = cmp.Progress(console)
+        report = cmp.evaluate(spec, task_obj, settings, count, progress)
+        progress.stop()
+        written = cmp.write_report(report, output, chart=False) if output else []
+        cmp.print_report(report, console, written)
+    except (cmp.CompareError, ConfigError, DataError, FileNotFoundError) as e:
+        if progress is not None:
+            progress.stop()
+        fail(str(e))
+
+
 @app.command()
 def plot(run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...", help="run folders; several are overlaid"),
          output: Optional[Path] = typer.Option(None, help="PNG to write; default RUN_DIR/plot.png for one run, "

@@ -1,0 +1,676 @@
+"""`mlx-grpo compare` and `mlx-grpo eval`: score models on a task's prompts, with statistics.
+
+Both models answer the same prompts under the same conditions: the same
+prompt encoding, the same sampling settings, and the same sampler seeds (MLX's
+random state is re-seeded from (seed, chunk) before each chunk of prompts, for
+each model alike). Each model decodes all its prompts x samples in batches of
+`decode_concurrency` sequences (one batched rollout, not one decode a prompt).
+
+The per-prompt scores (mean over the samples) are then paired: the difference
+trained - base, its bootstrap CI, a paired test (McNemar for right/wrong with
+one sample a prompt, Wilcoxon signed-rank otherwise), and the prompts won,
+lost and tied. See stats.py.
+
+A model is named by any of:
+  - a run folder (config.yaml + adapters.safetensors): its base model plus its
+    adapters (or its full weights, for fine_tune_type full); the run's task,
+    data, rewards and max_tokens become the defaults;
+  - an adapter folder (adapter_config.json, e.g. RUN/checkpoints/step_N): its
+    base model ("model" in adapter_config.json) plus those adapters;
+  - a model folder or Hugging Face id (a fused or any other mlx-lm model);
+  - "embedded": the tiny model inside the package.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import numpy as np
+
+from .config import ConfigError, TrainConfig, build_config, load_yaml
+from .data import encode_prompt
+from .evaluate import columns_of
+from .policy import EMBEDDED_MODEL, load_policy
+from .rewarding import part_means, reward_name, score_completions
+from .rollout import Completion, SamplingConfig, sample_completions
+from .stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k
+from .tasks import Task, load_task, recommended_settings
+
+SPLITS = ("test", "train")
+# An answer counts as a success for pass@k when its accuracy reward is at least this
+# (the same threshold as evaluate.evaluate_pass_at_k).
+SUCCESS = 0.5
+# Settings a run folder passes on to a comparison: what its task and prompts were.
+_TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "web_kinds")
+_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "decode_concurrency",
+                  "eval_num_problems", "max_turns", "max_episode_tokens")
+
+
+class CompareError(ValueError):
+    """A mistake in what to compare (a missing folder, a model that does not load); one line."""
+
+
+# ---------------------------------------------------------------------------
+# What a model name means
+
+
+@dataclass
+class ModelSpec:
+    model: str | None  # mlx-lm model folder or HF id; None: the embedded model
+    adapter: str | None = None  # adapter folder applied on top (LoRA/DoRA or full weights)
+    run_dir: Path | None = None  # the training run this came from, if any
+
+    @property
+    def label(self) -> str:
+        base = self.model or "embedded tiny-arith"
+        return f"{base} + {self.adapter}" if self.adapter else base
+
+
+def _run_dir_of(adapter_dir: Path) -> Path | None:
+    """The run a folder of adapters belongs to: itself, or RUN for RUN/checkpoints/step_N."""
+    for candidate in (adapter_dir, adapter_dir.parent.parent):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    return None
+
+
+def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
+    """Read a --trained/--base/--model value (see the module docstring)."""
+    if name in ("", EMBEDDED_MODEL):
+        return ModelSpec(None, adapter)
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        if adapter is not None:
+            raise CompareError(f"{name} is an adapter folder already; --adapter goes with a plain model")
+        run_dir = _run_dir_of(path)
+        try:
+            adapter_config = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise CompareError(f"{path / 'adapter_config.json'}: unreadable ({e})") from None
+        base = adapter_config.get("model")
+        if run_dir is not None:
+            run_model = _run_settings(run_dir).get("model", base)
+            base = run_model if run_model not in ("", None) else None  # None: the embedded model
+        elif not base:
+            raise CompareError(f"{path / 'adapter_config.json'} does not name its base model (key 'model')")
+        if not (path / "adapters.safetensors").is_file():
+            raise CompareError(f"{path}: no adapters.safetensors")
+        return ModelSpec(base, str(path), run_dir)
+    if path.is_dir() and (path / "config.yaml").is_file() and not (path / "config.json").is_file():
+        raise CompareError(f"{name}: a run folder with no saved weights yet (no adapters.safetensors)")
+    if not path.exists() and ("/" not in name or name.startswith((".", "/", "~"))):
+        raise CompareError(f"{name}: not found (not a run folder, an adapter folder, a model folder or a Hugging Face id)")
+    return ModelSpec(name, adapter)
+
+
+def _run_settings(run_dir: Path) -> dict:
+    try:
+        return load_yaml(run_dir / "config.yaml")
+    except ConfigError as e:
+        raise CompareError(str(e)) from None
+
+
+def task_config(run_dir: Path | None, model: str | None, overrides: dict) -> TrainConfig:
+    """The TrainConfig a comparison reads its task from.
+
+    The run's settings (task, data, rewards, max_tokens, ...) come first, then
+    the typed flags. A different --task drops the run's data and rewards, which
+    belonged to the run's task.
+    """
+    values = {}
+    if run_dir is not None:
+        settings = _run_settings(run_dir)
+        values = {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS) if k in settings}
+        if overrides.get("task") not in (None, values.get("task")):
+            values = {k: v for k, v in values.items() if k not in _TASK_KEYS}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    values["model"] = model
+    return build_config(values, task_defaults=recommended_settings)
+
+
+# ---------------------------------------------------------------------------
+# Generating and scoring
+
+
+def chunk_seed(seed: int, chunk: int) -> int:
+    """The sampler seed of one chunk of prompts: the same for every model compared."""
+    return int(np.random.SeedSequence([seed, chunk]).generate_state(1)[0])
+
+
+@dataclass
+class Settings:
+    split: str = "test"
+    samples: int = 1  # completions (episodes) per prompt: K
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0))
+    seed: int = 0
+    concurrency: int = 256
+    max_turns: int = 8  # multi-turn tasks only
+    max_episode_tokens: int = 1024  # multi-turn tasks only
+
+
+def load_model(spec: ModelSpec):
+    try:
+        model, tokenizer = load_policy(spec.model, spec.adapter)
+    except Exception as e:  # a missing repo, bad weights, an adapter for another model: one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CompareError(f"could not load {spec.label}: {type(e).__name__}: {first}") from None
+    model.eval()
+    return model, tokenizer
+
+
+@dataclass
+class Answer:
+    """One completion, or for a multi-turn task one episode, of a model."""
+
+    text: str  # the completion; an episode's transcript (turns and observations)
+    tokens: list[int]  # sampled ids; an episode's model and environment tokens after its first prompt
+    length: int  # tokens the model wrote
+    finish_reason: str  # "stop" / "length"; an episode's "done", "max_turns", "max_tokens", "env_error"
+    truncated: bool  # ended by a limit rather than by the model (or its environment) finishing
+
+    @classmethod
+    def of_completion(cls, c: Completion) -> "Answer":
+        return cls(c.text, c.tokens, len(c.tokens), c.finish_reason, c.finish_reason == "length")
+
+    @classmethod
+    def of_episode(cls, ep) -> "Answer":
+        return cls(ep.text, ep.tokens, int(sum(ep.mask)), ep.finish_reason, ep.finish_reason != "done")
+
+
+def _multi_turn(task: Task) -> bool:
+    return getattr(task, "make_env", None) is not None
+
+
+def generate(model, tokenizer, task: Task, rows: list[dict], settings: Settings,
+             on_progress: Callable[[int], None] | None = None) -> tuple[list[Answer], list | None, float]:
+    """K answers for each row, grouped by row: (answers, episodes or None, decode seconds).
+
+    Rows go in chunks of concurrency // K, each chunk one batched decode (for
+    a multi-turn task, one batched decode a turn) seeded by chunk_seed, so a
+    second model sees the very same seeds.
+    """
+    k = settings.samples
+    per_chunk = max(1, settings.concurrency // k)
+    answers: list[Answer] = []
+    episodes = [] if _multi_turn(task) else None
+    seconds = 0.0
+    for chunk, start in enumerate(range(0, len(rows), per_chunk)):
+        part = rows[start : start + per_chunk]
+        mx.random.seed(chunk_seed(settings.seed, chunk))
+        begin = time.perf_counter()
+        if episodes is not None:
+            from .multiturn import make_envs, rollout_episodes
+
+            played = rollout_episodes(model, tokenizer, make_envs(task, part, k), k, settings.sampling,
+                                      settings.max_turns, settings.max_episode_tokens, task.system_prompt,
+                                      settings.concurrency)
+            episodes += played
+            answers += [Answer.of_episode(ep) for ep in played]
+        else:
+            prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in part]
+            answers += [Answer.of_completion(c) for c in
+                        sample_completions(model, tokenizer, prompts, k, settings.sampling, settings.concurrency)]
+        seconds += time.perf_counter() - begin
+        if on_progress is not None:
+            on_progress(min(start + per_chunk, len(rows)))
+    return answers, episodes, seconds
+
+
+@dataclass
+class ModelResult:
+    """One model's answers and scores. Arrays are per answer, grouped by prompt."""
+
+    name: str
+    spec: ModelSpec
+    answers: list[Answer]
+    rewards: np.ndarray  # (N*K,) weighted totals
+    parts: dict[str, list]  # reward name -> N*K values (None: not applicable)
+    accuracy: np.ndarray | None  # (N*K,) the task's accuracy (1.0 = right), None -> 0
+    errors: dict[str, int]
+    error_examples: dict[str, str]
+    seconds: float  # decoding only
+    samples: int
+
+    def per_prompt(self, values: np.ndarray) -> np.ndarray:
+        return values.reshape(-1, self.samples).mean(axis=1)
+
+    def summary(self) -> dict:
+        lengths = np.array([a.length for a in self.answers])
+        out = {
+            "name": self.name,
+            "model": self.spec.model or EMBEDDED_MODEL,
+            "adapter": self.spec.adapter,
+            "accuracy": float(self.accuracy.mean()) if self.accuracy is not None else None,
+            "reward": float(self.rewards.mean()),
+            "reward_std": float(self.rewards.std()),
+            "reward_parts": part_means(self.parts),
+            "reward_errors": self.errors,
+            "mean_length": float(lengths.mean()),
+            "truncated_frac": float(np.mean([a.truncated for a in self.answers])),
+            "generated_tokens": int(lengths.sum()),
+            "seconds": self.seconds,
+            "tokens_per_s": float(lengths.sum() / max(self.seconds, 1e-9)),
+        }
+        if self.samples > 1 and self.accuracy is not None:
+            right = (self.accuracy.reshape(-1, self.samples) >= SUCCESS).sum(axis=1)
+            out["pass_at_k"] = {str(k): mean_pass_at_k(right, self.samples, k) for k in pass_ks(self.samples)}
+            out["best_of_n_reward"] = float(self.rewards.reshape(-1, self.samples).max(axis=1).mean())
+        return out
+
+
+def pass_ks(samples: int) -> list[int]:
+    """1, 2, 4, ... up to K, and K itself."""
+    ks = [1]
+    while ks[-1] * 2 < samples:
+        ks.append(ks[-1] * 2)
+    return ks + [samples] if samples > 1 else ks
+
+
+def score(task: Task, rows: list[dict], answers: list[Answer], samples: int, episodes: list | None = None) -> tuple:
+    """(totals, parts, accuracy, errors, error examples) of N*K answers."""
+    if episodes is not None:
+        from .multiturn import episode_scores
+
+        # The environment scored each episode; solved as multiturn.evaluate_episodes counts it.
+        scores = episode_scores(episodes)
+        solved = [float(bool(ep.info.get("solved", ep.reward >= 1.0)) and not ep.error) for ep in episodes]
+        return scores.total, scores.parts, np.array(solved), scores.errors, scores.error_examples
+    prompts = [r["prompt"] for r in rows for _ in range(samples)]
+    texts = [a.text for a in answers]
+    columns = columns_of(rows, samples)
+    scores = score_completions(task.reward_functions, task.reward_weights, prompts, texts, columns)
+    accuracy = None
+    if task.accuracy_reward is not None:
+        # The accuracy reward is usually one of the rewards: reuse its scores
+        # rather than running it twice (an OCaml reward compiles code).
+        name = reward_name(task.accuracy_reward)
+        if any(fn is task.accuracy_reward for fn in task.reward_functions):
+            values = scores.parts[name]
+        else:
+            values = score_completions([task.accuracy_reward], [1.0], prompts, texts, columns).parts[name]
+        accuracy = np.array([v if v is not None else 0.0 for v in values], dtype=float)
+    return scores.total, scores.parts, accuracy, scores.errors, scores.error_examples
+
+
+def evaluate_model(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
+                   on_progress: Callable[[str, int, int], None] | None = None) -> ModelResult:
+    model, tokenizer = load_model(spec)
+    progress = (lambda done: on_progress(name, done, len(rows))) if on_progress else None
+    if progress:
+        progress(0)
+    answers, episodes, seconds = generate(model, tokenizer, task, rows, settings, progress)
+    del model
+    mx.clear_cache()  # the next model gets the memory
+    totals, parts, accuracy, errors, examples = score(task, rows, answers, settings.samples, episodes)
+    return ModelResult(name, spec, answers, totals, parts, accuracy, errors, examples, seconds, settings.samples)
+
+
+# ---------------------------------------------------------------------------
+# The comparison
+
+
+@dataclass
+class Report:
+    """What `compare`/`eval` found; `data` is report.json."""
+
+    data: dict
+    results: list[ModelResult]
+    rows: list[dict]
+    paired: dict[str, PairedResult] = field(default_factory=dict)
+
+
+def select_rows(task: Task, split: str, n: int | None) -> list[dict]:
+    rows = task.eval_rows if split == "test" else task.train_rows
+    rows = rows[:n] if n is not None else rows
+    if not rows:
+        raise CompareError(f"task {task.name!r} has no {split} prompts to evaluate on")
+    return rows
+
+
+def _header(task: Task, rows: list[dict], settings: Settings) -> dict:
+    return {
+        "task": task.name,
+        "split": settings.split,
+        "n": len(rows),
+        "samples": settings.samples,
+        "temperature": settings.sampling.temperature,
+        "top_p": settings.sampling.top_p,
+        "top_k": settings.sampling.top_k,
+        "min_p": settings.sampling.min_p,
+        "max_tokens": settings.sampling.max_tokens,
+        "seed": settings.seed,
+        "confidence": CONFIDENCE,
+        "warnings": list(task.warnings),
+    }
+
+
+def paired_results(base: ModelResult, trained: ModelResult, seed: int = 0) -> dict[str, PairedResult]:
+    """Per-prompt paired tests of accuracy (when the task has one) and of the total reward."""
+    out = {}
+    # One sample a prompt: right/wrong, McNemar. Several: per-prompt rates, Wilcoxon.
+    binary = None if base.samples == 1 else False
+    if base.accuracy is not None:
+        out["accuracy"] = compare_paired(base.per_prompt(base.accuracy), trained.per_prompt(trained.accuracy),
+                                         "accuracy", binary=binary, seed=seed)
+    out["reward"] = compare_paired(base.per_prompt(base.rewards), trained.per_prompt(trained.rewards),
+                                   "reward", binary=binary, seed=seed)
+    return out
+
+
+def compare(base: ModelSpec, trained: ModelSpec, task: Task, settings: Settings, n: int | None = None,
+            on_progress: Callable[[str, int, int], None] | None = None) -> Report:
+    """Both models on the same prompts and seeds, then the paired statistics."""
+    start = time.perf_counter()
+    rows = select_rows(task, settings.split, n)
+    results = [evaluate_model(name, spec, task, rows, settings, on_progress)
+               for name, spec in (("base", base), ("trained", trained))]
+    paired = paired_results(*results, seed=settings.seed)
+    headline = paired.get("accuracy") or paired["reward"]
+    data = {
+        **_header(task, rows, settings),
+        "models": {r.name: r.summary() for r in results},
+        "metric": headline.metric,
+        "difference": headline.difference,
+        "ci": list(headline.ci) if headline.ci else None,
+        "p_value": headline.p_value,
+        "test": headline.test,
+        "significant": headline.significant,
+        "wins": headline.wins,
+        "losses": headline.losses,
+        "ties": headline.ties,
+        "paired": {k: v.to_dict() for k, v in paired.items()},
+        "seconds": time.perf_counter() - start,
+    }
+    return Report(data, results, rows, paired)
+
+
+def evaluate(spec: ModelSpec, task: Task, settings: Settings, n: int | None = None,
+             on_progress: Callable[[str, int, int], None] | None = None) -> Report:
+    """The single-model version: one model's scores on the task's prompts."""
+    start = time.perf_counter()
+    rows = select_rows(task, settings.split, n)
+    result = evaluate_model("model", spec, task, rows, settings, on_progress)
+    data = {**_header(task, rows, settings), "models": {"model": result.summary()},
+            "seconds": time.perf_counter() - start}
+    return Report(data, [result], rows)
+
+
+# ---------------------------------------------------------------------------
+# Writing it down
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _ci(p: PairedResult) -> str:
+    return "-" if p.ci is None else f"{p.ci[0]:+.2f}..{p.ci[1]:+.2f}"
+
+
+def _p(value: float) -> str:
+    return f"{value:.3g}" if value >= 1e-4 else f"{value:.1e}"
+
+
+def table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The report as a table: (header, rows) shared by the terminal and report.md."""
+    models = report.data["models"]
+    names = list(models)
+    header = ["", *names]
+    paired = report.paired
+    if paired:
+        header += ["diff", f"{int(CONFIDENCE * 100)}% CI", "p", "W/L/T"]
+
+    def line(label: str, key: Callable[[dict], float | None], spec: str = ".3f", test: str | None = None):
+        values = [key(models[n]) for n in names]
+        row = [label, *[_fmt(v, spec) for v in values]]
+        if paired:
+            if test is not None and test in paired:
+                p = paired[test]
+                row += [f"{p.difference:+.3f}", _ci(p), _p(p.p_value), f"{p.wins}/{p.losses}/{p.ties}"]
+            elif None not in values and len(values) == 2:
+                row += [f"{values[1] - values[0]:+{spec}}", "", "", ""]
+            else:
+                row += ["", "", "", ""]
+        return row
+
+    rows = []
+    first = models[names[0]]
+    if first["accuracy"] is not None:
+        rows.append(line("accuracy", lambda m: m["accuracy"], test="accuracy"))
+    rows.append(line("mean reward", lambda m: m["reward"], test="reward"))
+    for part in first["reward_parts"]:
+        rows.append(line(f"  {part}", lambda m, part=part: m["reward_parts"].get(part)))
+    for k in first.get("pass_at_k", {}):
+        rows.append(line(f"pass@{k}", lambda m, k=k: m["pass_at_k"][k]))
+    if "best_of_n_reward" in first:
+        rows.append(line(f"best-of-{report.data['samples']} reward", lambda m: m["best_of_n_reward"]))
+    rows.append(line("length (tokens)", lambda m: m["mean_length"], ".1f"))
+    rows.append(line("truncated", lambda m: m["truncated_frac"]))
+    rows.append(line("tokens/s", lambda m: m["tokens_per_s"], ".0f"))
+    return header, rows
+
+
+def verdict(report: Report) -> str | None:
+    """One sentence: does the trained model beat the base, and how sure is that."""
+    if not report.paired:
+        return None
+    d = report.data
+    p = report.paired[d["metric"]]
+    if p.significant:
+        word = "better" if p.difference > 0 else "worse"
+        head = f"trained is {word} than base"
+    else:
+        head = "no significant difference between trained and base"
+    ci = f"{p.ci[0]:+.3f} to {p.ci[1]:+.3f}" if p.ci else "-"
+    return (f"{head}: {d['metric']} {p.difference:+.3f} ({int(p.confidence * 100)}% CI {ci}), "
+            f"{p.test} p = {_p(p.p_value)}; won {p.wins}, lost {p.losses}, tied {p.ties} of {p.n} prompts")
+
+
+def settings_line(report: Report) -> str:
+    d = report.data
+    how = "greedy" if d["temperature"] == 0 else f"temperature {d['temperature']:g}"
+    return (f"task {d['task']} ({d['split']} split), {d['n']} prompts x {d['samples']} sample(s), {how}, "
+            f"max_tokens {d['max_tokens']}, seed {d['seed']}")
+
+
+def markdown(report: Report) -> str:
+    header, rows = table_rows(report)
+    d = report.data
+    lines = ["# mlx-grpo " + ("compare" if report.paired else "eval"), "", settings_line(report), ""]
+    for r in report.results:
+        lines.append(f"- **{r.name}**: `{r.spec.label}`")
+    lines.append("")
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + " --- |" * len(header))
+    for row in rows:
+        lines.append("| " + " | ".join(c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(row))
+                     + " |")
+    if report.paired:
+        lines += ["", verdict(report) + ".", "",
+                  "Paired over prompts (each prompt's mean over its samples): the difference is trained - base; "
+                  "the CI is a percentile bootstrap over prompts; p is McNemar's exact test for right/wrong "
+                  "answers with one sample a prompt, the Wilcoxon signed-rank test otherwise; W/L/T counts the "
+                  "prompts where trained scored higher, lower, the same."]
+    for w in d["warnings"]:
+        lines += ["", f"warning: {w}"]
+    lines += ["", f"{d['seconds']:.1f} s in all."]
+    return "\n".join(lines) + "\n"
+
+
+def prompt_records(report: Report) -> list[dict]:
+    """One record a prompt: its text, columns, and each model's completions and rewards."""
+    k = report.data["samples"]
+    records = []
+    for i, row in enumerate(report.rows):
+        record = {"index": i, "prompt": row["prompt"], "columns": {c: v for c, v in row.items() if c != "prompt"}}
+        for r in report.results:
+            span = slice(i * k, (i + 1) * k)
+            record[r.name] = {
+                "completions": [a.text for a in r.answers[span]],
+                "rewards": [float(x) for x in r.rewards[span]],
+                "parts": {name: values[span] for name, values in r.parts.items()},
+                "accuracy": None if r.accuracy is None else [float(x) for x in r.accuracy[span]],
+                "finish_reasons": [a.finish_reason for a in r.answers[span]],
+                "reward": float(r.rewards[span].mean()),
+            }
+        if report.paired:
+            diff = record["trained"]["reward"] - record["base"]["reward"]
+            record["reward_difference"] = diff
+            record["outcome"] = "won" if diff > 0 else "lost" if diff < 0 else "tied"
+        records.append(record)
+    return records
+
+
+def plot(report: Report, path: Path) -> bool:
+    """A PNG of the per-prompt reward distributions; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    values = [r.per_prompt(r.rewards) for r in report.results]
+    distinct = np.unique(np.concatenate(values))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(values)
+    if len(distinct) <= 12:  # few reward levels (right/wrong): one group of bars a level
+        for i, (r, v) in enumerate(zip(report.results, values)):
+            counts = [(v == level).sum() for level in distinct]
+            ax.bar(np.arange(len(distinct)) + (i - (len(values) - 1) / 2) * width, counts, width=width,
+                   label=f"{r.name}: mean {v.mean():.3f}")
+        ax.set_xticks(np.arange(len(distinct)), [f"{level:g}" for level in distinct])
+    else:
+        edges = np.histogram_bin_edges(distinct, bins=20)
+        step = edges[1] - edges[0]
+        for i, (r, v) in enumerate(zip(report.results, values)):
+            counts, _ = np.histogram(v, bins=edges)
+            ax.bar(edges[:-1] + step * (0.1 + i * width), counts, width=step * width, align="edge",
+                   label=f"{r.name}: mean {v.mean():.3f}")
+    ax.set_xlabel("reward (per prompt" + (", mean of samples)" if report.data["samples"] > 1 else ")"))
+    ax.set_ylabel("prompts")
+    ax.set_title(f"{report.data['task']}: reward distribution over {report.data['n']} prompts")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_report(report: Report, folder: Path, chart: bool = True) -> list[Path]:
+    """report.json, report.md, rows.jsonl (and rewards.png) in `folder`; returns what was written."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        written = [folder / "report.json", folder / "report.md", folder / "rows.jsonl"]
+        written[0].write_text(json.dumps(report.data, indent=2, default=str) + "\n", encoding="utf-8")
+        written[1].write_text(markdown(report), encoding="utf-8")
+        with open(written[2], "w", encoding="utf-8") as f:
+            for record in prompt_records(report):
+                f.write(json.dumps(record, default=str) + "\n")
+        if chart and plot(report, folder / "rewards.png"):
+            written.append(folder / "rewards.png")
+    except OSError as e:
+        raise CompareError(f"could not write the report to {folder}: {e.strerror or e}") from None
+    return written
+
+
+def default_output(trained: ModelSpec) -> Path:
+    """RUN/compare for a run; otherwise a new folder under checkpoints/."""
+    if trained.run_dir is not None and trained.adapter == str(trained.run_dir):
+        return trained.run_dir / "compare"
+    return Path("checkpoints") / f"compare-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+# ---------------------------------------------------------------------------
+# The command line's pieces (cli.py stays a thin layer)
+
+
+def default_base(trained: ModelSpec) -> ModelSpec:
+    """The model the trained one started from: its adapters' base."""
+    if trained.adapter is None:
+        raise CompareError(f"{trained.label} is a whole model with no record of its base; "
+                           "name the model to compare against with --base")
+    return ModelSpec(trained.model, None)
+
+
+def build_settings(config: TrainConfig, split: str = "test", samples: int = 1, temperature: float | None = None,
+                   seed: int = 0) -> Settings:
+    """Greedy for one sample a prompt; the run's temperature for several (unless --temperature)."""
+    if split not in SPLITS:
+        raise CompareError(f"--split must be one of {', '.join(SPLITS)}, not {split!r}")
+    if samples < 1:
+        raise CompareError(f"--samples must be at least 1, got {samples}")
+    if temperature is None:
+        temperature = 0.0 if samples == 1 else config.temperature
+    if temperature < 0:
+        raise CompareError(f"--temperature must be >= 0, got {temperature}")
+    sampling = SamplingConfig(temperature, config.top_p, config.top_k, config.min_p, config.max_tokens)
+    return Settings(split, samples, sampling, seed, config.decode_concurrency,
+                    getattr(config, "max_turns", 8), getattr(config, "max_episode_tokens", 1024))
+
+
+class Progress:
+    """A progress bar per model on a terminal; one line per model elsewhere."""
+
+    def __init__(self, console):
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
+
+        self.console = console
+        self.bar = None
+        self.tasks = {}
+        if console.is_terminal:
+            self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                                    TextColumn("prompts"), TimeElapsedColumn(), console=console, transient=True)
+            self.bar.start()
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        if self.bar is not None:
+            if name not in self.tasks:
+                self.tasks[name] = self.bar.add_task(f"{name}: generating", total=total)
+            self.bar.update(self.tasks[name], completed=done)
+        elif done == 0:
+            self.console.print(f"{name}: generating for {total} prompts ...", highlight=False)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def print_report(report: Report, console, written: list[Path] = ()) -> None:
+    """The rich table, the verdict, and where the files went."""
+    from rich import box
+    from rich.table import Table
+
+    header, rows = table_rows(report)
+    table = Table(box=box.SIMPLE_HEAD)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    for r in report.results:
+        console.print(f"[bold]{r.name}[/]: {r.spec.label}", highlight=False, soft_wrap=True)
+    console.print(settings_line(report), highlight=False, soft_wrap=True)
+    console.print(table)
+    line = verdict(report)
+    if line:
+        style = "bold green" if report.paired[report.data["metric"]].significant else "bold"
+        console.print(f"[{style}]{line}[/]", highlight=False, soft_wrap=True)
+    for r in report.results:
+        for name, count in r.errors.items():
+            console.print(f"[yellow]warning:[/] {r.name}: reward {name} failed {count} time(s): "
+                          f"{r.error_examples.get(name, '')}", highlight=False, soft_wrap=True)
+    for w in report.data["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+    if written:
+        names = ", ".join(p.name for p in written)
+        console.print(f"report: {names} in {written[0].parent}  ({report.data['seconds']:.1f} s)", highlight=False,
+                      soft_wrap=True)

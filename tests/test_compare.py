@@ -1,0 +1,218 @@
+"""`compare` and `eval`: same prompts and seeds for both models, paired statistics, reports."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from mlx_grpo import compare as cmp
+from mlx_grpo.cli import app
+from mlx_grpo.config import build_config
+from mlx_grpo.evaluate import evaluate_accuracy
+from mlx_grpo.policy import embedded_model_path, load_policy
+from mlx_grpo.tasks import load_task, recommended_settings
+from mlx_grpo.trainer import train
+
+needs_embedded = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
+                                    reason="the embedded model has not been built (scripts/build_tiny_model.py)")
+
+
+def _task_and_settings(model, n=12, max_tokens=8, samples=1, temperature=None, task="arith", **overrides):
+    config = cmp.task_config(None, model, {"task": task, "eval_num_problems": n, "max_tokens": max_tokens,
+                                           **overrides})
+    return load_task(config), cmp.build_settings(config, samples=samples, temperature=temperature)
+
+
+def test_model_against_itself_is_a_zero_difference(tiny_model_path, tmp_path):
+    spec = cmp.ModelSpec(str(tiny_model_path))
+    task, settings = _task_and_settings(str(tiny_model_path))
+    report = cmp.compare(spec, spec, task, settings)
+    assert report.data["difference"] == 0.0 and report.data["ci"] == [0.0, 0.0]
+    assert report.data["p_value"] == 1.0 and not report.data["significant"]
+    assert report.data["ties"] == 12 and report.data["test"] == "mcnemar-exact"
+    written = cmp.write_report(report, tmp_path / "out")
+    names = {p.name for p in written}
+    assert {"report.json", "report.md", "rows.jsonl"} <= names
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["models"]["base"]["reward"] == saved["models"]["trained"]["reward"]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all(r["outcome"] == "tied" for r in rows)
+    assert rows[0]["prompt"] == task.eval_rows[0]["prompt"] and rows[0]["columns"]["answer"]
+    assert rows[0]["base"]["completions"] == rows[0]["trained"]["completions"]
+
+
+def test_sampled_self_comparison_uses_the_same_seeds(tiny_model_path):
+    """At temperature 1 with 3 samples, the same model gives the very same completions twice.
+
+    The chunk size (concurrency // samples) is small here so several seeded chunks run.
+    """
+    spec = cmp.ModelSpec(str(tiny_model_path))
+    task, settings = _task_and_settings(str(tiny_model_path), n=8, max_tokens=6, samples=3)
+    settings.concurrency = 6  # two prompts a chunk
+    assert settings.sampling.temperature == 1.0  # the run's temperature when sampling several
+    report = cmp.compare(spec, spec, task, settings)
+    base, trained = report.results
+    assert [a.tokens for a in base.answers] == [a.tokens for a in trained.answers]
+    assert len({tuple(a.tokens) for a in base.answers}) > 1  # really sampled
+    assert report.data["difference"] == 0.0 and report.data["p_value"] == 1.0
+    assert "wilcoxon" in report.data["test"]
+    assert set(report.data["models"]["base"]["pass_at_k"]) == {"1", "2", "3"}
+    # another seed draws other completions
+    settings.seed = 1
+    other = cmp.evaluate(spec, task, settings).results[0]
+    assert [a.tokens for a in other.answers] != [a.tokens for a in base.answers]
+
+
+@needs_embedded
+def test_eval_matches_the_trainers_accuracy_and_pass_at_k(tmp_path):
+    """The single-model report agrees with evaluate_accuracy; pass@1 is the mean accuracy."""
+    task, settings = _task_and_settings(None, n=40, max_tokens=48)
+    report = cmp.evaluate(cmp.ModelSpec(None), task, settings)
+    model, tokenizer = load_policy(None)
+    expected = evaluate_accuracy(model, tokenizer, task, 48)
+    summary = report.data["models"]["model"]
+    assert summary["accuracy"] == pytest.approx(expected["accuracy"])
+    assert [a.text for a in report.results[0].answers] == expected["completions"]
+    assert summary["truncated_frac"] == pytest.approx(expected["truncated_frac"])
+
+    task, settings = _task_and_settings(None, n=20, max_tokens=48, samples=4)
+    result = cmp.evaluate(cmp.ModelSpec(None), task, settings).results[0]
+    s = result.summary()
+    right = (result.accuracy.reshape(20, 4) >= 1).sum(axis=1)
+    assert s["pass_at_k"]["1"] == pytest.approx(s["accuracy"])
+    assert s["pass_at_k"]["4"] == pytest.approx(np.mean(right > 0))  # pass@K: any of the K right
+    assert s["pass_at_k"]["1"] <= s["pass_at_k"]["2"] <= s["pass_at_k"]["4"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A short default run: 10 GRPO steps of the embedded model on arith (0.31 -> 0.93 measured)."""
+    if not (embedded_model_path() / "config.json").exists():
+        pytest.skip("the embedded model has not been built")
+    run = tmp_path_factory.mktemp("runs") / "run"
+    config = build_config({"steps": 10, "eval_num_problems": 10, "output": str(run), "seed": 1, "save_every": 5},
+                          task_defaults=recommended_settings)
+    train(config)
+    return run
+
+
+def test_trained_run_beats_base_significantly(trained_run, tmp_path):
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, ["compare", "--trained", str(trained_run), "--n", "100", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["task"] == "arith" and report["n"] == 100  # the run's task, 100 of its test prompts
+    assert report["models"]["base"]["model"] == "embedded" and report["models"]["base"]["adapter"] is None
+    assert report["models"]["trained"]["adapter"] == str(trained_run)
+    assert report["metric"] == "accuracy" and report["test"] == "mcnemar-exact"
+    assert report["difference"] > 0.2 and report["ci"][0] > 0
+    assert report["p_value"] < 1e-3 and report["significant"]
+    assert report["wins"] > report["losses"]
+    base, trained = report["models"]["base"], report["models"]["trained"]
+    assert report["difference"] == pytest.approx(trained["accuracy"] - base["accuracy"])
+    assert "trained is better than base" in result.output
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 100
+    assert sum(r["outcome"] == "won" for r in rows) == report["wins"]
+    assert (out / "report.md").read_text().count("| accuracy |") == 1
+
+
+def test_a_checkpoint_folder_and_an_adapter_folder_compare_too(trained_run, tmp_path):
+    step = trained_run / "checkpoints" / "step_000005"
+    spec = cmp.resolve_model(str(step))
+    assert spec.run_dir == trained_run and spec.adapter == str(step) and spec.model is None
+    # adapters copied out of their run: the base comes from adapter_config.json
+    loose = tmp_path / "adapters"
+    loose.mkdir()
+    for name in ("adapters.safetensors", "adapter_config.json"):
+        shutil.copy(trained_run / name, loose / name)
+    spec = cmp.resolve_model(str(loose))
+    assert spec.run_dir is None and spec.model == str(embedded_model_path())
+    assert cmp.default_base(spec).adapter is None
+    task, settings = _task_and_settings(None, n=20, max_tokens=48)
+    report = cmp.compare(cmp.resolve_model(str(trained_run)), spec, task, settings)
+    assert report.data["difference"] == 0.0  # the same weights, loaded two ways
+
+
+def test_full_fine_tune_run_and_a_whole_model(tiny_model_path, tmp_path):
+    run = tmp_path / "full"
+    # A reward that varies between random completions, so the one step has a gradient.
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text("def bytes_sum(prompts, completions, **kw):\n"
+                       "    return [float(sum(c.encode()) % 5) for c in completions]\n")
+    train(build_config({"model": str(tiny_model_path), "fine_tune_type": "full", "steps": 1, "batch_size": 4,
+                        "group_size": 4, "max_tokens": 4, "eval_num_problems": 4, "output": str(run),
+                        "lr": 1e-2, "task": "arith", "reward_file": str(rewards), "reward": ["bytes_sum"]}))
+    spec = cmp.resolve_model(str(run))
+    assert spec.model == str(tiny_model_path) and spec.adapter == str(run)
+    runner = CliRunner()
+    result = runner.invoke(app, ["compare", "--trained", str(run), "--n", "6", "--output", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["max_tokens"] == 4  # the run's setting
+    # the full weights were applied: the trained model answers differently
+    rows = [json.loads(line) for line in (tmp_path / "a" / "rows.jsonl").read_text().splitlines()]
+    assert any(r["base"]["completions"] != r["trained"]["completions"] for r in rows)
+    # a whole (e.g. fused) model has no recorded base: --base names it
+    result = runner.invoke(app, ["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path),
+                                 "--n", "4", "--max-tokens", "4", "--output", str(tmp_path / "b"), "--no-plot"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "b" / "report.json").read_text())["p_value"] == 1.0
+    assert not (tmp_path / "b" / "rewards.png").exists()
+
+
+def test_eval_command_and_gsm8k(tiny_model_path, tmp_path):
+    from test_gsm8k import GSM8K_DATA
+
+    if not (GSM8K_DATA / "test.jsonl").is_file():
+        pytest.skip("shared GSM8K data not found")
+    out = tmp_path / "eval"
+    result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--task", "gsm8k", "--data",
+                                      str(GSM8K_DATA), "--n", "5", "--max-tokens", "4", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["task"] == "gsm8k" and report["n"] == 5 and "paired" not in report
+    model = report["models"]["model"]
+    assert set(model["reward_parts"]) == {"correctness_reward", "format_reward"}
+    assert model["truncated_frac"] == 1.0 and model["mean_length"] == 4.0  # a random model never stops
+
+
+def test_user_errors_are_one_line_and_exit_2(tiny_model_path, tmp_path):
+    runner = CliRunner()
+    run_without_weights = tmp_path / "run"
+    run_without_weights.mkdir()
+    (run_without_weights / "config.yaml").write_text("task: arith\n")
+    for args, fragment in [
+        (["compare", "--trained", str(tmp_path / "missing")], "not found"),
+        (["compare", "--trained", str(run_without_weights)], "no saved weights"),
+        (["compare", "--trained", str(tiny_model_path)], "--base"),
+        (["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--split", "dev"], "--split"),
+        (["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--samples", "0"],
+         "--samples"),
+        (["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--task", "nope"],
+         "unknown task"),
+        (["eval", "--model", str(tiny_model_path), "--adapter", str(tmp_path / "missing")], "could not load"),
+    ]:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert fragment in result.output, (args, result.output)
+        assert "Traceback" not in result.output
+
+
+def test_multi_turn_task_is_played_through_its_environment(tiny_model_path):
+    """The web task: episodes, not completions; scored by the environment."""
+    from mlx_grpo.tasks import BUILTIN_TASKS
+
+    if "web" not in BUILTIN_TASKS:
+        pytest.skip("the web task is not registered")
+    task, settings = _task_and_settings(str(tiny_model_path), n=1, max_tokens=4, task="web")
+    assert task.make_env is not None
+    settings.max_turns = 2
+    spec = cmp.ModelSpec(str(tiny_model_path))
+    report = cmp.compare(spec, spec, task, settings, n=1)
+    base = report.results[0]
+    assert base.answers[0].finish_reason in ("done", "max_turns", "max_tokens")
+    assert 1 <= base.answers[0].length <= 2 * 4  # two turns of at most 4 tokens
+    assert set(base.parts) and report.data["difference"] == 0.0
