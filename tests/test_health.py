@@ -300,3 +300,26 @@ def test_resumed_run_reports_the_same_health_events(tmp_path, tiny_model_path):
     straight = (tmp_path / "straight" / "health.jsonl").read_text().splitlines()
     resumed = (tmp_path / "resumed" / "health.jsonl").read_text().splitlines()
     assert len(straight) >= 2 and resumed == straight
+
+
+def test_live_view_goes_through_a_run_without_error():
+    from types import SimpleNamespace
+
+    out = io.StringIO()
+    display = TrainDisplay(Console(file=out, width=110, force_terminal=True), live=True)
+    config = SimpleNamespace(task="arith", model=None, steps=2)
+    display("start", {"config": config, "run_dir": "r", "warnings": [], "resumed_from": 0})
+    rng = np.random.default_rng(0)
+    for step in (1, 2):
+        records = [{"step": step, "prompt": "Tom has [3] shells", "completion": "3 + 1 = 4\n#### 4", "reward": 1.0},
+                   {"step": step, "prompt": "Tom has [3] shells", "completion": "no idea", "reward": 0.0}]
+        display("step", {"metrics": healthy(step, rng), "records": records, "total": 2})
+    display("health", {"step": 2, "rule": "truncated", "title": "completions mostly truncated", "evidence": "e",
+                       "suggestion": "s"})
+    display("eval", {"when": "after", "accuracy": 0.5, "n": 10, "seconds": 0.1})
+    display("end", {"result": SimpleNamespace(summary_line=lambda: "done", run_dir="r")})
+    text = out.getvalue()
+    assert "step 2: best sample, reward 1.000" in text and "#### 4" in text
+    assert "Tom has [3] shells" in text  # completions are text, not rich markup
+    assert "health: step 2: completions mostly truncated: e" in text and "done" in text
+    assert display.live is None
