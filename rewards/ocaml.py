@@ -102,7 +102,9 @@ class GradeConfig:
     min_compression: float = 0.12  # zlib ratio of the last 1,000 chars below this is degenerate
     compile_limits: Limits = field(default_factory=lambda: Limits(cpu_s=10, wall_s=20, memory_mb=1024,
                                                                    file_mb=64, processes=16))
-    run_limits: Limits = field(default_factory=lambda: Limits(cpu_s=2, wall_s=5, memory_mb=1024,
+    # Every reference runs in well under 0.1 s: 1 CPU second is plenty, and a batch full
+    # of infinite loops stays within the trainer's reward_timeout.
+    run_limits: Limits = field(default_factory=lambda: Limits(cpu_s=1, wall_s=3, memory_mb=1024,
                                                                file_mb=16, processes=16))
 
 

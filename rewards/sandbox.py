@@ -60,7 +60,7 @@ MB = 1024 * 1024
 
 @dataclass(frozen=True)
 class Limits:
-    cpu_s: int = 5  # CPU seconds (RLIMIT_CPU); SIGXCPU, then SIGKILL a second later
+    cpu_s: int = 5  # CPU seconds (RLIMIT_CPU, soft = hard: then SIGKILL)
     wall_s: float = 10.0  # wall-clock seconds, then the whole process group is killed
     memory_mb: int = 1024  # address space (RLIMIT_AS)
     file_mb: int = 16  # largest file the program may write (RLIMIT_FSIZE)
@@ -310,7 +310,8 @@ def _own_process_count() -> int:
 
 def _rlimits(limits: Limits, dropping_uid: bool) -> dict[str, tuple[int, int]]:
     out = {
-        "RLIMIT_CPU": (limits.cpu_s, limits.cpu_s + 1),
+        # soft = hard: SIGKILL at the limit (a PID namespace's init ignores SIGXCPU).
+        "RLIMIT_CPU": (limits.cpu_s, limits.cpu_s),
         "RLIMIT_AS": (limits.memory_mb * MB, limits.memory_mb * MB),
         "RLIMIT_FSIZE": (limits.file_mb * MB, limits.file_mb * MB),
         "RLIMIT_CORE": (0, 0),
