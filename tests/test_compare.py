@@ -216,3 +216,23 @@ def test_multi_turn_task_is_played_through_its_environment(tiny_model_path):
     assert base.answers[0].finish_reason in ("done", "max_turns", "max_tokens")
     assert 1 <= base.answers[0].length <= 2 * 4  # two turns of at most 4 tokens
     assert set(base.parts) and report.data["difference"] == 0.0
+
+
+def test_ocaml_answers_are_graded_by_the_tasks_rewards(tiny_model_path):
+    """compare's scoring of the OCaml task: a reference solution passes, prose does not."""
+    import shutil as sh
+
+    from mlx_grpo.tasks import BUILTIN_TASKS
+
+    if "ocaml" not in BUILTIN_TASKS or sh.which("ocaml") is None:
+        pytest.skip("the OCaml task or toolchain is not available")
+    from rewards.ocaml import problems
+
+    task, _ = _task_and_settings(str(tiny_model_path), n=2, task="ocaml")
+    rows = cmp.select_rows(task, "test", 2)
+    solutions = {p["id"]: p["solution"] for p in problems("test")}
+    right = cmp.Answer(f"```ocaml\n{solutions[rows[0]['id']]}```", [], 40, "stop", False)
+    wrong = cmp.Answer("I do not know OCaml.", [], 6, "stop", False)
+    totals, parts, accuracy, errors, _ = cmp.score(task, rows, [right, wrong], 1)
+    assert list(accuracy) == [1.0, 0.0] and not errors
+    assert totals[0] > totals[1] and parts["ocaml_compiles"] == [1.0, 0.0]
