@@ -207,3 +207,51 @@ def test_environment_tokens_get_no_gradient(policy, tiny_model_path):
     for name in grads:
         np.testing.assert_allclose(np.array(grads2[name]), np.array(grads[name]), atol=1e-7, err_msg=name)
     assert max(np.abs(np.array(g)).max() for g in grads.values()) > 1e-4
+
+
+def _web_config(tiny_model_path, tmp_path, **extra):
+    from mlx_grpo.config import build_config
+    from mlx_grpo.tasks import recommended_settings
+
+    settings = {"task": "web", "model": str(tiny_model_path), "steps": 2, "batch_size": 2, "group_size": 2,
+                "max_tokens": 6, "max_turns": 2, "max_episode_tokens": 1500, "eval_num_problems": 2,
+                "web_kinds": ["fact/1", "account/1"], "output": str(tmp_path / "run"), "save_every": 1,
+                "system_prompt": "", "micro_batch_size": 4, **extra}
+    return build_config(settings, task_defaults=recommended_settings)
+
+
+def test_training_on_the_web_task_runs_logs_and_checkpoints_the_curriculum(tiny_model_path, tmp_path):
+    import json
+
+    from mlx_grpo.trainer import train
+
+    config = _web_config(tiny_model_path, tmp_path)
+    assert config.curriculum == "ued" and config.curriculum_key == "kind"  # the web task's defaults
+    result = train(config)
+    first = result.history[0]
+    for key in ("reward/mean", "reward/success/mean", "reward/format/mean", "reward/efficiency/mean",
+                "reward/invalid/mean", "episode/turns", "episode/env_tokens", "episode/done_frac",
+                "curriculum/prob/fact/1", "curriculum/prob/account/1", "curriculum/estimate/fact/1"):
+        assert key in first, key
+    assert first["curriculum/prob/fact/1"] + first["curriculum/prob/account/1"] == pytest.approx(1.0)
+    assert all(np.isfinite(m["grad_norm"]) for m in result.history)
+    assert result.accuracy_before is not None and result.eval_n == 2
+    state = json.loads((result.run_dir / "checkpoints" / "step_000002" / "state.json").read_text())
+    assert set(state["curriculum"]["counts"]) <= {"fact/1", "account/1"}
+    assert sum(state["curriculum"]["counts"].values()) == 4  # 2 steps x 2 rows
+    records = [json.loads(line) for line in (result.run_dir / "completions.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and all(r["completion"].startswith("> ") for r in records)
+    # resuming restores the curriculum's estimates: a third step adds to the first two
+    train(_web_config(tiny_model_path, tmp_path, steps=3, resume=str(result.run_dir), output=None))
+    state = json.loads((result.run_dir / "checkpoints" / "step_000003" / "state.json").read_text())
+    assert sum(state["curriculum"]["counts"].values()) == 6
+
+
+def test_web_task_rejects_reward_files_and_unknown_kinds(tiny_model_path, tmp_path):
+    from mlx_grpo.config import ConfigError
+    from mlx_grpo.tasks import load_task
+
+    with pytest.raises(ConfigError, match="unknown web task kind 'fact/9'"):
+        load_task(_web_config(tiny_model_path, tmp_path, web_kinds=["fact/9"]))
+    with pytest.raises(ConfigError, match="scored by its environment"):
+        load_task(_web_config(tiny_model_path, tmp_path, reward=["x"]))

@@ -340,8 +340,9 @@ def generate_tasks(n: int, seed: int, difficulty: int | None = None, families=No
             task = make_task(family, level, rng.getrandbits(31))
         except ValueError:  # a world with no possible task of this kind: draw another
             continue
-        key = (task.family, task.difficulty, task.instruction)
-        if key not in seen:
-            seen.add(key)
+        # Distinct tasks: a different world makes a different task, even with the same words
+        # ("Buy the cheapest lamp." has other lamps in each world).
+        if task.task_id not in seen:
+            seen.add(task.task_id)
             tasks.append(task)
     return tasks

@@ -1,0 +1,128 @@
+"""Adaptive task selection (unsupervised environment design, "UED"), for any task.
+
+Tasks are grouped by a row column (`curriculum_key`; the web task's `kind`,
+e.g. "fact/1"; a row without that column is a group of its own). For each
+group the curriculum keeps an estimate p of how often the model solves it: an
+exponential moving average of the observed success rate of its groups, 0.5
+before any has been seen.
+
+A group is drawn with probability
+
+    (1 - explore) * w / sum(w) + explore / K,     w = p * (1 - p)
+
+so groups solved about half the time, whose GRPO groups have the most reward
+variance and so the most signal, are favoured; those always or never solved
+are still drawn through the `explore` share. A row is then drawn uniformly
+within its group. Draws are seeded by (seed, step), and the estimates are the
+only state: `state_dict()` is saved in checkpoints and `load_state_dict()`
+restores it, so a resumed run draws the same tasks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .rewarding import reward_name, score_completions
+
+RATE = 0.3  # weight of the newest observation in the moving average
+PRIOR = 0.5  # the estimate of a group never seen (the most favoured value)
+LOGGED_GROUPS = 24  # per-group metrics are written only when there are at most this many
+
+
+class Curriculum:
+    def __init__(self, key: str = "kind", explore: float = 0.2, rate: float = RATE, prior: float = PRIOR):
+        self.key, self.explore, self.rate, self.prior = key, explore, rate, prior
+        self.estimates: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self._groups_of: tuple[int, dict[str, list[int]]] | None = None
+
+    @classmethod
+    def from_config(cls, config) -> Curriculum | None:
+        if config.curriculum == "none":
+            return None
+        return cls(config.curriculum_key, config.curriculum_explore)
+
+    def group_of(self, row: dict) -> str:
+        value = row.get(self.key)
+        return str(value) if value is not None else f"prompt:{row.get('prompt')}"
+
+    def _groups(self, rows: list[dict]) -> dict[str, list[int]]:
+        if self._groups_of is None or self._groups_of[0] != id(rows):
+            groups: dict[str, list[int]] = {}
+            for i, row in enumerate(rows):
+                groups.setdefault(self.group_of(row), []).append(i)
+            self._groups_of = (id(rows), groups)
+        return self._groups_of[1]
+
+    def probabilities(self, names: list[str]) -> np.ndarray:
+        """The chance of drawing each group of `names`."""
+        p = np.array([self.estimates.get(n, self.prior) for n in names])
+        w = p * (1 - p)
+        uniform = np.full(len(names), 1 / len(names))
+        if w.sum() <= 0:
+            return uniform
+        return (1 - self.explore) * w / w.sum() + self.explore * uniform
+
+    def pick(self, rows: list[dict], step: int, batch_size: int, seed: int) -> list[dict]:
+        """The rows of one step: a group by `probabilities`, then a row of it, `batch_size` times."""
+        groups = self._groups(rows)
+        names = sorted(groups)
+        rng = np.random.default_rng([seed, step, 0x5EED])
+        chosen = rng.choice(len(names), size=batch_size, p=self.probabilities(names))
+        return [rows[groups[names[c]][int(rng.integers(len(groups[names[c]])))]] for c in chosen]
+
+    def update(self, rows: list[dict], success: list[float]) -> None:
+        """Fold in one observed success rate (0..1) per row: the mean over its group of completions."""
+        for row, s in zip(rows, success):
+            name = self.group_of(row)
+            old = self.estimates.get(name, self.prior)
+            self.estimates[name] = (1 - self.rate) * old + self.rate * float(s)
+            self.counts[name] = self.counts.get(name, 0) + 1
+
+    def metrics(self, rows: list[dict]) -> dict:
+        """What the curriculum believes and the distribution it draws from, for metrics.jsonl."""
+        names = sorted(self._groups(rows))
+        probs = self.probabilities(names)
+        out = {
+            "curriculum/groups": len(names),
+            "curriculum/groups_seen": sum(1 for n in names if n in self.counts),
+            "curriculum/mean_estimate": float(np.mean([self.estimates.get(n, self.prior) for n in names])),
+            # Entropy of the draw relative to uniform: 1 = uniform, lower = concentrated.
+            "curriculum/entropy": float(-(probs * np.log(probs + 1e-12)).sum() / max(np.log(len(names)), 1e-12)),
+        }
+        if len(names) <= LOGGED_GROUPS:
+            for name, prob in zip(names, probs):
+                out[f"curriculum/prob/{name}"] = float(prob)
+                out[f"curriculum/estimate/{name}"] = float(self.estimates.get(name, self.prior))
+        return out
+
+    def state_dict(self) -> dict:
+        return {"key": self.key, "explore": self.explore, "rate": self.rate, "prior": self.prior,
+                "estimates": dict(self.estimates), "counts": dict(self.counts)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.estimates = {str(k): float(v) for k, v in state.get("estimates", {}).items()}
+        self.counts = {str(k): int(v) for k, v in state.get("counts", {}).items()}
+
+
+def group_success(task, rows: list[dict], completions: list, scores, group_size: int) -> list[float]:
+    """Each row's observed success rate: the fraction of its completions (or episodes) that solved it.
+
+    Episodes say so in their environment's info ("solved"); single-turn
+    completions are judged by the task's accuracy reward.
+    """
+    if completions and hasattr(completions[0], "info"):
+        solved = [float(bool(c.info.get("solved", c.reward >= 1.0)) and not c.error) for c in completions]
+    elif task.accuracy_reward is not None:
+        name = reward_name(task.accuracy_reward)
+        values = scores.parts.get(name) if name in [reward_name(f) for f in task.reward_functions] else None
+        if values is None:
+            from .evaluate import columns_of
+
+            values = score_completions([task.accuracy_reward], [1.0],
+                                       [r["prompt"] for r in rows for _ in range(group_size)],
+                                       [c.text for c in completions], columns_of(rows, group_size)).parts[name]
+        solved = [float(v or 0.0) for v in values]
+    else:  # no notion of "solved": a positive reward counts
+        solved = [float(t > 0) for t in scores.total]
+    return [float(np.mean(solved[i * group_size:(i + 1) * group_size])) for i in range(len(rows))]

@@ -1,0 +1,74 @@
+"""The web task for `mlx-grpo train --task web` (the task protocol of mlx_grpo/tasks.py).
+
+It is a multi-turn task: `make_env(row)` gives the row's WebEnv, which scores
+the episode; there are no reward functions of completions (REWARDS is empty)
+and accuracy is the fraction of held-out episodes solved.
+
+Rows are task descriptions ({"task_id", "family", "difficulty", "seed",
+"kind", "instruction", "prompt"}); `web_kinds` keeps only some kinds
+("fact/1", "shop/2", ...). Train and test tasks come from different seeds and
+never share a task (a world and what to do in it).
+"""
+
+from __future__ import annotations
+
+from .actions import ACTION_HELP
+from .env import WebEnv
+from .tasks import DIFFICULTIES, FAMILIES, generate_tasks, task_from_row
+
+SYSTEM_PROMPT = (
+    "You are browsing a website to complete a task. Each message shows the current page: [n] numbers "
+    "its links, <buttons>, text fields and drop-downs. Reply with exactly one action and nothing else: "
+    f"{ACTION_HELP}."
+)
+REWARDS: list = []
+accuracy_reward = None
+
+TRAIN_TASKS = 2400
+_TEST_SEED = 1_000_003  # any seed the train split cannot use (train seeds follow --seed)
+KINDS = [f"{f}/{d}" for f in FAMILIES for d in DIFFICULTIES]
+
+
+def parse_kinds(kinds) -> list[tuple[str, int]]:
+    """["fact/1", ...] -> [("fact", 1), ...]; all kinds when empty. ValueError names a bad one."""
+    out = []
+    for kind in kinds or KINDS:
+        if kind not in KINDS:
+            raise ValueError(f"unknown web task kind {kind!r}; choose from {', '.join(KINDS)}")
+        family, level = kind.split("/")
+        out.append((family, int(level)))
+    return out
+
+
+def tasks_of(kinds, n: int, seed: int):
+    """About n tasks, spread evenly over the kinds."""
+    per = max(1, n // len(kinds))
+    return [t for family, level in kinds for t in generate_tasks(per, seed, difficulty=level, families=[family])]
+
+
+def load_rows(split: str, config) -> list[dict]:
+    kinds = parse_kinds(config.web_kinds)
+    if split == "test":
+        tasks = tasks_of(kinds, config.eval_num_problems, _TEST_SEED)
+        # Interleave kinds, so a short evaluation still covers each one.
+        by_kind = [[t for t in tasks if (t.family, t.difficulty) == k] for k in kinds]
+        tasks = [group[i] for i in range(max(map(len, by_kind))) for group in by_kind if i < len(group)]
+        return [{**t.row(), "prompt": t.instruction} for t in tasks]
+    held_out = {r["task_id"] for r in load_rows("test", config)}
+    tasks = tasks_of(kinds, TRAIN_TASKS, config.seed)
+    return [{**t.row(), "prompt": t.instruction} for t in tasks if t.task_id not in held_out]
+
+
+def make_env(row: dict) -> WebEnv:
+    return WebEnv(task_from_row(row))
+
+
+def recommended_settings(model: str | None) -> dict:
+    """Multi-turn limits for web pages; the tiny web model (when built) for the embedded default."""
+    settings = {"max_tokens": 32, "max_turns": 8, "max_episode_tokens": 1536, "curriculum": "ued",
+                "curriculum_key": "kind", "eval_num_problems": 48}
+    from . import tiny_model
+
+    if model in (None, "") and tiny_model.tiny_web_model() is not None:
+        settings.update(tiny_model.TINY_WEB_SETTINGS, model=str(tiny_model.tiny_web_model()))
+    return settings
