@@ -41,6 +41,8 @@ from mlx_grpo.blas import loaded_blas, use_openblas
 PRESETS = {
     # The issue's baseline workload.
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512),
+    # A larger model that still runs in minutes on a small CPU.
+    "small": dict(hidden=256, layers=4, heads=8, kv_heads=2, intermediate=768, vocab=8192),
     # Qwen2.5-0.5B's shape, random weights.
     "qwen0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936),
 }
@@ -54,8 +56,13 @@ CHAT_TEMPLATE = (
 # ---------------------------------------------------------------- the workload
 
 def build_random_model(folder: Path, hidden, layers, heads, kv_heads, intermediate, vocab, seed=0,
-                       dtype="float32") -> Path:
-    """A random Qwen2 of the given shape with a byte-level tokenizer of `vocab` tokens."""
+                       dtype="float32", bits=0) -> Path:
+    """A random Qwen2 of the given shape with a byte-level tokenizer of `vocab` tokens.
+
+    bits 4 or 8: the weights are quantised (nn.quantize, group 64), as in a QLoRA base.
+    """
+    import mlx.nn as nn
+
     from itertools import product
 
     from mlx_lm.models import qwen2
@@ -86,11 +93,14 @@ def build_random_model(folder: Path, hidden, layers, heads, kv_heads, intermedia
         "rms_norm_eps": 1e-6, "vocab_size": vocab, "tie_word_embeddings": True, "rope_theta": 1000000.0,
         "eos_token_id": 2, "torch_dtype": dtype,
     }
-    (folder / "config.json").write_text(json.dumps(config))
     mx.random.seed(seed)
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
     if dtype != "float32":
         model.set_dtype(getattr(mx, dtype))
+    if bits:
+        nn.quantize(model, group_size=64, bits=bits)
+        config["quantization"] = {"group_size": 64, "bits": bits}
+    (folder / "config.json").write_text(json.dumps(config))
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
     return folder
 
@@ -396,6 +406,8 @@ def parse_args(argv=None):
     p.add_argument("--model", help="model folder or Hugging Face id (default: a random model of --preset)")
     p.add_argument("--preset", choices=PRESETS, default="tiny", help="shape of the random model")
     p.add_argument("--dtype", default="float32", help="random model's dtype (float32, bfloat16, float16)")
+    p.add_argument("--quantize", type=int, choices=(0, 4, 8), default=0,
+                   help="random model's weights quantised to 4 or 8 bits (a QLoRA base)")
     p.add_argument("--prompts", type=int, default=2, help="prompts per step")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=32)
@@ -433,7 +445,8 @@ def run(args) -> dict:
             model_path, shape = args.model, model_shape(args.model)
         else:
             shape = PRESETS[args.preset]
-            model_path = str(build_random_model(Path(tmp), **shape, seed=args.seed, dtype=args.dtype))
+            model_path = str(build_random_model(Path(tmp), **shape, seed=args.seed, dtype=args.dtype,
+                                                bits=args.quantize))
         texts = prompt_texts(args.prompts)
         peer_wanted = args.peer == "only" or (args.peer == "auto" and peer_available())
         if args.peer == "only" and not peer_available():
@@ -465,6 +478,7 @@ def run(args) -> dict:
                          "prompts": args.prompts, "group_size": args.group_size, "max_tokens": args.max_tokens,
                          "steps": args.steps, "lora_rank": args.lora_rank, "lora_layers": args.lora_layers,
                          "decode_concurrency": args.decode_concurrency, "micro_batch_size": args.micro_batch_size,
+                         "quantized_bits": args.quantize or None,
                          "logprob_chunk_size": args.logprob_chunk_size, "synthetic_rollouts": args.synthetic_rollouts,
                          "prompt_tokens": prompt_tokens},
             "device": str(mx.default_device()),
