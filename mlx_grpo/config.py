@@ -59,12 +59,6 @@ class TrainConfig:
     curriculum_key: str = "kind"  # row column that groups tasks for the curriculum (web: kind, e.g. fact/1); rows without it count alone
     curriculum_explore: float = 0.2  # curriculum: share of draws spread evenly over all groups, whatever their estimates
     web_kinds: list[str] = field(default_factory=list)  # web task: only these families/levels (fact/1 ... account/3); empty: all
-    max_turns: int = 8  # multi-turn tasks (web): the most model turns in one episode
-    max_episode_tokens: int = 1024  # multi-turn tasks: the most tokens of an episode after its first prompt (turns and observations)
-    curriculum: str = "none"  # none | ued: draw the task groups solved about half the time more often (README: Web browsing)
-    curriculum_key: str = "kind"  # row column that groups tasks for the curriculum (web: kind, e.g. fact/1); rows without it count alone
-    curriculum_explore: float = 0.2  # curriculum: share of draws spread evenly over all groups, whatever their estimates
-    web_kinds: list[str] = field(default_factory=list)  # web task: only these families/levels (fact/1 ... account/3); empty: all
 
     # Objective
     loss: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo | gspo | sapo (docs/algorithms.md)
@@ -265,9 +259,6 @@ def validate(c: TrainConfig) -> None:
             need(not isinstance(v, float) or math.isfinite(v), f"{name} must be a finite number, got {v}")
             # MLX keeps counts in 32-bit integers; the seed is the one 64-bit number.
             need(not isinstance(v, int) or name == "seed" or abs(v) < 2**31, f"{name} is too large: {v}")
-    need(c.max_turns >= 1 and c.max_episode_tokens >= 1, "max_turns and max_episode_tokens must be at least 1")
-    need(c.curriculum in ("none", "ued"), f"curriculum must be none or ued; got {c.curriculum!r}")
-    need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")
     need(c.max_turns >= 1 and c.max_episode_tokens >= 1, "max_turns and max_episode_tokens must be at least 1")
     need(c.curriculum in ("none", "ued"), f"curriculum must be none or ued; got {c.curriculum!r}")
     need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .config import ConfigError, TrainConfig
+from .curriculum import Curriculum
 from .data import DataError, load_rows
 from .rewarding import RewardFn, load_reward_functions, reward_name
 
-BUILTIN_TASKS = {"arith": "rewards.arith", "gsm8k": "rewards.gsm8k", "ocaml": "rewards.ocaml"}
+BUILTIN_TASKS = {"arith": "rewards.arith", "gsm8k": "rewards.gsm8k", "web": "rewards.web_browsing",
+                 "ocaml": "rewards.ocaml"}
 TASKS = (*BUILTIN_TASKS, "custom")
 
 
@@ -40,6 +42,9 @@ class Task:
     # 1.0 when a completion is right; the before/after "accuracy" is its mean.
     accuracy_reward: Callable | None
     warnings: list[str]
+    # A multi-turn task: row -> Environment (environment.py), which scores the episode; None: single-turn.
+    make_env: Callable | None = None
+    curriculum: Curriculum | None = None  # adaptive task selection (curriculum.py), when on
 
 
 def recommended_settings(task: str, model: str | None) -> dict:
@@ -84,9 +89,12 @@ def load_task(config: TrainConfig) -> Task:
         functions = [fn for fn, _ in module.REWARDS]
         weights = [w for _, w in module.REWARDS]
         system_prompt, accuracy = module.SYSTEM_PROMPT, module.accuracy_reward
+        make_env = getattr(module, "make_env", None)
     else:
         train = test = None
-        functions, weights, system_prompt, accuracy = [], [], None, None
+        functions, weights, system_prompt, accuracy, make_env = [], [], None, None, None
+    if make_env is not None and (config.data or config.reward_file or config.reward):
+        raise ConfigError(f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not apply")
 
     if config.data and train is None:
         try:
@@ -112,7 +120,7 @@ def load_task(config: TrainConfig) -> Task:
             raise ConfigError(f"task {config.task!r} has no reward {unknown[0]!r}; it has {', '.join(by_name)}")
         functions = [by_name[n][0] for n in config.reward]
         weights = [1.0] * len(functions)
-    elif not functions:
+    elif not functions and make_env is None:
         functions = _custom_rewards(config)
         weights = [1.0] * len(functions)
     if config.reward_weights is not None:
@@ -127,4 +135,6 @@ def load_task(config: TrainConfig) -> Task:
         system_prompt=config.system_prompt if config.system_prompt is not None else system_prompt,
         accuracy_reward=accuracy,
         warnings=warnings,
+        make_env=make_env,
+        curriculum=Curriculum.from_config(config),
     )
