@@ -49,7 +49,7 @@ class WandbReporter:
     def log(self, metrics: dict, step: int) -> None:
         self.wandb.log(scalars(metrics), step=step)
 
-    def note(self, text: str) -> None:
+    def note(self, text: str, step: int) -> None:
         self.run.summary["health/last"] = text  # shows on the run's page
 
     def close(self) -> None:
@@ -66,8 +66,8 @@ class TensorBoardReporter:
         for key, value in scalars(metrics).items():
             self.writer.add_scalar(key, value, step)
 
-    def note(self, text: str) -> None:
-        self.writer.add_text("health", text)
+    def note(self, text: str, step: int) -> None:
+        self.writer.add_text("health", text, step)
 
     def close(self) -> None:
         self.writer.close()
@@ -95,7 +95,7 @@ def with_reporters(config, on_event: Callable[[str, dict], None]) -> Callable[[s
                 r.log({"eval/accuracy": data["accuracy"]}, step)
         elif kind == "health":
             for r in reporters:
-                r.note(f"step {data['step']}: {data['title']}: {data['evidence']}")
+                r.note(f"step {data['step']}: {data['title']}: {data['evidence']}", data["step"])
         on_event(kind, data)
         if kind in ("end", "stopped"):
             for r in reporters:
