@@ -394,6 +394,7 @@ class HealthMonitor:
         for row in metrics_rows:
             if "final" not in row:
                 self.observe(row)
+        self.stop_reason = None  # the streak goes on, but only new steps can stop the run
 
 
 def relative_change(before, after) -> float:
