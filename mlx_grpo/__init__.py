@@ -1,3 +1,32 @@
-"""mlx-grpo: GRPO-style reinforcement-learning fine-tuning of language models with MLX."""
+"""mlx-grpo: GRPO-style reinforcement-learning fine-tuning of language models with MLX.
+
+The public Python API (stable names; see mlx_grpo/api.py and the README's
+"Python API" section):
+
+    import mlx_grpo
+    trainer = mlx_grpo.Trainer(batch_size=4, group_size=4)   # embedded model, arith task
+    trainer.step()
+    trainer.metrics()
+
+Names are loaded on first use, so `import mlx_grpo` stays light.
+"""
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Completion", "RunResult", "SamplingConfig", "Scores", "Task", "TrainConfig", "Trainer",
+    "load_policy", "load_task", "make_config", "metrics_table", "plot_metrics", "read_metrics",
+    "sample_group", "score_group", "train",
+]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'mlx_grpo' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,295 @@
+"""The Python API: what the CLI does, step by step, for notebooks and scripts.
+
+Everything here is exported from `mlx_grpo` under these names, which stay
+stable; `mlx-grpo train` is a thin layer over `train`.
+
+Whole runs:
+
+    import mlx_grpo
+    result = mlx_grpo.train(steps=5, output="checkpoints/demo")   # what `mlx-grpo train` runs
+    mlx_grpo.metrics_table(mlx_grpo.read_metrics(result.run_dir))
+
+Step by step (a `Trainer` holds the policy, task, optimizer and history in memory):
+
+    trainer = mlx_grpo.Trainer(batch_size=4, group_size=4)  # the embedded model, arith task
+    row = trainer.task.train_rows[0]
+    group = trainer.sample(row["prompt"])         # G completions of one prompt
+    scores = trainer.score(row, group)            # their rewards
+    trainer.update([row], group, scores.total)    # one optimizer step on that group
+    trainer.step()                                # or one whole GRPO step: sample, score, update
+    trainer.metrics()                             # a DataFrame with pandas, else a list of dicts
+    trainer.plot()                                # a matplotlib figure (inline in a notebook)
+
+The examples in the docstrings below run as doctests (tests/test_api.py).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Iterable
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_map
+
+from . import trainer as _trainer
+from .advantages import group_advantages
+from .batch import build_batch, micro_batches
+from .config import TrainConfig, build_config
+from .data import encode_prompt
+from .evaluate import columns_of
+from .health import reward_range
+from .losses import BatchShape
+from .policy import load_policy, prepare_for_training, resolve_model_path, save_adapters
+from .rewarding import Scores, score_completions, with_timeout
+from .rollout import Completion, SamplingConfig, sample_completions
+from . import tasks as _tasks
+from .tasks import Task, recommended_settings
+from .trainer import RunResult
+
+__all__ = [
+    "Completion", "RunResult", "SamplingConfig", "Scores", "Task", "TrainConfig", "Trainer",
+    "load_policy", "load_task", "make_config", "metrics_table", "plot_metrics", "read_metrics",
+    "sample_group", "score_group", "train",
+]
+
+DEFAULT_PLOT_KEYS = ("reward/mean", "grad_norm", "kl", "completion/mean_length")
+
+
+def make_config(config_file: str | None = None, **settings) -> TrainConfig:
+    """A validated TrainConfig, layered as for `mlx-grpo train`.
+
+    Defaults < the task's recommended settings < `config_file` (YAML) <
+    `settings` (the flag names with underscores). Raises ConfigError on a bad value.
+
+    >>> make_config(steps=3, batch_size=2).batch_size
+    2
+    >>> make_config().task   # the embedded model on the arith task
+    'arith'
+    """
+    return build_config(settings, config_file, task_defaults=recommended_settings)
+
+
+def load_task(config: TrainConfig) -> Task:
+    """The task a config names: its train and held-out rows, reward functions and weights, system prompt.
+
+    >>> task = load_task(make_config(task="arith"))
+    >>> task.name, len(task.train_rows) > 0, len(task.reward_functions) == len(task.reward_weights)
+    ('arith', True, True)
+    """
+    return _tasks.load_task(config)
+
+
+def train(config: TrainConfig | None = None, on_event: Callable[[str, dict], None] | None = None,
+          **settings) -> RunResult:
+    """A whole training run, exactly what `mlx-grpo train` does (the CLI calls this).
+
+    Give a TrainConfig, or settings for `make_config`. Writes the run folder
+    (metrics.jsonl, completions.jsonl, checkpoints, adapters); returns a
+    RunResult with the accuracy before and after and the step metrics.
+    `on_event(kind, data)` hears "start", "eval", "step", "checkpoint", "end".
+    Under `mlx.launch` it trains data-parallel (see distributed.py).
+
+    >>> result = train(steps=2, batch_size=2, group_size=2, output="/tmp/run")  # doctest: +SKIP
+    >>> result.summary_line()  # doctest: +SKIP
+    'accuracy 0.25 -> 0.30 (+0.05) on 200 held-out problems'
+    """
+    if config is None:
+        config = make_config(**settings)
+    elif settings:
+        raise TypeError("give either a TrainConfig or settings, not both")
+    return _trainer.train(config, on_event)
+
+
+def sample_group(model, tokenizer, prompt, group_size: int = 8, *, temperature: float = 1.0,
+                 max_tokens: int = 64, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+                 system_prompt: str | None = None, seed: int = 0) -> list[Completion]:
+    """`group_size` completions of one prompt (text or chat messages), through its chat template.
+
+    Each Completion keeps the sampled token ids, their behaviour log-probs and
+    why it stopped. The same seed gives the same group.
+
+    >>> model, tokenizer = load_policy()            # the embedded tiny model
+    >>> group = sample_group(model, tokenizer, "What is 2 + 3?", 4, max_tokens=8)
+    >>> len(group), group[0].finish_reason in ("stop", "length")
+    (4, True)
+    """
+    model.eval()
+    sampling = SamplingConfig(temperature, top_p, top_k, min_p, max_tokens)
+    return sample_completions(model, tokenizer, [encode_prompt(tokenizer, prompt, system_prompt)], group_size,
+                              sampling, seed=seed)
+
+
+def score_group(task: Task, row: dict, completions: list[Completion]) -> Scores:
+    """Rewards of completions of one data row: `.total` (weighted sum) and `.parts` per function.
+
+    >>> task = load_task(make_config())                # the arith task
+    >>> model, tokenizer = load_policy()
+    >>> row = task.train_rows[0]
+    >>> group = sample_group(model, tokenizer, row["prompt"], 4, system_prompt=task.system_prompt)
+    >>> scores = score_group(task, row, group)
+    >>> len(scores.total), len(scores.parts) == len(task.reward_functions)   # one value per completion and part
+    (4, True)
+    """
+    n = len(completions)
+    return score_completions(task.reward_functions, task.reward_weights, [row["prompt"]] * n,
+                             [c.text for c in completions], columns_of([row], n))
+
+
+def metrics_table(rows: Iterable[dict]):
+    """Step metrics as a pandas DataFrame when pandas is installed, else a list of dicts.
+
+    >>> table = metrics_table([{"step": 1, "reward/mean": 0.5}, {"step": 2, "reward/mean": 0.75}])
+    >>> len(table)   # rows either way; table["reward/mean"].mean() with pandas
+    2
+    """
+    rows = [dict(r) for r in rows]
+    try:
+        import pandas as pd
+    except ImportError:
+        return rows
+    return pd.DataFrame(rows)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The step metrics a run folder recorded (metrics.jsonl), a list of dicts.
+
+    >>> rows = read_metrics("checkpoints/arith-20250101-120000")  # doctest: +SKIP
+    >>> rows[-1]["eval/accuracy"]                                 # doctest: +SKIP
+    """
+    from .plot import read_run
+
+    return read_run(run_dir)[0]
+
+
+def plot_metrics(rows: Iterable[dict], keys: Iterable[str] = DEFAULT_PLOT_KEYS):
+    """One small panel per metric against the step; returns the matplotlib Figure.
+
+    Needs matplotlib (`pip install 'mlx-grpo[plot]'`). In a notebook the figure shows inline.
+
+    >>> fig = plot_metrics(trainer.history, ["reward/mean", "grad_norm"])  # doctest: +SKIP
+    """
+    from .plot import series
+
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plot_metrics needs matplotlib: pip install 'mlx-grpo[plot]'") from None
+    rows, keys = list(rows), list(keys)
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.6), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        steps, values = series(rows, key)
+        ax.plot(steps, values, "o-", markersize=3)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+class Trainer:
+    """A training run held in memory, one step at a time (no run folder unless you `save`).
+
+    It sets up what `train` sets up (task, policy with adapters, optimizer,
+    reference) and runs the same GRPO step. `history` collects each step's
+    metrics dict.
+
+    >>> trainer = Trainer(batch_size=2, group_size=4, max_tokens=32)   # embedded model, arith
+    >>> metrics = trainer.step()
+    >>> metrics["step"], 0.0 <= metrics["reward/mean"] <= 1.0, len(trainer.history)
+    (1, True, 1)
+    """
+
+    def __init__(self, config: TrainConfig | None = None, **settings):
+        self.config = config if config is not None else make_config(**settings)
+        c = self.config
+        mx.random.seed(c.seed)
+        self.task = load_task(c)
+        self.task.reward_functions = [with_timeout(fn, c.reward_timeout) for fn in self.task.reward_functions]
+        self.model, self.tokenizer = load_policy(c.model)
+        self.adapter_config = prepare_for_training(self.model, c.fine_tune_type, {
+            "rank": c.lora_rank, "scale": c.lora_scale, "dropout": c.lora_dropout, "num_layers": c.lora_layers,
+        })
+        self.adapter_config["model"] = resolve_model_path(c.model)
+        keep_reference = c.ref_refresh_every > 0 or (c.beta > 0 and c.fine_tune_type == "full")
+        self.ref_params = tree_map(lambda x: x, self.model.trainable_parameters()) if keep_reference else None
+        self.optimizer = _trainer.make_optimizer(c)
+        self.step_count = 0
+        self.history: list[dict] = []
+        self.records: list[dict] = []  # every completion of every step, as in completions.jsonl
+
+    def sample(self, prompt, group_size: int | None = None, seed: int | None = None) -> list[Completion]:
+        """A group of completions of `prompt` with the run's sampling settings and system prompt."""
+        c = self.config
+        return sample_group(self.model, self.tokenizer, prompt, group_size or c.group_size,
+                            temperature=c.temperature, max_tokens=c.max_tokens, top_p=c.top_p, top_k=c.top_k,
+                            min_p=c.min_p, system_prompt=self.task.system_prompt,
+                            seed=c.seed + self.step_count if seed is None else seed)
+
+    def score(self, row: dict, completions: list[Completion]) -> Scores:
+        """The task's rewards of completions of one data row."""
+        return score_group(self.task, row, completions)
+
+    def update(self, rows: list[dict], completions: list[Completion], rewards) -> dict:
+        """One optimizer step on groups you sampled and scored yourself; returns its metrics.
+
+        `completions` holds len(rows) groups of equal size, group by group
+        (as `sample` returns them, concatenated); `rewards` one number each.
+        Advantages are the group baselines of the run's settings.
+        """
+        c = self.config
+        g = len(completions) // max(len(rows), 1)
+        if g == 0 or g * len(rows) != len(completions):
+            raise ValueError("completions must hold one equal-sized group per row")
+        rewards = np.asarray(rewards, dtype=np.float64)
+        advantages = group_advantages(rewards, g, c.scale_rewards, c.scale_eps)
+        batch = build_batch(completions, advantages, g)
+        settings = c if g == c.group_size else _with_group_size(c, g)
+        parts = micro_batches(batch, settings.micro_batch_size)
+        sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
+                           num_micro_batches=math.ceil(len(rows) / max(1, settings.micro_batch_size // g)),
+                           max_tokens=c.max_tokens)
+        chunk = _trainer._chunk_size(settings, self.model, batch)
+        ref = (_trainer.reference_logprobs(self.model, settings, parts, self.ref_params, chunk)
+               if c.beta > 0 else None)
+        self.model.train()
+        metrics = _trainer.update(self.model, self.optimizer, settings, sizes, parts, ref, chunk)
+        return {"reward/mean": float(rewards.mean()), **metrics}
+
+    def step(self) -> dict:
+        """One GRPO step on the next batch of the task's prompts (as `train` runs it); returns its metrics."""
+        self.step_count += 1
+        metrics, records = _trainer.train_step(self.model, self.tokenizer, self.optimizer, self.task, self.config,
+                                               self.step_count, self.ref_params)
+        metrics.update(reward_range(records))
+        self.history.append(metrics)
+        self.records += records
+        return metrics
+
+    def train(self, steps: int) -> list[dict]:
+        """`steps` more GRPO steps; returns their metrics."""
+        return [self.step() for _ in range(steps)]
+
+    def evaluate(self) -> dict:
+        """Accuracy on the task's held-out rows (greedy): {"accuracy", "n", ...}."""
+        return _trainer.evaluate(self.model, self.tokenizer, self.task, self.config)
+
+    def metrics(self):
+        """The steps' metrics: a pandas DataFrame when pandas is installed, else a list of dicts."""
+        return metrics_table(self.history)
+
+    def plot(self, keys: Iterable[str] = DEFAULT_PLOT_KEYS):
+        """The steps' metrics, one panel per key (matplotlib Figure)."""
+        return plot_metrics(self.history, keys)
+
+    def save(self, folder: str | Path) -> Path:
+        """Write the adapters in mlx-lm's format (`mlx_lm.generate --adapter-path FOLDER` loads them)."""
+        save_adapters(self.model, Path(folder), self.adapter_config)
+        return Path(folder)
+
+
+def _with_group_size(config: TrainConfig, group_size: int) -> TrainConfig:
+    from dataclasses import replace
+
+    return replace(config, group_size=group_size)
