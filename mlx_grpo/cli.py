@@ -76,7 +76,7 @@ def train(**flags):
     from .rewarding import RewardError
     from .health import TrainingStopped
     from .tasks import recommended_settings
-    from .trainer import train as run_training
+    from .api import train as run_training  # the CLI is a thin layer over the Python API
 
     try:
         cfg = build_config(flags, config_file, task_defaults=recommended_settings)
