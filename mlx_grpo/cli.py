@@ -133,7 +133,7 @@ def compare_command(
     data: Optional[str] = typer.Option(None, help="prompts (as for train --data)"),
     reward_file: Optional[Path] = typer.Option(None, help="Python file defining reward functions"),
     reward: Optional[List[str]] = typer.Option(None, help="reward function name(s)"),
-    plot: bool = typer.Option(True, help="write rewards.png (needs matplotlib: mlx-grpo[plot])"),
+    plot: bool = typer.Option(True, help="write rewards.png (needs matplotlib: the plot extra of mlx-grpo)"),
 ):
     """Does the trained model beat the base? Both answer the same prompts; paired statistics decide."""
     from . import compare as cmp
