@@ -62,19 +62,25 @@ def trend(values: list[float], k: int = 5, tolerance: float = 0.05) -> str:
     return "↑" if now > before else "↓"
 
 
-def metrics_table(history: list[dict]) -> Table:
-    """One row: the latest value of each key metric and its trend."""
-    table = Table(box=None, padding=(0, 1), show_edge=False)
+def metrics_table(history: list[dict], width: int = 120) -> Table:
+    """The latest value of each key metric and its trend; as many rows as `width` needs."""
+    per_row = max(3, width // 10)  # a cell is about 10 characters wide
+    table = Table(box=None, padding=(0, 1), show_edge=False, show_header=False)
     latest = history[-1] if history else {}
-    row = []
+    cells = []
     for title, key, spec in TABLE:
         values = [m.get(key) for m in history]
         value = latest.get(key)
         if value is None and key in _STICKY:
             value = next((v for v in reversed(values) if v is not None), None)
-        table.add_column(title, justify="right")
-        row.append(f"{_fmt(value, spec)} {trend(values)}".rstrip())
-    table.add_row(*row)
+        cells.append((title, f"{_fmt(value, spec)} {trend(values)}".rstrip()))
+    for _ in range(min(per_row, len(cells))):
+        table.add_column(justify="right")
+    for start in range(0, len(cells), per_row):
+        chunk = cells[start:start + per_row]
+        pad = [""] * (per_row - len(chunk)) if start else []
+        table.add_row(*[Text(t, style="dim") for t, _ in chunk], *pad)
+        table.add_row(*[v for _, v in chunk], *pad)
     return table
 
 
@@ -135,7 +141,7 @@ class TrainDisplay:
     def _view(self):
         parts = [self.progress]
         if self.history:
-            parts.append(metrics_table(list(self.history)))
+            parts.append(metrics_table(list(self.history), self.console.width))
         if self.sample is not None:
             parts.append(self.sample)
         return Group(*parts)
