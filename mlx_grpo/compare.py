@@ -80,10 +80,16 @@ def _run_dir_of(adapter_dir: Path) -> Path | None:
     return None
 
 
+def _adapter_run(adapter: str | None) -> Path | None:
+    """The run an --adapter folder came from (its task becomes the default), if any."""
+    path = Path(adapter).expanduser() if adapter else None
+    return _run_dir_of(path) if path is not None and path.is_dir() else None
+
+
 def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
     """Read a --trained/--base/--model value (see the module docstring)."""
     if name in ("", EMBEDDED_MODEL):
-        return ModelSpec(None, adapter)
+        return ModelSpec(None, adapter, _adapter_run(adapter))
     path = Path(name).expanduser()
     if path.is_dir() and (path / "adapter_config.json").is_file():
         if adapter is not None:
@@ -106,7 +112,7 @@ def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
         raise CompareError(f"{name}: a run folder with no saved weights yet (no adapters.safetensors)")
     if not path.exists() and ("/" not in name or name.startswith((".", "/", "~"))):
         raise CompareError(f"{name}: not found (not a run folder, an adapter folder, a model folder or a Hugging Face id)")
-    return ModelSpec(name, adapter)
+    return ModelSpec(name, adapter, _adapter_run(adapter))
 
 
 def _run_settings(run_dir: Path) -> dict:

@@ -123,6 +123,7 @@ def test_a_checkpoint_folder_and_an_adapter_folder_compare_too(trained_run, tmp_
     step = trained_run / "checkpoints" / "step_000005"
     spec = cmp.resolve_model(str(step))
     assert spec.run_dir == trained_run and spec.adapter == str(step) and spec.model is None
+    assert cmp.resolve_model("embedded", str(step)).run_dir == trained_run  # eval --adapter: the run's task
     # adapters copied out of their run: the base comes from adapter_config.json
     loose = tmp_path / "adapters"
     loose.mkdir()
