@@ -17,9 +17,17 @@ the padding does not change the result.
 Both can apply the vocabulary projection a chunk of positions at a time under
 `mx.checkpoint`, so no (batch, length, vocab) float32 tensor is kept for the
 backward pass: with a 150k vocabulary that tensor alone is gigabytes.
+
+With long completions the layers' own activations dominate instead (a
+Qwen2.5-0.5B shape at 8 x 256 tokens: about 5 GB). `completion_logprobs` then
+recomputes each layer of the completion pass in the backward pass instead of
+keeping its activations (`checkpoint_layers`; automatic above a quarter of
+MLX's memory limit), for about a third more work in the update.
 """
 
 from __future__ import annotations
+
+import copy
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -132,13 +140,54 @@ class SharedPromptCache:
         return self.keys, self.values
 
 
+class _RecomputedLayer(nn.Module):
+    """A transformer block whose activations are recomputed in the backward pass, not kept.
+
+    Only its input is stored. The prompt's shared keys and values are explicit
+    inputs of the recomputed function, so gradients still reach the prompt pass.
+    """
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def __call__(self, x, mask=None, cache=None):
+        layer = self.layer
+
+        def run(params, x, prompt_keys, prompt_values):
+            layer.update(params)
+            shared = copy.copy(cache)
+            shared.keys, shared.values = prompt_keys, prompt_values
+            return layer(x, mask, shared)
+
+        return mx.checkpoint(run)(layer.trainable_parameters(), x, cache.keys, cache.values)
+
+
+def completion_activation_bytes(model: nn.Module, rows: int, prompt_len: int, completion_len: int) -> int:
+    """Rough size of what the completion pass keeps for the backward pass (float32)."""
+    args = getattr(model, "args", None)
+    hidden = getattr(args, "hidden_size", 0)
+    inter = getattr(args, "intermediate_size", 4 * hidden)
+    heads = getattr(args, "num_attention_heads", 1)
+    per_token = 8 * hidden + 3 * inter + heads * (prompt_len + completion_len)
+    return 4 * rows * completion_len * len(model.layers) * per_token
+
+
+def _should_recompute(model, prompts, completions) -> bool:
+    limit = mx.get_memory_limit()
+    need = completion_activation_bytes(model, completions.shape[0], prompts.shape[1], completions.shape[1])
+    return bool(limit) and need > limit // 4
+
+
 def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.array, completions: mx.array,
                         group_size: int, temperature: float = 1.0, chunk_size: int | None = None,
-                        entropy_grad: bool = False):
+                        entropy_grad: bool = False, checkpoint_layers: bool | None = None):
     """Log-prob and entropy of every completion token, each prompt run once.
 
     prompts: (P, Lp) left-padded with `left_padding[i]` pad tokens in row i.
     completions: (P * group_size, K) right-padded; rows i*G .. i*G+G-1 continue prompt i.
+    checkpoint_layers: recompute the completion pass's layers in the backward
+    pass (None: when its activations would exceed a quarter of MLX's memory limit).
     Returns two (P * group_size, K) arrays: [r, j] scores completions[r, j].
     """
     head = _output_head(model)
@@ -147,7 +196,16 @@ def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.ar
     forward = model.model if head is not None else model  # hidden states, or logits
     first = mx.repeat(forward(prompts, cache=cache)[:, -1:], group_size, axis=0)
     if completions.shape[1] > 1:
-        rest = forward(completions[:, :-1], cache=cache)
+        if checkpoint_layers is None:
+            checkpoint_layers = _should_recompute(model, prompts, completions)
+        blocks = model.layers  # the model's own list: swapped in place, then put back
+        original = list(blocks)
+        if checkpoint_layers:
+            blocks[:] = [_RecomputedLayer(layer) for layer in original]
+        try:
+            rest = forward(completions[:, :-1], cache=cache)
+        finally:
+            blocks[:] = original
         first = mx.concatenate([first, rest], axis=1)
     if head is not None:
         return _project(head, first, completions, temperature, chunk_size, entropy_grad)
