@@ -506,6 +506,9 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         start_step = int(state["step"])
         if task.curriculum and "curriculum" in state:
             task.curriculum.load_state_dict(state["curriculum"])
+    if config.resume and len(set(dist.all_gather_objects(start_step))) > 1:  # every rank reads its own copy
+        raise ckpt.CheckpointError(f"--resume {run_dir}: the ranks found different checkpoints; with several "
+                                   "machines, copy the run folder to the same path on each first")
     if config.resume and main:  # drop records past the checkpoint (all, if none was written) and lines cut by a kill
         for name in ("metrics.jsonl", "completions.jsonl", "health.jsonl"):
             ckpt.truncate_jsonl(run_dir / name, start_step)
