@@ -1,7 +1,7 @@
 """Batched sampling of completion groups with mlx-lm's BatchGenerator.
 
 Every prompt x group member is decoded concurrently (up to `concurrency`
-sequences at once). Each prompt is prefilled once and its KV cache handed to
+sequences at once; more go in successive waves). Each prompt is prefilled once and its KV cache handed to
 all G members of its group, instead of G identical prefills. For each
 completion we keep exactly what the policy gradient needs: the sampled token
 ids (never decoded and re-encoded), each token's behaviour log-prob at the
