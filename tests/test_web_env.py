@@ -159,3 +159,21 @@ def test_account_checker_catches_side_effects():
         obs, done, info = env.step(a)
     assert done and info["constraints"][key] and not info["constraints"]["others_unchanged"]
     assert not info["solved"]
+
+
+def test_fuzzed_actions_never_crash_any_page():
+    """Random strings built from the action syntax's own pieces, on every family and level."""
+    rng = random.Random(1)
+    pieces = ["click", "type", "select", "search", "answer", "back", "[", "]", "1", "2", "3", "7", "12", " ",
+              "\n", "economy", "Monday", "x", "[]", "][", "-1", "0", "99999999999999999999"]
+    for task in generate_tasks(48, seed=13):
+        env = WebEnv(task)
+        env.reset()
+        for _ in range(task.max_steps):
+            action = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+            obs, done, info = env.step(action)
+            assert isinstance(obs, str) and obs and isinstance(info["valid"], bool)
+            if done:
+                assert set(info["reward_parts"]) == {"success", "format", "efficiency", "invalid"}
+                break
+        assert -0.5 <= env.reward() <= 1.3
