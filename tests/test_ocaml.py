@@ -298,3 +298,23 @@ def test_ci_installs_ocaml_when_missing(tmp_path):
     log.unlink()
     subprocess.run(["/bin/sh", "-c", block.group(0)], env={"PATH": str(bin_dir)}, check=True)
     assert not log.exists()
+
+
+@needs_ocaml
+def test_own_problems_through_data(tmp_path):
+    import json
+
+    records = [dict(p, id=f"p{i}") for i, p in enumerate(TRAIN[:20])]
+    single = tmp_path / "mine.jsonl"
+    single.write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = type("C", (), {"data": str(single), "model": "some/model", "eval_num_problems": 200})()
+    train, test = ocaml.load_rows("train", config), ocaml.load_rows("test", config)
+    assert [r["id"] for r in train] == [f"p{i}" for i in range(18)] and [r["id"] for r in test] == ["p18", "p19"]
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(json.dumps(records[0]) + "\n")
+    (folder / "test.jsonl").write_text(json.dumps(dict(records[1], tests="assert true")) + "\n")
+    config.data = str(folder)
+    assert ocaml.load_rows("train", config)[0]["signature"] == records[0]["signature"]
+    with pytest.raises(ValueError, match=r"test.jsonl:1: 'tests' must be a non-empty list"):
+        ocaml.load_rows("test", config)
