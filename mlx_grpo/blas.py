@@ -71,7 +71,7 @@ def loaded_blas() -> str:
     mapped = {line.split()[-1] for line in maps.splitlines() if "/" in line}
     if any("openblas" in m.lower() and ".libs/" not in m for m in mapped):
         return "openblas"
-    if any("mlx_cpu.libs/libblas" in m for m in mapped):
+    if any(".libs/libblas" in m for m in mapped):  # the wheel's own (mlx_cpu.libs/, mlx_cuda_13.libs/)
         return "reference"
     return "platform"
 
