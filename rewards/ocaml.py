@@ -186,9 +186,22 @@ def assemble(code: str, signature: str) -> str:
     return head + "\n" + "\n".join("  " + line for line in code.splitlines())
 
 
+def with_preamble(source: str, preamble: str) -> str:
+    """The problem's type definitions, then the solution.
+
+    They go inside ``include struct ... end`` because a completion often
+    repeats them, and OCaml refuses a type defined twice in one structure but
+    lets a later definition shadow an included one (the tests then use the
+    completion's own, usually identical, type).
+    """
+    if not preamble.strip():
+        return source
+    return f"include struct\n{preamble.strip()}\nend\n{source}"
+
+
 def program(source: str, preamble: str, tests: list[str], marker: str) -> str:
     """Solution, then the tests: each prints ``marker i`` when it passes; no test stops the others."""
-    lines = [preamble, source, "", ";;", "open Stdlib", ""]
+    lines = [with_preamble(source, preamble), "", ";;", "open Stdlib", ""]
     for i, test in enumerate(tests):
         lines.append(f"let () = match ({test}) with () -> print_string \"{marker} {i}\\n\"; flush stdout "
                      "| exception _ -> ()")
@@ -289,7 +302,7 @@ def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reaso
                 elif run.returncode != 0:
                     error = _first_error(run.stderr) or f"exit status {run.returncode}"
             else:
-                stage = _stage_of_failed_build(box, f"{preamble}\n{source}\n", config.compile_limits)
+                stage = _stage_of_failed_build(box, with_preamble(source, preamble) + "\n", config.compile_limits)
                 error = "timed out" if build.timed_out else _first_error(build.stderr)
     else:
         error = "no code"

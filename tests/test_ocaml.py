@@ -147,6 +147,15 @@ def test_body_only_and_raw_completions_are_joined_with_the_signature():
 
 
 @needs_ocaml
+def test_a_completion_may_repeat_the_given_types():
+    p = next(p for p in ALL if p["id"] == "point_add")
+    repeated = "type point = { x : int; y : int }\n\n" + p["solution"]
+    assert ocaml.grade(fenced(repeated), p).stage == "passed"  # OCaml alone would say "defined twice"
+    other = "type point = { x : float; y : float }\nlet point_add (p : point) (q : point) : point = p"
+    assert ocaml.grade(fenced(other), p).stage == "compile_error"  # its own type: the tests do not fit
+
+
+@needs_ocaml
 def test_runaway_penalty_multiplies_and_is_configurable():
     correct = fenced(HAND_MADE["correct"])
     cut = correct[: correct.rindex("```")]
