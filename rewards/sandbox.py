@@ -296,10 +296,13 @@ os.execv(program, spec["argv"])
 """
 
 
-def _own_process_count() -> int:
+def _own_process_count() -> int | None:
+    """Processes of this uid (Linux /proc); None where it cannot be counted (macOS)."""
+    if not os.path.isdir("/proc"):
+        return None
     uid = os.getuid()
     count = 0
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+    for name in os.listdir("/proc"):
         try:
             if name.isdigit() and os.stat(f"/proc/{name}").st_uid == uid:
                 count += 1
@@ -319,8 +322,9 @@ def _rlimits(limits: Limits, dropping_uid: bool) -> dict[str, tuple[int, int]]:
     }
     # RLIMIT_NPROC counts every process of the real uid: a fresh uid has none,
     # this user has many already (and more may start meanwhile).
-    nproc = limits.processes if dropping_uid else _own_process_count() + limits.processes
-    out["RLIMIT_NPROC"] = (nproc, nproc)
+    own = 0 if dropping_uid else _own_process_count()
+    if own is not None:
+        out["RLIMIT_NPROC"] = (own + limits.processes, own + limits.processes)
     return out
 
 
