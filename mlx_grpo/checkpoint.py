@@ -103,7 +103,10 @@ def atomic_save_safetensors(path: Path, arrays: dict) -> None:
 
 
 def ensure_writable(run_dir: Path) -> None:
-    """Create the run folder and prove a file can be written there, before any work is done."""
+    """Create the run folder and prove a file can be written there, before any work is done.
+
+    Temporary files a killed run left behind (".NAME.tmp-PID") are removed.
+    """
     run_dir = Path(run_dir)
     probe = run_dir / f".write-test-{os.getpid()}"
     try:
@@ -113,6 +116,8 @@ def ensure_writable(run_dir: Path) -> None:
         raise CheckpointError(f"output folder {run_dir} is not writable: {_reason(e)}") from None
     finally:
         _remove(probe)
+    for stale in run_dir.glob(".*.tmp-*"):
+        _remove(stale)
 
 
 def _sha256(path: Path) -> str:

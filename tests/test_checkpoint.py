@@ -144,6 +144,11 @@ def test_unwritable_output_folder_is_a_clear_error(tmp_path):
         ckpt.ensure_writable(blocker / "run")
     ckpt.ensure_writable(tmp_path / "new" / "run")
     assert list((tmp_path / "new" / "run").iterdir()) == []  # the probe file is gone
+    # a killed run's half-written temporaries are cleared; real files stay
+    (tmp_path / "new" / "run" / ".adapters.tmp-123.safetensors").write_bytes(b"half")
+    (tmp_path / "new" / "run" / "metrics.jsonl").write_text("")
+    ckpt.ensure_writable(tmp_path / "new" / "run")
+    assert [p.name for p in (tmp_path / "new" / "run").iterdir()] == ["metrics.jsonl"]
 
 
 def test_atomic_writes_clean_up_after_a_failure(tmp_path, monkeypatch):
