@@ -317,8 +317,9 @@ def score(completion: str, problem: dict, config: GradeConfig = DEFAULT) -> floa
 
 
 def default_workers() -> int:
-    # Each grade is mostly waiting on ocamlc and the program, which run outside Python.
-    return max(1, min(8, os.cpu_count() or 1))
+    # A grade mostly waits (process start-up, ocamlc, the program), outside Python:
+    # twice as many threads as cores kept the 2-core test machine busy.
+    return max(1, min(8, 2 * (os.cpu_count() or 1)))
 
 
 def grade_many(completions: list, problems: list[dict], config: GradeConfig = DEFAULT,
