@@ -297,7 +297,10 @@ def load_latest(run_dir: Path):
             # Out of the way (the run will write this step again) but kept for a look.
             aside = root / f"corrupt-{bad.name}"
             shutil.rmtree(aside, ignore_errors=True)
-            os.replace(bad, aside)
+            try:
+                os.replace(bad, aside)
+            except OSError:  # e.g. another process of a data-parallel run moved it first
+                pass
             warnings.append(f"{problem}; resuming from {folder.name} instead (moved it to {aside.name})")
         return weights, opt_state, state, warnings
     if problems:
