@@ -100,11 +100,12 @@ def _run_quiet(argv: list[str]) -> bool:
         return False
 
 
-def _namespace_prefix(root: bool) -> list[str]:
+def _namespace_prefix() -> list[str]:
     # --kill-child: if unshare itself dies, its child (the PID namespace's
-    # init) is killed, and with it everything in the namespace.
+    # init) is killed, and with it everything in the namespace. Not root: a
+    # user namespace first, where unprivileged ones are allowed.
     prefix = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
-    return prefix if root else [prefix[0], "--map-root-user", *prefix[1:]]
+    return prefix if os.geteuid() == 0 else [prefix[0], "--map-root-user", *prefix[1:]]
 
 
 @lru_cache(maxsize=1)
@@ -113,13 +114,18 @@ def capabilities() -> Capabilities:
     linux = sys.platform.startswith("linux")
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     util_linux = linux and all(shutil.which(t) for t in ("unshare", "setpriv", "prlimit"))
-    namespaces = util_linux and _run_quiet([*_namespace_prefix(root), "true"])
+    namespaces = util_linux and _run_quiet([*_namespace_prefix(), "true"])
+    drop_uid = root
+    if root and util_linux:  # a container may lack CAP_SETUID
+        uid = _mapped_uid_range()[0]
+        drop_uid = _run_quiet(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "true"])
     notes = []
-    if not root:
-        notes.append("not root: programs run as this user (files outside the directory are not protected)")
+    if not drop_uid:
+        notes.append("programs run as this user (not root, or no CAP_SETUID): files outside the directory "
+                     "are not protected")
     if not namespaces:
         notes.append("no network/PID namespaces here: programs can open sockets")
-    return Capabilities(sys.platform, root, namespaces, util_linux, notes)
+    return Capabilities(sys.platform, drop_uid, namespaces, util_linux, notes)
 
 
 # ---------------------------------------------------------------------------
@@ -339,7 +345,7 @@ def _command(argv: list[str], limits: Limits, uid: int | None, caps: Capabilitie
     if uid is not None:
         command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--", *command]
     if caps.namespaces:
-        command = [*_namespace_prefix(uid is not None), "--", *command]
+        command = [*_namespace_prefix(), "--", *command]
     return command
 
 
