@@ -108,6 +108,7 @@ class KeyedSampler:
         self.keys = mx.vmap(lambda k: mx.random.split(k, sampling.max_tokens + 1))(keys)
         self.position = np.zeros(len(words), dtype=np.int64)
         self.rows: list[int] = []
+        self._noise = {}  # vocabulary size -> Gumbel noise of shape (rows, vocab) from (rows, 2) keys
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         rows = self.rows
@@ -123,7 +124,9 @@ class KeyedSampler:
         keys = self.keys[mx.array(rows), mx.array(self.position[rows])]
         self.position[rows] += 1
         vocab = logprobs.shape[-1]
-        noise = mx.vmap(lambda k: mx.random.gumbel((vocab,), key=k))(keys)
+        if vocab not in self._noise:
+            self._noise[vocab] = mx.vmap(lambda k: mx.random.gumbel((vocab,), key=k))
+        noise = self._noise[vocab](keys)
         # argmax(logits / T + Gumbel noise) is a sample from softmax(logits / T).
         return mx.argmax(logprobs * (1 / s.temperature) + noise, axis=-1)
 
