@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from .config import _HINTS, FIELDS, ConfigError, build_config, field_help
+from .losses import LOSS_DESCRIPTIONS
 from .data import DataError
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
@@ -51,6 +52,7 @@ def _train_signature() -> inspect.Signature:
     the config file and the task's settings.
     """
     helps = field_help()
+    helps["loss"] = "; ".join(f"{name}: {what} ({paper})" for name, (what, paper) in LOSS_DESCRIPTIONS.items())
     params = [
         inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
                           default=typer.Option(None, help="YAML file of settings; typed flags override it.")),
@@ -226,15 +228,27 @@ def inspect_command(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help=
         out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
+# Typer's usage errors (unknown flag, bad value): the base class of its BadParameter,
+# wherever this typer version keeps click.
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
 def main():
     from .blas import use_openblas
 
     use_openblas()  # Linux CPU: re-executes once with OpenBLAS preloaded when installed (MLX_GRPO_OPENBLAS=0: off)
     try:
-        app()
-    except KeyboardInterrupt:
+        # Not standalone: a bad flag (unknown, or a value of the wrong type) is
+        # answered below in one line, like every other user error.
+        code = app(standalone_mode=False)
+    except _UsageError as e:
+        hint = f" (see: mlx-grpo {e.ctx.info_name} --help)" if e.ctx is not None and e.ctx.parent is not None else ""
+        err.print(f"[bold red]error:[/] {e.format_message()}{hint}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

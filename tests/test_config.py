@@ -90,3 +90,21 @@ def test_every_setting_has_a_flag_and_a_readme_entry():
         assert f"`{name}`" in readme, f"README lacks the setting {name}"
         assert f"--{name.replace('_', '-')}" in help_text, f"no flag for {name}"
         assert helps.get(name), f"{name} has no description comment in TrainConfig"
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["train", "--steps", "many"], "Invalid value for '--steps'"),
+    (["train", "--stepz", "3"], "No such option: --stepz"),
+])
+def test_flag_parse_errors_are_one_line_from_the_command(args, fragment):
+    """Typer's own usage errors (wrong type, unknown flag) also end in one line and exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MLX_GRPO_OPENBLAS": "0"}
+    done = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], done.stderr
