@@ -523,13 +523,16 @@ def prompt_records(report: Report) -> list[dict]:
                 "completions": [a.text for a in r.answers[span]],
                 "rewards": [float(x) for x in r.rewards[span]],
                 "parts": {name: values[span] for name, values in r.parts.items()},
-                "accuracy": None if r.accuracy is None else [float(x) for x in r.accuracy[span]],
+                "accuracies": None if r.accuracy is None else [float(x) for x in r.accuracy[span]],
                 "finish_reasons": [a.finish_reason for a in r.answers[span]],
                 "reward": float(r.rewards[span].mean()),
+                "accuracy": None if r.accuracy is None else float(r.accuracy[span].mean()),
             }
         if report.paired:
-            diff = record["trained"]["reward"] - record["base"]["reward"]
-            record["reward_difference"] = diff
+            # The outcome follows the report's headline metric, so the rows add up to its W/L/T.
+            metric = report.data["metric"]
+            diff = record["trained"][metric] - record["base"][metric]
+            record["difference"] = diff
             record["outcome"] = "won" if diff > 0 else "lost" if diff < 0 else "tied"
         records.append(record)
     return records
