@@ -234,9 +234,7 @@ _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Usage
 
 
 def main():
-    from .blas import use_openblas
-
-    use_openblas()  # Linux CPU: re-executes once with OpenBLAS preloaded when installed (MLX_GRPO_OPENBLAS=0: off)
+    """The CLI itself; the `mlx-grpo` command enters through mlx_grpo.__main__ (OpenBLAS first)."""
     try:
         # Not standalone: a bad flag (unknown, or a value of the wrong type) is
         # answered below in one line, like every other user error.
