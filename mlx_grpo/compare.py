@@ -40,7 +40,7 @@ from .policy import EMBEDDED_MODEL, load_policy
 from .rewarding import part_means, reward_name, score_completions
 from .rollout import Completion, SamplingConfig, sample_completions
 from .stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k
-from .tasks import Task, load_task, recommended_settings
+from .tasks import Task, recommended_settings
 
 SPLITS = ("test", "train")
 # An answer counts as a success for pass@k when its accuracy reward is at least this
@@ -111,7 +111,8 @@ def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
     if path.is_dir() and (path / "config.yaml").is_file() and not (path / "config.json").is_file():
         raise CompareError(f"{name}: a run folder with no saved weights yet (no adapters.safetensors)")
     if not path.exists() and ("/" not in name or name.startswith((".", "/", "~"))):
-        raise CompareError(f"{name}: not found (not a run folder, an adapter folder, a model folder or a Hugging Face id)")
+        raise CompareError(f"{name}: not found (not a run folder, an adapter folder, a model folder "
+                           "or a Hugging Face id)")
     return ModelSpec(name, adapter, _adapter_run(adapter))
 
 
