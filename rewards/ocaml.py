@@ -32,8 +32,9 @@ repetition only; ``score``/``grade`` used on their own do both.
 
 The program runs in ``rewards.sandbox`` (own uid, process group, limits, no network).
 Tests run one by one, each printing a random marker when it passes, so a crash or
-a timeout in test 3 still counts tests 1-2; before the tests the program re-opens
-Stdlib, so a solution cannot redefine ``=`` or ``assert``'s helpers to pass them.
+a timeout in test 3 still counts tests 1-2. The tests are a separate compilation
+unit that sees only the solution's function and the problem's types, so a solution
+cannot redefine ``=`` (or anything else) to pass them.
 """
 
 from __future__ import annotations
@@ -199,9 +200,33 @@ def with_preamble(source: str, preamble: str) -> str:
     return f"include struct\n{preamble.strip()}\nend\n{source}"
 
 
-def program(source: str, preamble: str, tests: list[str], marker: str) -> str:
-    """Solution, then the tests: each prints ``marker i`` when it passes; no test stops the others."""
-    lines = [with_preamble(source, preamble), "", ";;", "open Stdlib", ""]
+_TYPE_HEAD = re.compile(r"^(\s*(?:type|and)\s+)((?:'\w+\s+|\([^)]*\)\s*)?)([a-z_]\w*)\s*=\s*", re.M)
+
+
+def _reexport(preamble: str) -> str:
+    """The problem's types as seen from the test unit: ``type point = Solution.point = {...}``
+    (the same type, with its fields and constructors in scope)."""
+    out, last = [], 0
+    for m in _TYPE_HEAD.finditer(preamble):
+        out.append(preamble[last:m.start()])
+        rest = preamble[m.end():m.end() + 1]
+        alias = f"{m[2]}Solution.{m[3]}"
+        if rest in ("{", "|") or rest.isupper():  # record or variant: keep the definition, checked equal
+            out.append(f"{m[1]}{m[2]}{m[3]} = {alias} = ")
+            last = m.end()
+        else:  # an alias: the solution's is enough
+            end = preamble.find("\n", m.end())
+            out.append(f"{m[1]}{m[2]}{m[3]} = {alias}")
+            last = len(preamble) if end < 0 else end
+    return "".join(out) + preamble[last:]
+
+
+def tests_source(name: str, preamble: str, tests: list[str], marker: str) -> str:
+    """The tests, in their own compilation unit: they see the solution's function and the
+    problem's types only, so nothing else the solution defines (a new ``=``, a module
+    named Stdlib) can change what they mean. Each test prints ``marker i`` when it
+    passes; no test stops the others."""
+    lines = [_reexport(preamble.strip()), f"let {name} = Solution.{name}", ""]
     for i, test in enumerate(tests):
         lines.append(f"let () = match ({test}) with () -> print_string \"{marker} {i}\\n\"; flush stdout "
                      "| exception _ -> ()")
@@ -263,9 +288,8 @@ def _count_passes(stdout: str, marker: str, total: int) -> int:
     return len(passed)
 
 
-def _stage_of_failed_build(box: Sandbox, solution: str, limits: Limits) -> str:
+def _stage_of_failed_build(box: Sandbox, limits: Limits) -> str:
     """Why the build failed: the solution alone type-checks, parses, or neither."""
-    box.write("solution.ml", solution)
     # Parsing first: it is the commonest failure of a weak model, and the cheapest check.
     if not box.run(["ocamlc", "-w", "-a", "-stop-after", "parsing", "-c", "solution.ml"], limits).ok:
         return "syntax_error"
@@ -289,8 +313,9 @@ def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reaso
         marker = "PASS-" + secrets.token_hex(8)
         env_path = f"{path}:/usr/local/bin:/usr/bin:/bin"
         with Sandbox(config.run_limits, path=env_path, prefix="ocaml-grade-") as box:
-            box.write("main.ml", program(source, preamble, tests, marker))
-            build = box.run(["ocamlc", "-w", "-a", "-o", "main", "main.ml"], config.compile_limits)
+            box.write("solution.ml", with_preamble(source, preamble) + "\n")
+            box.write("tests.ml", tests_source(function_name(problem["signature"]), preamble, tests, marker))
+            build = box.run(["ocamlc", "-w", "-a", "-o", "main", "solution.ml", "tests.ml"], config.compile_limits)
             if build.ok:
                 run = box.run(["./main"], config.run_limits)
                 passed = _count_passes(run.stdout, marker, len(tests))
@@ -302,7 +327,7 @@ def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reaso
                 elif run.returncode != 0:
                     error = _first_error(run.stderr) or f"exit status {run.returncode}"
             else:
-                stage = _stage_of_failed_build(box, with_preamble(source, preamble) + "\n", config.compile_limits)
+                stage = _stage_of_failed_build(box, config.compile_limits)
                 error = "timed out" if build.timed_out else _first_error(build.stderr)
     else:
         error = "no code"

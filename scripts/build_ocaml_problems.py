@@ -90,26 +90,18 @@ def write(problems: list[dict]) -> None:
 
 
 def check(problems: list[dict]) -> int:
-    """Grade every reference solution; also check no function name is a Stdlib value."""
+    """Grade every reference solution: each must pass all its tests."""
     sys.path.insert(0, str(ROOT))
     from rewards import ocaml
-    from rewards.sandbox import run_once
 
     start = time.monotonic()
     grades = ocaml.grade_many([f"```ocaml\n{p['solution']}```" for p in problems], problems)
     bad = [(p["id"], g) for p, g in zip(problems, grades) if g.score != 1.0]
     for pid, g in bad:
         print(f"FAIL {pid}: {g.stage} {g.tests_passed}/{g.tests_total} {g.error}")
-    names = sorted({ocaml.function_name(p["signature"]) for p in problems})
-    shadowing = []
-    for n in names:  # a name Stdlib defines would be shadowed by `open Stdlib` before the tests
-        if run_once(["ocamlc", "-stop-after", "typing", "-c", "p.ml"], {"p.ml": f"let _ = Stdlib.{n}\n"}).ok:
-            shadowing.append(n)
-    if shadowing:
-        print(f"FAIL: these names are Stdlib values: {', '.join(shadowing)}")
     print(f"{len(problems) - len(bad)}/{len(problems)} references score 1.0 "
           f"({time.monotonic() - start:.1f} s)")
-    return 1 if bad or shadowing else 0
+    return 1 if bad else 0
 
 
 def main() -> int:

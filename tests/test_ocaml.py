@@ -174,9 +174,11 @@ def test_runaway_penalty_multiplies_and_is_configurable():
 
 @needs_ocaml
 def test_a_solution_cannot_redefine_equality_to_pass():
-    cheat = "let ( = ) _ _ = true\nlet sum_list (xs : int list) : int = 0"
-    g = ocaml.grade(fenced(cheat), SUM_LIST)
-    assert g.stage == "tests" and g.tests_passed == 1
+    for cheat in ["let ( = ) _ _ = true\nlet sum_list (xs : int list) : int = 0",
+                  "module Stdlib = struct let ( = ) _ _ = true end\nlet sum_list (xs : int list) : int = 0",
+                  'let () = print_endline "PASS 0"; print_endline "PASS 1"\nlet sum_list (xs : int list) : int = 0']:
+        g = ocaml.grade(fenced(cheat), SUM_LIST)
+        assert g.stage == "tests" and g.tests_passed == 1, cheat  # only sum_list [] = 0 holds
 
 
 @needs_ocaml
