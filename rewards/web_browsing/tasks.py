@@ -3,8 +3,8 @@
 Four families, three difficulty levels each:
 
 ========  =================================================================
-fact      1: open a country from the encyclopedia's home page and answer a fact
-          2: search for a city or person, open it, answer
+fact      1: from a country's article, follow the link to its capital and answer about it
+          2: open a country from the home page, or search for a city or person; answer
           3: multi-hop: person -> birthplace -> country (or city -> country)
 shop      1: buy the cheapest product of a department (prices are in the list)
           2: ... rated at least N stars (ratings are on product pages)
@@ -109,15 +109,23 @@ def _same(a, b) -> bool:
 
 
 def _fact(world: World, difficulty: int, rng: random.Random):
-    if difficulty == 1:
+    if difficulty == 1:  # start on a country's article; the answer is one link away, on its capital's
         country = rng.choice(world.countries)
-        attr, question = rng.choice([("capital", "the capital"), ("population", "the population (in millions)"),
-                                     ("language", "the language"), ("currency", "the currency")])
-        answer = str(getattr(country, attr))
-        return (f"What is {question} of {country.name}?", "wiki", {"answer": answer},
-                [("click", country.name), ("answer", answer)])
+        city = world.city(country.capital)
+        attr, question = rng.choice([("river", f"Which river runs through the capital of {country.name}?"),
+                                     ("founded", f"In which year was the capital of {country.name} founded?")])
+        answer = str(getattr(city, attr))
+        return question, f"wiki/{country.name}", {"answer": answer}, [("click", city.name), ("answer", answer)]
     if difficulty == 2:
-        if rng.random() < 0.5:
+        roll = rng.random()
+        if roll < 1 / 3:  # from the home page's list of countries
+            country = rng.choice(world.countries)
+            attr, question = rng.choice([("capital", "the capital"), ("population", "the population (in millions)"),
+                                         ("language", "the language"), ("currency", "the currency")])
+            answer = str(getattr(country, attr))
+            return (f"What is {question} of {country.name}?", "wiki", {"answer": answer},
+                    [("click", country.name), ("answer", answer)])
+        if roll < 2 / 3:
             city = rng.choice(world.cities)
             attr, question = rng.choice([("river", f"Which river runs through {city.name}?"),
                                          ("founded", f"In which year was {city.name} founded?")])
