@@ -32,9 +32,9 @@ repetition only; ``score``/``grade`` used on their own do both.
 
 The program runs in ``rewards.sandbox`` (own uid, process group, limits, no network).
 Tests run one by one, each printing a random marker when it passes, so a crash or
-a timeout in test 3 still counts tests 1-2. The tests are a separate compilation
-unit that sees only the solution's function and the problem's types, so a solution
-cannot redefine ``=`` (or anything else) to pass them.
+a timeout in test 3 still counts tests 1-2. The solution is wrapped in a module and
+the tests see only its function and the problem's types, so a solution cannot
+redefine ``=`` (or anything else) to pass them.
 """
 
 from __future__ import annotations
@@ -221,12 +221,17 @@ def _reexport(preamble: str) -> str:
     return "".join(out) + preamble[last:]
 
 
-def tests_source(name: str, preamble: str, tests: list[str], marker: str) -> str:
-    """The tests, in their own compilation unit: they see the solution's function and the
-    problem's types only, so nothing else the solution defines (a new ``=``, a module
-    named Stdlib) can change what they mean. Each test prints ``marker i`` when it
-    passes; no test stops the others."""
-    lines = [_reexport(preamble.strip()), f"let {name} = Solution.{name}", ""]
+def program(source: str, name: str, preamble: str, tests: list[str], marker: str) -> str:
+    """The solution inside ``module Solution = struct ... end``, then the tests outside it.
+
+    The tests see the solution's function and the problem's types only, so nothing
+    else the solution defines (a new ``=``, a module named Stdlib) can change what
+    they mean. (One file rather than two units: a point-free definition with a weak
+    type variable is then fixed by its use in the tests, as it would be in the
+    toplevel.) Each test prints ``marker i`` when it passes; no test stops the others.
+    """
+    lines = ["module Solution = struct", with_preamble(source, preamble), "end", "",
+             _reexport(preamble.strip()), f"let {name} = Solution.{name}", ""]
     for i, test in enumerate(tests):
         lines.append(f"let () = match ({test}) with () -> print_string \"{marker} {i}\\n\"; flush stdout "
                      "| exception _ -> ()")
@@ -313,9 +318,9 @@ def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reaso
         marker = "PASS-" + secrets.token_hex(8)
         env_path = f"{path}:/usr/local/bin:/usr/bin:/bin"
         with Sandbox(config.run_limits, path=env_path, prefix="ocaml-grade-") as box:
-            box.write("solution.ml", with_preamble(source, preamble) + "\n")
-            box.write("tests.ml", tests_source(function_name(problem["signature"]), preamble, tests, marker))
-            build = box.run(["ocamlc", "-w", "-a", "-o", "main", "solution.ml", "tests.ml"], config.compile_limits)
+            name = function_name(problem["signature"])
+            box.write("main.ml", program(source, name, preamble, tests, marker))
+            build = box.run(["ocamlc", "-w", "-a", "-o", "main", "main.ml"], config.compile_limits)
             if build.ok:
                 run = box.run(["./main"], config.run_limits)
                 passed = _count_passes(run.stdout, marker, len(tests))
@@ -327,6 +332,7 @@ def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reaso
                 elif run.returncode != 0:
                     error = _first_error(run.stderr) or f"exit status {run.returncode}"
             else:
+                box.write("solution.ml", with_preamble(source, preamble) + "\n")
                 stage = _stage_of_failed_build(box, config.compile_limits)
                 error = "timed out" if build.timed_out else _first_error(build.stderr)
     else:
