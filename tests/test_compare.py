@@ -1,5 +1,6 @@
 """`compare` and `eval`: same prompts and seeds for both models, paired statistics, reports."""
 
+import importlib.util
 import json
 import shutil
 
@@ -117,6 +118,8 @@ def test_trained_run_beats_base_significantly(trained_run, tmp_path):
     assert len(rows) == 100
     assert sum(r["outcome"] == "won" for r in rows) == report["wins"]
     assert (out / "report.md").read_text().count("| accuracy |") == 1
+    if importlib.util.find_spec("matplotlib") is not None:  # the optional plot extra
+        assert (out / "rewards.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_checkpoint_folder_and_an_adapter_folder_compare_too(trained_run, tmp_path):
