@@ -113,7 +113,8 @@ def test_two_ring_ranks_end_with_the_weights_of_one_process(tmp_path):
         ["mlx.launch", "--backend", "ring", "-n", "2", "-p", str(port), "--python", sys.executable,
          shutil.which("mlx-grpo"), "train", *ARGS, "--output", str(tmp_path / "two")],
         capture_output=True, text=True, timeout=240)
-    assert two.returncode == 0, two.stdout + two.stderr
+    # mlx.launch may exit 0 when a rank failed: the finished run folder is the evidence
+    assert two.returncode == 0 and (tmp_path / "two" / "summary.json").is_file(), two.stdout + two.stderr
 
     flags = {ARGS[i][2:].replace("-", "_"): ARGS[i + 1] for i in range(0, len(ARGS), 2)}
     one = train(build_config({**flags, "output": str(tmp_path / "one")}, task_defaults=recommended_settings))
