@@ -179,11 +179,14 @@ def matmul_peak(dtype, sizes=(512, 1024, 2048), seconds=0.5) -> float:
 
 # ---------------------------------------------------------------- the two trainers
 
-def _summary(steps: list[dict], warmup: int, shape: dict, group: int, backward_factor: float, peak: float) -> dict:
+def _summary(steps: list[dict], warmup: int, shape: dict, group: int, backward_factor: float, peak: float,
+             decoded: bool = True) -> dict:
     timed = steps[warmup:] or steps
     med = lambda key: statistics.median(s[key] for s in timed)  # noqa: E731
     generated = [sum(s["completion_lengths"]) for s in timed]
     flops = [step_flops(shape, s["prompt_lengths"], s["completion_lengths"], group, backward_factor) for s in timed]
+    if not decoded:  # synthetic rollouts: nothing was decoded
+        flops = [(0.0, u) for _, u in flops]
     achieved = statistics.median((r + u) / s["step_s"] for (r, u), s in zip(flops, timed))
     rewards = [s["reward"] for s in steps]
     tail = max(1, len(rewards) // 4)
@@ -495,7 +498,8 @@ def run(args) -> dict:
             "matmul_peak_gflops": peak / 1e9,
         }
         for name, steps in results.items():
-            out[name] = _summary(steps, args.warmup, shape, args.group_size, 2.0, peak)
+            out[name] = _summary(steps, args.warmup, shape, args.group_size, 2.0, peak,
+                                 decoded=not (args.synthetic_rollouts and name != "mlx_lm_lora"))
         if "mlx_grpo" in out and "mlx_lm_lora" in out:
             out["speedup"] = out["mlx_lm_lora"]["step_s"] / out["mlx_grpo"]["step_s"]
         for name in variants:  # how much slower ours gets without each measure
