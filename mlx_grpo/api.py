@@ -37,7 +37,7 @@ from . import trainer as _trainer
 from .advantages import group_advantages
 from .batch import build_batch, micro_batches
 from .config import TrainConfig, build_config
-from .data import encode_prompt
+from .data import encode_prompt, screen_task
 from .evaluate import columns_of
 from .health import reward_range
 from .losses import BatchShape
@@ -206,8 +206,12 @@ class Trainer:
         c = self.config
         mx.random.seed(c.seed)
         self.task = load_task(c)
-        self.task.reward_functions = [with_timeout(fn, c.reward_timeout) for fn in self.task.reward_functions]
         self.model, self.tokenizer = load_policy(c.model)
+        # As train() does: bad rows screened out, reward calls bounded in time.
+        screen_task(self.task, self.tokenizer, self.model, c.max_tokens, c.max_prompt_tokens, c.on_bad_data)
+        self.task.reward_functions = [with_timeout(fn, c.reward_timeout) for fn in self.task.reward_functions]
+        if self.task.accuracy_reward is not None:
+            self.task.accuracy_reward = with_timeout(self.task.accuracy_reward, c.reward_timeout)
         self.adapter_config = prepare_for_training(self.model, c.fine_tune_type, {
             "rank": c.lora_rank, "scale": c.lora_scale, "dropout": c.lora_dropout, "num_layers": c.lora_layers,
         })
