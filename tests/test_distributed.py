@@ -109,9 +109,10 @@ ARGS = ["--steps", "2", "--batch-size", "4", "--group-size", "2", "--micro-batch
 def test_two_ring_ranks_end_with_the_weights_of_one_process(tmp_path):
     # The launch the README gives: each rank runs the mlx-grpo script with the same flags.
     port = 20000 + os.getpid() % 20000
+    # The ranks use the BLAS this process uses (the CLI would preload OpenBLAS on Linux: other rounding).
     two = subprocess.run(
-        ["mlx.launch", "--backend", "ring", "-n", "2", "-p", str(port), "--python", sys.executable,
-         shutil.which("mlx-grpo"), "train", *ARGS, "--output", str(tmp_path / "two")],
+        ["mlx.launch", "--backend", "ring", "-n", "2", "-p", str(port), "--env", "MLX_GRPO_OPENBLAS=0",
+         "--python", sys.executable, shutil.which("mlx-grpo"), "train", *ARGS, "--output", str(tmp_path / "two")],
         capture_output=True, text=True, timeout=240)
     # mlx.launch may exit 0 when a rank failed: the finished run folder is the evidence
     assert two.returncode == 0 and (tmp_path / "two" / "summary.json").is_file(), two.stdout + two.stderr
