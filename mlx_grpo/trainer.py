@@ -238,6 +238,8 @@ def merge_rollouts(shares: list, group_size: int):
 def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed, first: int):
     """rollout_and_score on this process alone; rows[0] is the step's prompt number `first`."""
     if task.make_env is not None:  # multi-turn: episodes shaped like completions, env tokens masked
+        if seed is not None:  # its turns draw their seeds from MLX's generator: one stream per share of prompts
+            mx.random.seed(int(np.random.SeedSequence([seed, first]).generate_state(1)[0]))
         return multiturn.rollout_and_score(model, tokenizer, task, rows, config)
     prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
     model.eval()
