@@ -6,8 +6,13 @@ from pathlib import Path
 
 TINY_WEB_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-web"
 
-# Settings for the tiny web model (the build script measures what they give).
-TINY_WEB_SETTINGS: dict = {}
+# The run `mlx-grpo train --task web` makes with the tiny web model: the kind it was
+# pre-trained on, no system prompt (it never saw one), two-turn episodes with room to spare.
+TINY_WEB_SETTINGS: dict = {
+    "web_kinds": ["fact/1"], "system_prompt": "", "max_tokens": 12, "max_turns": 3, "max_episode_tokens": 256,
+    "lr": 3e-4, "steps": 40, "batch_size": 4, "group_size": 8, "warmup_steps": 2, "micro_batch_size": 32,
+    "eval_num_problems": 32, "save_every": 20,
+}
 
 
 def tiny_web_model() -> Path | None:
