@@ -62,9 +62,21 @@ def _output_head(model):
     return embed, embed.as_linear
 
 
+# At most this many logits in one chunk: each chunk holds a few such float32
+# tensors (logits, softmax, their gradients) at once.
+_CHUNK_FLOATS = 2**24
+
+
 def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False):
-    """Log-probs of `targets` from hidden states, `chunk_size` positions at a time."""
+    """Log-probs of `targets` from hidden states, `chunk_size` positions at a time.
+
+    A chunk is also kept under _CHUNK_FLOATS logits, whatever the batch: with
+    8 rows and a 152k vocabulary, 128 positions would be 1.2 GB per tensor.
+    """
     module, project = head
+    if chunk_size:
+        vocab = module.weight.shape[0] if hasattr(module, "weight") else 0
+        chunk_size = max(1, min(chunk_size, _CHUNK_FLOATS // max(hidden.shape[0] * vocab, 1)))
     if not chunk_size or hidden.shape[1] <= chunk_size:
         return _logprobs_and_entropy(project(hidden), targets, temperature, entropy_grad)
 
