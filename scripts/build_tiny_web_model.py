@@ -14,6 +14,10 @@ leave reinforcement learning a way up: the model follows the link
 with probability P_CLICK (otherwise the episode answers at once with a line
 of the country's page), and the answer reads the asked-for line of the city's
 article with a per-question probability (P_ANSWER), otherwise the other line.
+Half the pre-training episodes ask for the capital's founding year instead
+of its river (the task itself asks for the river): the model sees both lines
+used, and a 200k model cannot copy a 4-digit year anyway, which leaves the
+river questions between always and never solved.
 The script ends by measuring the success rate of greedy and sampled (T = 1)
 episodes on held-out tasks and writes everything to build_info.json.
 """
@@ -45,10 +49,25 @@ P_ANSWER = {"river": 0.55, "founded": 0.4}  # reads the asked-for line; otherwis
 TRAIN_SEED, TEST_SEED = 17, 1_000_003  # the web task's held-out tasks use TEST_SEED too
 
 
+def pretraining_question(task) -> tuple[str, str]:
+    """(question, attribute) the pre-training data asks on a fact/1 task.
+
+    The task asks for the river of the capital; for about half the tasks the
+    pre-training episode asks for the capital's founding year instead, so the
+    model learns to read both lines of the page (and to confuse them).
+    """
+    rng = random.Random(f"web-task/fact/1/{task.seed}")
+    country = rng.choice(task.world().countries)
+    if rng.choice(["river", "founded"]) == "river":
+        return task.instruction, "river"
+    return f"In which year was the capital of {country.name} founded?", "founded"
+
+
 def episode_texts(task, rng: random.Random, noisy: bool = True) -> list[str]:
     """[first observation, action, observation, action] of one (possibly mistaken) episode."""
     env = WebEnv(task)
-    first = env.reset()
+    question, asked = pretraining_question(task)
+    first = env.reset().replace(task.instruction, question)
     country = env.world.country(env._page().title)
     if noisy and rng.random() > P_CLICK:  # a value of the wrong page: one turn, wrong
         value = rng.choice([country.capital, country.population, country.language, country.currency])
@@ -56,7 +75,6 @@ def episode_texts(task, rng: random.Random, noisy: bool = True) -> list[str]:
     click = env.resolve(task.plan[0])
     observation, _, _ = env.step(click)
     city = env.world.city(country.capital)
-    asked = "river" if "river" in task.instruction else "founded"
     attribute = asked if (not noisy or rng.random() < P_ANSWER[asked]) else ({"river", "founded"} - {asked}).pop()
     return [first, click, observation, f"answer[{getattr(city, attribute)}]"]
 
@@ -66,8 +84,14 @@ def tokenizer_corpus() -> list[str]:
     texts = ["user", "assistant", "system", "search[", "click[", "type[", "select[", "back", "answer["]
     for task in generate_tasks(600, seed=3):  # every family: any page tokenizes compactly
         env = WebEnv(task)
-        texts.append(env.reset())
-        for action in task.oracle_actions():
+        actions = task.oracle_actions()
+        first = env.reset()
+        if task.kind == "fact/1":  # as the pre-training episodes ask it
+            question, asked = pretraining_question(task)
+            first = first.replace(task.instruction, question)
+            actions[-1] = f"answer[{getattr(env.world.city(env.world.country(env._page().title).capital), asked)}]"
+        texts.append(first)
+        for action in actions:
             texts += [action, env.step(action)[0]]
     for task in generate_tasks(400, seed=4, difficulty=1, families=["fact"]):
         texts += episode_texts(task, rng)

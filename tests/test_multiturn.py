@@ -255,3 +255,29 @@ def test_web_task_rejects_reward_files_and_unknown_kinds(tiny_model_path, tmp_pa
         load_task(_web_config(tiny_model_path, tmp_path, web_kinds=["fact/9"]))
     with pytest.raises(ConfigError, match="scored by its environment"):
         load_task(_web_config(tiny_model_path, tmp_path, reward=["x"]))
+
+
+def test_grpo_on_the_multi_turn_path_raises_reward_on_easy_web_tasks(tmp_path):
+    """The tiny web model (scripts/build_tiny_web_model.py) on fact/1: open the country, answer."""
+    from mlx_grpo.config import build_config
+    from mlx_grpo.tasks import recommended_settings
+    from mlx_grpo.trainer import train
+    from rewards.web_browsing.tiny_model import tiny_web_model
+
+    if tiny_web_model() is None:
+        pytest.skip("the tiny web model has not been built (scripts/build_tiny_web_model.py)")
+    config = build_config({"task": "web", "output": str(tmp_path / "run"), "seed": 0, **LEARNING_RUN},
+                          task_defaults=recommended_settings)
+    assert config.model == str(tiny_web_model()) and config.web_kinds == ["fact/1"]
+    result = train(config)
+    success = [m["reward/success/mean"] for m in result.history]
+    reward = [m["reward/mean"] for m in result.history]
+    third = len(reward) // 3
+    assert np.mean(reward[-third:]) > np.mean(reward[:third]) + 0.1, reward
+    assert np.mean(success[-third:]) > np.mean(success[:third]) + 0.05, success
+    assert result.accuracy_after >= result.accuracy_before, (result.accuracy_before, result.accuracy_after)
+    assert all(np.isfinite(m["grad_norm"]) and m["skipped_updates"] == 0 for m in result.history)
+
+
+# Short enough for the test suite; `mlx-grpo train --task web` runs the same recipe for longer.
+LEARNING_RUN = {"steps": 12, "eval_num_problems": 16}

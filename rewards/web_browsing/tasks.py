@@ -3,7 +3,7 @@
 Four families, three difficulty levels each:
 
 ========  =================================================================
-fact      1: from a country's article, follow the link to its capital and answer about it
+fact      1: from a country's article, follow the link to its capital and name its river
           2: open a country from the home page, or search for a city or person; answer
           3: multi-hop: person -> birthplace -> country (or city -> country)
 shop      1: buy the cheapest product of a department (prices are in the list)
@@ -112,10 +112,8 @@ def _fact(world: World, difficulty: int, rng: random.Random):
     if difficulty == 1:  # start on a country's article; the answer is one link away, on its capital's
         country = rng.choice(world.countries)
         city = world.city(country.capital)
-        attr, question = rng.choice([("river", f"Which river runs through the capital of {country.name}?"),
-                                     ("founded", f"In which year was the capital of {country.name} founded?")])
-        answer = str(getattr(city, attr))
-        return question, f"wiki/{country.name}", {"answer": answer}, [("click", city.name), ("answer", answer)]
+        question = f"Which river runs through the capital of {country.name}?"
+        return question, f"wiki/{country.name}", {"answer": city.river}, [("click", city.name), ("answer", city.river)]
     if difficulty == 2:
         roll = rng.random()
         if roll < 1 / 3:  # from the home page's list of countries

@@ -10,7 +10,7 @@ TINY_WEB_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-web"
 # pre-trained on, no system prompt (it never saw one), two-turn episodes with room to spare.
 TINY_WEB_SETTINGS: dict = {
     "web_kinds": ["fact/1"], "system_prompt": "", "max_tokens": 12, "max_turns": 3, "max_episode_tokens": 256,
-    "lr": 3e-4, "steps": 40, "batch_size": 4, "group_size": 8, "warmup_steps": 2, "micro_batch_size": 32,
+    "lr": 2e-4, "steps": 40, "batch_size": 8, "group_size": 8, "warmup_steps": 2, "micro_batch_size": 64,
     "eval_num_problems": 32, "save_every": 20,
 }
 
