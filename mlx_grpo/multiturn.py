@@ -197,9 +197,8 @@ def episode_metrics(episodes: list[Episode]) -> dict:
     }
     for reason in ("done", "max_turns", "max_tokens", "env_error"):
         out[f"episode/{reason}_frac"] = float(np.mean([r == reason for r in reasons]))
-    solved = [ep.info.get("solved") for ep in episodes if "solved" in ep.info]
-    if solved:
-        out["episode/solved"] = float(np.mean(solved)) * len(solved) / len(episodes)
+    if any("solved" in ep.info for ep in episodes):  # environments that say so; others leave it out
+        out["episode/solved"] = sum(bool(ep.info.get("solved")) for ep in episodes) / len(episodes)
     return out
 
 
