@@ -16,7 +16,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .health import read_events
-from .plot import PlotError, read_run, series
+from .plot import read_run, series
 
 # (label, metric key, show its best (highest) value and the step)
 METRICS = (

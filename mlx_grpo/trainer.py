@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
@@ -29,21 +29,19 @@ from . import checkpoint as ckpt
 from . import distributed as dist
 from . import multiturn
 from .advantages import advantage_stats, group_advantages
-from .batch import MicroBatch, RolloutBatch, batch_rows, build_batch, groups_with_signal, micro_batches
+from .batch import MicroBatch, RolloutBatch, build_batch, groups_with_signal, micro_batches
 from .config import TrainConfig, dump_yaml
-from .curriculum import group_success
-from .data import encode_prompt, screen_task
-from .evaluate import columns_of, evaluate_accuracy, evaluate_pass_at_k
+from .data import screen_task
+from .evaluate import evaluate_accuracy, evaluate_pass_at_k
 from .health import HealthMonitor, TrainingStopped, relative_change, reward_range, stop_run
 from .interrupt import steps_until_ctrl_c
 from .logprobs import completion_logprobs
 from .losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
 from .policy import (adapters_disabled, load_policy, prepare_for_training, resolve_model_path, save_adapters,
                      weights_swapped)
-from .rewarding import Scores, part_means, score_completions, with_timeout
-from .rollout import SamplingConfig, sample_completions
-from .shaping import groups_to_keep, shape_rewards
 from .reporting import with_reporters
+from .rewarding import part_means, with_timeout
+from .step_rollouts import collect_rollouts, step_seed
 from .tasks import Task, load_task
 
 # Chunk the vocabulary projection when one micro-batch's logits would exceed this many floats.
@@ -191,73 +189,6 @@ def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
     return sums["total"] / max(sums["count"], 1.0)
 
 
-def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed: int | None = None):
-    """Sample and score the groups of `rows`: (completions, scores, seconds).
-
-    Completions are keyed by (seed, prompt position in the step, member), so a
-    prompt samples the same group whichever rank takes it. With several ranks
-    (distributed.py) each samples and scores a contiguous share of whole
-    prompts, and every rank gets the whole back.
-    """
-    if dist.size() == 1:
-        return _sample_and_score(model, tokenizer, task, rows, config, seed, 0)
-    share = dist.shard(len(rows))
-    try:
-        local = (_sample_and_score(model, tokenizer, task, rows[share.start:share.stop], config, seed, share.start)
-                 if len(share) else None)
-    except Exception as e:  # passed to every rank, so none waits forever for this one
-        local = e
-    shares = dist.all_gather_objects(local)
-    for x in shares:
-        if isinstance(x, Exception):
-            raise x
-    return merge_rollouts(shares, config.group_size)
-
-
-def merge_rollouts(shares: list, group_size: int):
-    """(completions, scores, seconds) of consecutive shares of a step's prompts -> those of the whole."""
-    shares = [x for x in shares if x is not None]
-    completions, offset = [], 0
-    for share, _, _ in shares:
-        completions += [replace(c, prompt_index=c.prompt_index + offset) for c in share]
-        offset += len(share) // group_size
-    names = list(dict.fromkeys(name for _, scores, _ in shares for name in scores.parts))
-    errors, examples = {}, {}
-    for _, scores, _ in shares:
-        for name, n in scores.errors.items():
-            errors[name] = errors.get(name, 0) + n
-        for name, example in scores.error_examples.items():
-            examples.setdefault(name, example)
-    scores = Scores(
-        total=np.concatenate([sc.total for _, sc, _ in shares]),
-        parts={name: [v for c, sc, _ in shares for v in sc.parts.get(name, [None] * len(c))] for name in names},
-        errors=errors, error_examples=examples)
-    return completions, scores, max(seconds for _, _, seconds in shares)
-
-
-def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed, first: int):
-    """rollout_and_score on this process alone; rows[0] is the step's prompt number `first`."""
-    if task.make_env is not None:  # multi-turn: episodes shaped like completions, env tokens masked
-        if seed is not None:  # its turns draw their seeds from MLX's generator: one stream per share of prompts
-            mx.random.seed(int(np.random.SeedSequence([seed, first]).generate_state(1)[0]))
-        return multiturn.rollout_and_score(model, tokenizer, task, rows, config)
-    prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
-    model.eval()
-    start = time.perf_counter()
-    completions = sample_completions(
-        model, tokenizer, prompts, config.group_size,
-        SamplingConfig(config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens),
-        config.decode_concurrency, seed=seed, prompt_ids=list(range(first, first + len(rows))),
-    )
-    rollout_s = time.perf_counter() - start
-    g = config.group_size
-    scores = score_completions(
-        task.reward_functions, task.reward_weights,
-        [r["prompt"] for r in rows for _ in range(g)], [c.text for c in completions], columns_of(rows, g),
-    )
-    return completions, scores, rollout_s
-
-
 def evaluate(model, tokenizer, task: Task, config: TrainConfig) -> dict:
     """Held-out accuracy: greedy completions, or greedy episodes for a multi-turn task."""
     if task.make_env is not None:
@@ -267,89 +198,6 @@ def evaluate(model, tokenizer, task: Task, config: TrainConfig) -> dict:
         result["pass_at_k"] = evaluate_pass_at_k(model, tokenizer, task, config.eval_pass_k, config.max_tokens,
                                                  config.temperature, config.decode_concurrency, config.seed)
     return result
-
-
-def step_seed(seed: int, step: int) -> int:
-    """The random seed of one step.
-
-    Re-seeding MLX's generator at every step from (seed, step) makes step k
-    sample the same completions whether or not the run was resumed before it:
-    the random state a checkpoint needs is just (seed, step).
-    """
-    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
-
-
-def rollout_seed(seed: int, step: int, round_: int) -> int:
-    """The sampling seed of one step's round of rollouts (each completion's keys derive from it)."""
-    return int(np.random.SeedSequence([seed, step, round_, 1]).generate_state(1)[0])
-
-
-@dataclass
-class StepRollouts:
-    """Everything sampled in one step (every round), and which groups are trained on."""
-
-    rows: list[dict]
-    completions: list  # group by group; prompt_index points into rows
-    raw_rewards: np.ndarray  # the weighted reward sum, before length penalties
-    rewards: np.ndarray  # after length penalties: what advantages are computed from
-    parts: dict[str, list]
-    errors: dict[str, int]
-    error_examples: dict[str, str]
-    keep: np.ndarray  # one bool per group: trained on
-    rounds: int
-    seconds: float
-
-
-def resample_rows(rows: list[dict], step: int, round_: int, count: int, seed: int) -> list[dict]:
-    """Extra prompts for dynamic sampling: seeded by (seed, step, round), so resume sees the same."""
-    picks = np.random.default_rng([seed, step, round_]).choice(len(rows), count, replace=len(rows) < count)
-    return [rows[int(i)] for i in picks]
-
-
-def collect_rollouts(model, tokenizer, task: Task, config: TrainConfig, step: int) -> StepRollouts:
-    """Sample and score the step's groups; with filters on, drop groups (and maybe refill, bounded)."""
-    g = config.group_size
-    filtering = config.dynamic_sampling or config.reward_threshold is not None
-    extra_rounds = config.resample_rounds if config.dynamic_sampling else 0
-    out = None
-    for round_ in range(1 + extra_rounds):
-        if out is not None and out.keep.sum() >= config.batch_size:
-            break
-        first = (task.curriculum.pick if task.curriculum else batch_rows)
-        rows = (first(task.train_rows, step, config.batch_size, config.seed) if round_ == 0
-                else resample_rows(task.train_rows, step, round_, config.batch_size, config.seed))
-        completions, scores, seconds = rollout_and_score(model, tokenizer, task, rows, config,
-                                                         rollout_seed(config.seed, step, round_))
-        if task.curriculum:
-            task.curriculum.update(rows, group_success(task, rows, completions, scores, g))
-        rewards = shape_rewards(
-            scores.total, [len(c.tokens) for c in completions], [c.finish_reason == "length" for c in completions],
-            max_tokens=config.max_tokens, runaway_factor=config.runaway_penalty,
-            overlong_buffer=config.overlong_buffer, overlong_scale=config.overlong_penalty)
-        keep = (groups_to_keep(rewards, g, drop_equal=config.dynamic_sampling,
-                               reward_threshold=config.reward_threshold)
-                if filtering else np.ones(len(rows), dtype=bool))
-        if out is None:
-            out = StepRollouts(rows, completions, np.asarray(scores.total, dtype=np.float64), rewards,
-                               dict(scores.parts), dict(scores.errors), dict(scores.error_examples), keep, 1, seconds)
-            continue
-        offset = len(out.rows)
-        out.rows = out.rows + rows
-        out.completions = out.completions + [replace(c, prompt_index=c.prompt_index + offset) for c in completions]
-        out.raw_rewards = np.concatenate([out.raw_rewards, scores.total])
-        out.rewards = np.concatenate([out.rewards, rewards])
-        for name, values in scores.parts.items():
-            out.parts[name] = list(out.parts.get(name, [])) + list(values)
-        for name, n in scores.errors.items():
-            out.errors[name] = out.errors.get(name, 0) + n
-        for name, example in scores.error_examples.items():
-            out.error_examples.setdefault(name, example)
-        out.keep = np.concatenate([out.keep, keep])
-        out.rounds += 1
-        out.seconds += seconds
-    # At most batch_size groups are trained on: the first ones kept, in sampling order.
-    out.keep &= np.cumsum(out.keep) <= config.batch_size
-    return out
 
 
 def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, step: int, ref_params) -> tuple[dict, list]:

@@ -18,7 +18,8 @@ from mlx_grpo.data import encode_prompt
 from mlx_grpo.policy import load_policy
 from mlx_grpo.rollout import KeyedSampler, SamplingConfig, completion_seeds, sample_completions
 from mlx_grpo.tasks import load_task, recommended_settings
-from mlx_grpo.trainer import _sample_and_score, merge_rollouts, train
+from mlx_grpo.step_rollouts import _sample_and_score, merge_rollouts
+from mlx_grpo.trainer import train
 
 
 def test_shard_is_contiguous_whole_and_uneven_first():
