@@ -17,21 +17,12 @@ the padding does not change the result.
 Both can apply the vocabulary projection a chunk of positions at a time under
 `mx.checkpoint`, so no (batch, length, vocab) float32 tensor is kept for the
 backward pass: with a 150k vocabulary that tensor alone is gigabytes.
-
-With long completions the layers' own activations dominate instead (a
-Qwen2.5-0.5B shape in float32 at 8 x 256 tokens: about 9.6 GB). `completion_logprobs` then
-recomputes each layer of the completion pass in the backward pass instead of
-keeping its activations (`checkpoint_layers`; automatic above a quarter of
-MLX's memory limit), for about a third more work in the update.
 """
 
 from __future__ import annotations
 
-import copy
-
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 # Models whose logits are exactly head(model.model(inputs)): for these the
 # output projection can be chunked.
@@ -71,7 +62,7 @@ def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False)
     """Log-probs of `targets` from hidden states, `chunk_size` positions at a time.
 
     A chunk is also kept under _CHUNK_FLOATS logits, whatever the batch: with
-    8 rows and a 152k vocabulary, 128 positions would be 1.2 GB per tensor.
+    8 rows and a 152k vocabulary, 128 positions would be 0.6 GB per tensor.
     """
     module, project = head
     if chunk_size:
@@ -89,9 +80,8 @@ def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False)
 
         return mx.checkpoint(chunk)
 
-    # Only trainable weights are inputs of the checkpointed chunks: a frozen
-    # head (LoRA) would otherwise get a vocab x hidden gradient per chunk, computed
-    # and thrown away (a third of the projection's backward work, 0.5 GB a chunk at 152k x 896).
+    # Only trainable weights are inputs of the checkpointed chunks: a frozen head
+    # (LoRA) needs no vocab x hidden gradient.
     params = module.trainable_parameters()
     parts = [
         chunk_fn(targets[:, s : s + chunk_size])(params, hidden[:, s : s + chunk_size])
@@ -156,60 +146,13 @@ class SharedPromptCache:
         return self.keys, self.values
 
 
-class _RecomputedLayer(nn.Module):
-    """A transformer block whose activations are recomputed in the backward pass, not kept.
-
-    Only its input is stored. The prompt's shared keys and values are explicit
-    inputs of the recomputed function, so gradients still reach the prompt pass.
-    """
-
-    def __init__(self, layer: nn.Module):
-        super().__init__()
-        self.layer = layer
-
-    def __call__(self, x, mask=None, cache=None):
-        layer = self.layer
-
-        def run(params, x, prompt_keys, prompt_values):
-            layer.update(params)
-            shared = copy.copy(cache)
-            shared.keys, shared.values = prompt_keys, prompt_values
-            return layer(x, mask, shared)
-
-        return mx.checkpoint(run)(layer.trainable_parameters(), x, cache.keys, cache.values)
-
-
-def completion_activation_bytes(model: nn.Module, rows: int, prompt_len: int, completion_len: int) -> int:
-    """Rough size of what the completion pass keeps for the backward pass.
-
-    Calibrated on a Qwen2.5-0.5B shape in float32 at 8 x 256 tokens, whose
-    update peaked 9.6 GB above its weights (this estimate: 10.4 GB).
-    """
-    args = getattr(model, "args", None)
-    hidden = getattr(args, "hidden_size", 0)
-    inter = getattr(args, "intermediate_size", 4 * hidden)
-    heads = getattr(args, "num_attention_heads", 1)
-    dtypes = [v.dtype for _, v in tree_flatten(model.layers[0].parameters()) if mx.issubdtype(v.dtype, mx.floating)]
-    itemsize = max((d.size for d in dtypes), default=4)
-    per_token = 16 * hidden + 6 * inter + 2 * heads * (prompt_len + completion_len)
-    return itemsize * rows * completion_len * len(model.layers) * per_token
-
-
-def _should_recompute(model, prompts, completions) -> bool:
-    limit = mx.get_memory_limit()
-    need = completion_activation_bytes(model, completions.shape[0], prompts.shape[1], completions.shape[1])
-    return bool(limit) and need > limit // 4
-
-
 def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.array, completions: mx.array,
                         group_size: int, temperature: float = 1.0, chunk_size: int | None = None,
-                        entropy_grad: bool = False, checkpoint_layers: bool | None = None):
+                        entropy_grad: bool = False):
     """Log-prob and entropy of every completion token, each prompt run once.
 
     prompts: (P, Lp) left-padded with `left_padding[i]` pad tokens in row i.
     completions: (P * group_size, K) right-padded; rows i*G .. i*G+G-1 continue prompt i.
-    checkpoint_layers: recompute the completion pass's layers in the backward
-    pass (None: when its activations would exceed a quarter of MLX's memory limit).
     Returns two (P * group_size, K) arrays: [r, j] scores completions[r, j].
     """
     head = _output_head(model)
@@ -218,16 +161,7 @@ def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.ar
     forward = model.model if head is not None else model  # hidden states, or logits
     first = mx.repeat(forward(prompts, cache=cache)[:, -1:], group_size, axis=0)
     if completions.shape[1] > 1:
-        if checkpoint_layers is None:
-            checkpoint_layers = _should_recompute(model, prompts, completions)
-        blocks = model.layers  # the model's own list: swapped in place, then put back
-        original = list(blocks)
-        if checkpoint_layers:
-            blocks[:] = [_RecomputedLayer(layer) for layer in original]
-        try:
-            rest = forward(completions[:, :-1], cache=cache)
-        finally:
-            blocks[:] = original
+        rest = forward(completions[:, :-1], cache=cache)
         first = mx.concatenate([first, rest], axis=1)
     if head is not None:
         return _project(head, first, completions, temperature, chunk_size, entropy_grad)

@@ -383,21 +383,12 @@ def synthetic_rollouts():
     return _replaced(trainer, "sample_completions", sample)
 
 
-def _recompute(on: bool):
-    """Force the completion pass's layer recomputation on or off (otherwise chosen by size)."""
-    from mlx_grpo import logprobs
-
-    return _replaced(logprobs, "_should_recompute", lambda *args: on)
-
-
 # name: (setting overrides, patch). Each runs interleaved with the others, so all see the same load.
 VARIANTS = {
     "decode_concurrency_2": ({"decode_concurrency": 2}, None),  # the peer's default decode width here
     "no_shared_prefill": ({}, without_shared_prefill),
     "no_shared_prompt_forward": ({}, without_shared_prompt_forward),
     "logprob_chunk_32": ({"logprob_chunk_size": 32}, None),
-    "recompute_layers": ({}, lambda: _recompute(True)),  # gradient checkpointing of the completion pass
-    "keep_activations": ({}, lambda: _recompute(False)),
     "micro_batch_4": ({"micro_batch_size": 4}, None),
 }
 

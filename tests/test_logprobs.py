@@ -68,37 +68,6 @@ def test_shared_prompt_gradients_match_plain(tiny_model_path):
     assert max(np.abs(np.array(v)).max() for v in a.values()) > 1e-3
 
 
-def test_recomputed_layers_give_the_same_values_and_gradients(tiny_model_path):
-    """checkpoint_layers trades memory for work: the numbers, prompt gradients included, stay the same."""
-    from mlx_grpo.logprobs import completion_activation_bytes
-
-    model, _ = load_policy(str(tiny_model_path))
-    mx.random.seed(0)
-    prepare_for_training(model, "lora", {"rank": 4, "scale": 2.0})
-    model.update(nn.utils.tree_map(lambda p: mx.random.normal(p.shape) * 0.1, model.trainable_parameters()))
-    _, _, padded, left, comp, mask = _case(np.random.default_rng(3))
-    weights = mx.array(np.random.default_rng(4).normal(size=comp.shape).astype(np.float32)) * mask
-    layers_before = list(model.layers)
-    results = {}
-    for recompute in (False, True):
-        def loss(m):
-            logp, entropy = completion_logprobs(m, padded, left, comp, 3, chunk_size=2, checkpoint_layers=recompute)
-            return (logp * weights).sum() + 0.1 * (entropy * weights).sum()
-
-        value, grads = nn.value_and_grad(model, loss)(model)
-        results[recompute] = (value, dict(tree_flatten(grads)))
-        assert list(model.layers) == layers_before  # the blocks are put back
-    (v0, g0), (v1, g1) = results[False], results[True]
-    np.testing.assert_allclose(v1.item(), v0.item(), rtol=1e-5)
-    assert g0.keys() == g1.keys()
-    for name in g0:
-        np.testing.assert_allclose(np.array(g1[name]), np.array(g0[name]), atol=1e-5, err_msg=name)
-    # The size estimate that switches it on grows with rows, length and depth.
-    small = completion_activation_bytes(model, 8, 30, 16)
-    assert completion_activation_bytes(model, 16, 30, 16) == 2 * small
-    assert completion_activation_bytes(model, 8, 30, 32) > 2 * small
-
-
 def test_chunked_projection_trains_a_trainable_head(tiny_model_path):
     """Full fine-tuning: the tied embedding's gradient through the chunks equals the unchunked one."""
     model, _ = load_policy(str(tiny_model_path))
