@@ -272,12 +272,14 @@ def test_grpo_on_the_multi_turn_path_raises_reward_on_easy_web_tasks(tmp_path):
     result = train(config)
     success = [m["reward/success/mean"] for m in result.history]
     reward = [m["reward/mean"] for m in result.history]
-    third = len(reward) // 3
-    assert np.mean(reward[-third:]) > np.mean(reward[:third]) + 0.1, reward
-    assert np.mean(success[-third:]) > np.mean(success[:third]) + 0.05, success
+    half = len(reward) // 2
+    assert np.mean(reward[half:]) > np.mean(reward[:half]) + 0.1, reward
+    assert np.mean(success[half:]) > np.mean(success[:half]) + 0.05, success
     assert result.accuracy_after >= result.accuracy_before, (result.accuracy_before, result.accuracy_after)
     assert all(np.isfinite(m["grad_norm"]) and m["skipped_updates"] == 0 for m in result.history)
 
 
-# Short enough for the test suite; `mlx-grpo train --task web` runs the same recipe for longer.
-LEARNING_RUN = {"steps": 12, "eval_num_problems": 16}
+# Short enough for the test suite (about 80 s of CPU here); `mlx-grpo train --task web` runs the same
+# recipe for longer. Measured with these settings: reward .27 .56 .42 .66 | .51 .54 .83 .57, success
+# .16 .41 .28 .52 | .38 .41 .63 .42, greedy accuracy 0.25 -> 0.31 on 16 held-out tasks.
+LEARNING_RUN = {"steps": 8, "eval_num_problems": 16}
