@@ -366,7 +366,8 @@ def synthetic_rollouts():
     The longest completions are the update's worst case for memory; decoding them
     for real on a shared 2-core CPU takes far longer than the update itself.
     """
-    from mlx_grpo import trainer
+    import importlib
+
     from mlx_grpo.rollout import Completion
 
     def sample(model, tokenizer, prompts, group_size, sampling, *args, **kwargs):
@@ -380,7 +381,15 @@ def synthetic_rollouts():
                                       tokenizer.decode(tokens)))
         return out
 
-    return _replaced(trainer, "sample_completions", sample)
+    stack = contextlib.ExitStack()
+    for name in ("mlx_grpo.step_rollouts", "mlx_grpo.trainer"):  # wherever the trainer calls it from
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "sample_completions"):
+            stack.enter_context(_replaced(module, "sample_completions", sample))
+    return stack
 
 
 # name: (setting overrides, patch). Each runs interleaved with the others, so all see the same load.
