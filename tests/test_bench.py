@@ -99,3 +99,9 @@ def test_reexecuted_process_hides_the_preload_from_its_children(monkeypatch):
     blas.use_openblas()  # must not exec: it already did
     import os
     assert os.environ["LD_PRELOAD"] == "/other.so" and blas._DONE not in os.environ
+
+
+def test_synthetic_rollouts_give_max_length_completions(capsys):
+    bench.main([*SMALL, "--peer", "off", "--synthetic-rollouts"])
+    ours = json.loads(capsys.readouterr().out)["mlx_grpo"]
+    assert ours["mean_completion_tokens"] == 6.0 and ours["rollout_gflops"] == 0.0
