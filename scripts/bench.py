@@ -235,7 +235,9 @@ class Ours:
         prepare_for_training(self.model, "lora", {"rank": args.lora_rank, "scale": 20.0, "dropout": 0.0,
                                                   "num_layers": args.lora_layers})
         self.optimizer = make_optimizer(self.config)
-        self.task = Task("bench", [{"prompt": t} for t in texts], [], [letter_share], [1.0], None, None, [])
+        self.task = Task(name="bench", train_rows=[{"prompt": t} for t in texts], eval_rows=[],
+                         reward_functions=[letter_share], reward_weights=[1.0], system_prompt=None,
+                         accuracy_reward=None, warnings=[])
         self.step_number = 0
 
     def step(self) -> dict:
