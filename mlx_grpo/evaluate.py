@@ -18,28 +18,33 @@ def columns_of(rows: list[dict], repeat: int = 1) -> dict[str, list]:
     return {k: [r.get(k) for r in rows for _ in range(repeat)] for k in keys}
 
 
+def _answers_and_scores(model, tokenizer, task, k: int, sampling: SamplingConfig, concurrency: int):
+    """k completions per held-out row (one batched decode) and the accuracy reward of each (None -> 0)."""
+    rows = task.eval_rows
+    was_training = model.training
+    model.eval()
+    prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
+    completions = sample_completions(model, tokenizer, prompts, k, sampling, concurrency)
+    scores = score_completions(
+        [task.accuracy_reward], [1.0], [r["prompt"] for r in rows for _ in range(k)], [c.text for c in completions],
+        columns_of(rows, k),
+    )
+    model.train(was_training)
+    values = np.array([v if v is not None else 0.0 for v in next(iter(scores.parts.values()))])
+    return completions, values
+
+
 def evaluate_accuracy(model, tokenizer, task, max_tokens: int, concurrency: int = 256,
                       temperature: float = 0.0) -> dict:
     """Mean of the task's accuracy reward over its held-out rows (greedy by default)."""
-    rows = task.eval_rows
-    if not rows or task.accuracy_reward is None:
+    if not task.eval_rows or task.accuracy_reward is None:
         return {"accuracy": None, "n": 0}
-    was_training = model.training
-    model.eval()
     start = time.perf_counter()
-    prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
-    completions = sample_completions(
-        model, tokenizer, prompts, 1, SamplingConfig(temperature=temperature, max_tokens=max_tokens), concurrency
-    )
-    scores = score_completions(
-        [task.accuracy_reward], [1.0], [r["prompt"] for r in rows], [c.text for c in completions], columns_of(rows)
-    )
-    model.train(was_training)
-    values = next(iter(scores.parts.values()))
-    correct = np.array([v if v is not None else 0.0 for v in values])
+    completions, correct = _answers_and_scores(
+        model, tokenizer, task, 1, SamplingConfig(temperature=temperature, max_tokens=max_tokens), concurrency)
     return {
         "accuracy": float(correct.mean()),
-        "n": len(rows),
+        "n": len(task.eval_rows),
         "mean_length": float(np.mean([len(c.tokens) for c in completions])),
         "truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
         "seconds": time.perf_counter() - start,
@@ -53,23 +58,12 @@ def evaluate_pass_at_k(model, tokenizer, task, k: int, max_tokens: int, temperat
 
     Seeded on its own, so evaluating does not depend on (or disturb) where training is.
     """
-    rows = task.eval_rows
-    if not rows or task.accuracy_reward is None:
+    if not task.eval_rows or task.accuracy_reward is None:
         return None
     import mlx.core as mx
 
-    was_training = model.training
-    model.eval()
     mx.random.seed(seed)
-    prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
-    completions = sample_completions(
-        model, tokenizer, prompts, k, SamplingConfig(temperature=temperature, max_tokens=max_tokens), concurrency
-    )
-    scores = score_completions(
-        [task.accuracy_reward], [1.0], [r["prompt"] for r in rows for _ in range(k)], [c.text for c in completions],
-        columns_of(rows, k),
-    )
-    model.train(was_training)
-    values = np.array([v if v is not None else 0.0 for v in next(iter(scores.parts.values()))])
-    successes = (values.reshape(len(rows), k) >= 0.5).sum(axis=1)
+    _, values = _answers_and_scores(
+        model, tokenizer, task, k, SamplingConfig(temperature=temperature, max_tokens=max_tokens), concurrency)
+    successes = (values.reshape(len(task.eval_rows), k) >= 0.5).sum(axis=1)
     return mean_pass_at_k(successes, k, k)

@@ -169,8 +169,6 @@ def top_entropy_mask(entropy, mask, quantile: float):
     the high-entropy "forking" tokens (the top 20%). The threshold is taken
     over this micro-batch's tokens; ties at the threshold are kept.
     """
-    if mask.size == 0:
-        return mask
     entropy = mx.stop_gradient(entropy)
     flat = mx.where(mask > 0, entropy, -mx.inf).reshape(-1)
     descending = -mx.sort(-flat)

@@ -88,8 +88,9 @@ def _logprobs(model, mb: MicroBatch, config: TrainConfig, chunk, entropy_grad=Fa
 
 
 def loss_settings(config: TrainConfig) -> LossSettings:
-    return LossSettings(config.loss, config.epsilon_low, config.epsilon_high, config.delta, config.beta,
-                        config.sapo_tau_pos, config.sapo_tau_neg, config.entropy_coef)
+    return LossSettings(loss_type=config.loss, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
+                        delta=config.delta, beta=config.beta, sapo_tau_pos=config.sapo_tau_pos,
+                        sapo_tau_neg=config.sapo_tau_neg, entropy_coef=config.entropy_coef)
 
 
 def reference_logprobs(model, config: TrainConfig, parts: list[MicroBatch], ref_params, chunk) -> list[mx.array]:
