@@ -139,6 +139,7 @@ def compare_command(
 ):
     """Does the trained model beat the base? Both answer the same prompts; paired statistics decide."""
     from . import compare as cmp
+    from . import compare_report as cmp_report
 
     console = Console()
     progress = None
@@ -148,11 +149,11 @@ def compare_command(
         task_obj, settings, count = _evaluation(task, data, str(reward_file) if reward_file else None, reward,
                                                 max_tokens, n, split, samples, temperature, seed,
                                                 trained_spec.run_dir or base_spec.run_dir, base_spec.model)
-        progress = cmp.Progress(console)
+        progress = cmp_report.Progress(console)
         report = cmp.compare(base_spec, trained_spec, task_obj, settings, count, progress)
         progress.stop()
-        written = cmp.write_report(report, output or cmp.default_output(trained_spec), chart=plot)
-        cmp.print_report(report, console, written)
+        written = cmp_report.write_report(report, output or cmp.default_output(trained_spec), chart=plot)
+        cmp_report.print_report(report, console, written)
     except (cmp.CompareError, ConfigError, DataError, FileNotFoundError) as e:
         if progress is not None:
             progress.stop()
@@ -177,6 +178,7 @@ def eval_command(
 ):
     """Score one model on a task: accuracy, rewards, pass@k, lengths, speed."""
     from . import compare as cmp
+    from . import compare_report as cmp_report
 
     console = Console()
     progress = None
@@ -185,11 +187,11 @@ def eval_command(
         task_obj, settings, count = _evaluation(task, data, str(reward_file) if reward_file else None, reward,
                                                 max_tokens, n, split, samples, temperature, seed, spec.run_dir,
                                                 spec.model)
-        progress = cmp.Progress(console)
+        progress = cmp_report.Progress(console)
         report = cmp.evaluate(spec, task_obj, settings, count, progress)
         progress.stop()
-        written = cmp.write_report(report, output, chart=False) if output else []
-        cmp.print_report(report, console, written)
+        written = cmp_report.write_report(report, output, chart=False) if output else []
+        cmp_report.print_report(report, console, written)
     except (cmp.CompareError, ConfigError, DataError, FileNotFoundError) as e:
         if progress is not None:
             progress.stop()

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlx_grpo import compare as cmp
+from mlx_grpo import compare_report as cmp_report
 from mlx_grpo.cli import app
 from mlx_grpo.config import build_config
 from mlx_grpo.evaluate import evaluate_accuracy
@@ -33,7 +34,7 @@ def test_model_against_itself_is_a_zero_difference(tiny_model_path, tmp_path):
     assert report.data["difference"] == 0.0 and report.data["ci"] == [0.0, 0.0]
     assert report.data["p_value"] == 1.0 and not report.data["significant"]
     assert report.data["ties"] == 12 and report.data["test"] == "mcnemar-exact"
-    written = cmp.write_report(report, tmp_path / "out")
+    written = cmp_report.write_report(report, tmp_path / "out")
     names = {p.name for p in written}
     assert {"report.json", "report.md", "rows.jsonl"} <= names
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
