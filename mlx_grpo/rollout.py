@@ -1,8 +1,10 @@
-"""Batched sampling of completion groups with mlx-lm's BatchGenerator.
+"""Batched sampling of completion groups.
 
 Every prompt x group member is decoded concurrently (up to `concurrency`
-sequences at once; more go in successive waves). Each prompt is prefilled once and its KV cache handed to
-all G members of its group, instead of G identical prefills. For each
+sequences at once; more go in successive waves). Each prompt is prefilled once
+and its keys and values handed to all G members of its group, instead of G
+identical prefills. Models with plain key/value caches decode with a compiled
+fixed-shape step (fixed_decode.py); others with mlx-lm's BatchGenerator. For each
 completion we keep exactly what the policy gradient needs: the sampled token
 ids (never decoded and re-encoded), each token's behaviour log-prob at the
 sampling temperature, and why it stopped.
@@ -27,6 +29,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from . import fixed_decode
 from .logprobs import _output_head
 
 
@@ -54,18 +57,18 @@ def _end_token_ids(tokenizer) -> list[int]:
     return sorted({int(i) for i in ids if i is not None})
 
 
-def _tempered_logprobs(raw_logprobs: list[mx.array], tokens: list[int], temperature: float) -> mx.array:
-    """log softmax(logits / T)[token] from the generator's log softmax(logits).
+def tempered_logprobs(logprobs: mx.array, tokens: mx.array, temperature: float) -> mx.array:
+    """log softmax(logits / T)[token] per row, from log softmax(logits) (rows, vocab).
 
-    log softmax is shift-invariant, so dividing the generator's normalised
-    log-probs by T and renormalising equals log softmax(logits / T).
+    log softmax is shift-invariant, so dividing normalised log-probs by T and
+    renormalising equals log softmax(logits / T). Greedy decoding (T = 0)
+    reports log-probs at T = 1.
     """
-    logprobs = mx.stack(raw_logprobs).astype(mx.float32)
-    idx = mx.array(tokens)[:, None]
+    logprobs = logprobs.astype(mx.float32)
     if temperature not in (0.0, 1.0):
         logprobs = logprobs / temperature
         logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
-    return mx.take_along_axis(logprobs, idx, axis=-1).squeeze(-1)
+    return mx.take_along_axis(logprobs, tokens[:, None], axis=-1).squeeze(-1)
 
 
 def _prefilled_cache(model, prompt: list[int]):
@@ -96,7 +99,6 @@ class KeyedSampler:
     `row_seeds[r]` is a 64-bit seed per row (completion); the row's token at
     position t uses the t-th key split from it. The decode loop says which rows
     are in the generator's batch (`rows`, in the batch's order) before each step.
-    Filters (top-p, min-p, top-k) follow mlx-lm's make_sampler, in its order.
     """
 
     def __init__(self, sampling: SamplingConfig, row_seeds: np.ndarray):
@@ -108,27 +110,35 @@ class KeyedSampler:
         self.keys = mx.vmap(lambda k: mx.random.split(k, sampling.max_tokens + 1))(keys)
         self.position = np.zeros(len(words), dtype=np.int64)
         self.rows: list[int] = []
-        self._noise = {}  # vocabulary size -> Gumbel noise of shape (rows, vocab) from (rows, 2) keys
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         rows = self.rows
         if len(rows) != logprobs.shape[0]:
             raise RuntimeError("the batch generator's rows are not the ones the sampler was told about")
-        s = self.sampling
-        if 0 < s.top_p < 1:
-            logprobs = apply_top_p(logprobs, s.top_p)
-        if s.min_p != 0:
-            logprobs = apply_min_p(logprobs, s.min_p)
-        if s.top_k > 0:
-            logprobs = apply_top_k(logprobs, s.top_k)
-        keys = self.keys[mx.array(rows), mx.array(self.position[rows])]
+        keys = self.keys_at(rows, self.position[rows])
         self.position[rows] += 1
-        vocab = logprobs.shape[-1]
-        if vocab not in self._noise:
-            self._noise[vocab] = mx.vmap(lambda k: mx.random.gumbel((vocab,), key=k))
-        noise = self._noise[vocab](keys)
-        # argmax(logits / T + Gumbel noise) is a sample from softmax(logits / T).
-        return mx.argmax(logprobs * (1 / s.temperature) + noise, axis=-1)
+        return draw_tokens(logprobs, keys, self.sampling)
+
+    def keys_at(self, rows, positions) -> mx.array:
+        """(len(rows), 2) keys: row rows[i] at position positions[i]."""
+        return self.keys[mx.array(rows), mx.array(positions)]
+
+
+def draw_tokens(logprobs: mx.array, keys: mx.array, sampling: SamplingConfig) -> mx.array:
+    """One token per row from softmax(logprobs / T) after the filters; row i's draw uses keys[i] alone.
+
+    Filters (top-p, min-p, top-k) follow mlx-lm's make_sampler, in its order.
+    """
+    if 0 < sampling.top_p < 1:
+        logprobs = apply_top_p(logprobs, sampling.top_p)
+    if sampling.min_p != 0:
+        logprobs = apply_min_p(logprobs, sampling.min_p)
+    if sampling.top_k > 0:
+        logprobs = apply_top_k(logprobs, sampling.top_k)
+    vocab = logprobs.shape[-1]
+    noise = mx.vmap(lambda k: mx.random.gumbel((vocab,), key=k))(keys)
+    # argmax(logits / T + Gumbel noise) is a sample from softmax(logits / T).
+    return mx.argmax(logprobs * (1 / sampling.temperature) + noise, axis=-1)
 
 
 def _greedy(logprobs: mx.array) -> mx.array:
@@ -173,12 +183,19 @@ def sample_completions(
     tokens = [[] for _ in range(n)]
     logprobs = [[] for _ in range(n)]
     finish = [None] * n
-    caches = _shared_caches(model, prompts, group_size)
     width = max(1, concurrency)
-    for start in range(0, n, width):
-        wave = list(range(start, min(n, start + width)))
-        _decode_wave(model, [prompts[i // group_size] for i in wave], wave, caches[start:start + width], sampler,
-                     end_ids, sampling, tokens, logprobs, finish)
+    if fixed_decode.supports_fixed_decode(model):
+        for start in range(0, n, width):
+            wave = list(range(start, min(n, start + width)))
+            out = _decode_fixed(model, [prompts[i // group_size] for i in wave], wave, sampler, end_ids, sampling)
+            for i, t, lp, f in zip(wave, *out):
+                tokens[i], logprobs[i], finish[i] = t, lp, f
+    else:  # sliding-window or recurrent caches: mlx-lm's generator, whose caches grow
+        caches = _shared_caches(model, prompts, group_size)
+        for start in range(0, n, width):
+            wave = list(range(start, min(n, start + width)))
+            _decode_wave(model, [prompts[i // group_size] for i in wave], wave, caches[start:start + width], sampler,
+                         end_ids, sampling, tokens, logprobs, finish)
 
     completions = []
     for i in range(n):
@@ -194,6 +211,29 @@ def sample_completions(
             )
         )
     return completions
+
+
+def _decode_fixed(model, prompts, rows, sampler, end_ids, sampling):
+    """Decode `rows` (one per prompt given) with the compiled fixed-shape loop; see fixed_decode.py."""
+    temperature = sampling.temperature
+    if sampler is None:
+        def draw(logprobs, keys):
+            return mx.argmax(logprobs, axis=-1)
+
+        def keys_at(batch, t):
+            return mx.zeros((len(batch), 2), dtype=mx.uint32)
+    else:
+        def draw(logprobs, keys):
+            return draw_tokens(logprobs, keys, sampling)
+
+        def keys_at(batch, t):
+            return sampler.keys_at([rows[b] for b in batch], [t] * len(batch))
+
+    def logprob_of(logprobs, tokens):
+        return tempered_logprobs(logprobs, tokens, temperature)
+
+    sampling_key = (temperature, sampling.top_p, sampling.top_k, sampling.min_p)
+    return fixed_decode.decode(model, prompts, sampling, sampling_key, draw, logprob_of, keys_at, end_ids)
 
 
 def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, tokens, logprobs, finish):
@@ -228,8 +268,8 @@ def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, token
             if [row_of[r.uid] for r in responses] != active:
                 raise RuntimeError("the batch generator reordered its rows; per-completion seeding needs mlx-lm 0.32")
             step_tokens = [r.token for r in responses]
-            step_logprobs = _tempered_logprobs(
-                [r.logprobs for r in responses], step_tokens, sampling.temperature
+            step_logprobs = tempered_logprobs(
+                mx.stack([r.logprobs for r in responses]), mx.array(step_tokens), sampling.temperature
             ).tolist()
             for r, lp in zip(responses, step_logprobs):
                 i = row_of[r.uid]
