@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
+import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
@@ -84,6 +85,27 @@ def adapters_disabled(model: nn.Module):
     finally:
         if adapted:
             model.update_modules(tree_unflatten(adapted))
+
+
+@contextmanager
+def adapters_merged(model: nn.Module):
+    """Run LoRA layers as single linears, W + scale * B A, while sampling.
+
+    One matmul per layer instead of three (and their elementwise glue): decode
+    steps of small models are bound by the number of operations. Only float32,
+    unquantized bases are merged: in bfloat16 the merged sum would round away
+    most of a small adapter, and the sampling policy would drift from the
+    trained one. Used in eval mode only (no LoRA dropout).
+    """
+    merged = [(name, m) for name, m in model.named_modules()
+              if type(m) is LoRALinear and type(m.linear) is nn.Linear and m.linear.weight.dtype == mx.float32]
+    if merged:
+        model.update_modules(tree_unflatten([(name, m.fuse()) for name, m in merged]))
+    try:
+        yield model
+    finally:
+        if merged:
+            model.update_modules(tree_unflatten(merged))
 
 
 @contextmanager

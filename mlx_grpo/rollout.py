@@ -31,6 +31,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from . import fixed_decode
 from .logprobs import _output_head
+from .policy import adapters_merged
 
 
 @dataclass
@@ -233,7 +234,8 @@ def _decode_fixed(model, prompts, rows, sampler, end_ids, sampling):
         return tempered_logprobs(logprobs, tokens, temperature)
 
     sampling_key = (temperature, sampling.top_p, sampling.top_k, sampling.min_p)
-    return fixed_decode.decode(model, prompts, sampling, sampling_key, draw, logprob_of, keys_at, end_ids)
+    with adapters_merged(model):
+        return fixed_decode.decode(model, prompts, sampling, sampling_key, draw, logprob_of, keys_at, end_ids)
 
 
 def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, tokens, logprobs, finish):

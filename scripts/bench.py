@@ -337,12 +337,30 @@ def _replaced(module, name, value):
 
 def without_shared_prefill():
     """Rollouts prefill every group member's prompt separately, as without sharing."""
+    from mlx_grpo import fixed_decode
+
+    shared = fixed_decode._prefilled_buffers
+
+    def separate(model, prompts, prefix_length, max_tokens):
+        rows = [shared(model, [p], prefix_length, max_tokens) for p in prompts]
+        return ([mx.concatenate(layer) for layer in zip(*(keys for keys, _ in rows))],
+                [mx.concatenate(layer) for layer in zip(*(values for _, values in rows))])
+
+    return _replaced(fixed_decode, "_prefilled_buffers", separate)
+
+
+def with_generator_decode():
+    """Rollouts through mlx-lm's BatchGenerator (growing caches, nothing compiled), as models without plain caches do."""
+    from mlx_grpo import fixed_decode
+
+    return _replaced(fixed_decode, "supports_fixed_decode", lambda model: False)
+
+
+def without_merged_adapters():
+    """The fixed decoder runs LoRA layers as three matmuls instead of one merged weight."""
     from mlx_grpo import rollout
 
-    def separate(model, prompts, g):
-        return [rollout._prefilled_cache(model, p) for p in prompts for _ in range(g)]
-
-    return _replaced(rollout, "_shared_caches", separate)
+    return _replaced(rollout, "adapters_merged", contextlib.nullcontext)
 
 
 def without_shared_prompt_forward():
@@ -398,6 +416,8 @@ def synthetic_rollouts():
 VARIANTS = {
     "decode_concurrency_2": ({"decode_concurrency": 2}, None),  # the peer's default decode width here
     "no_shared_prefill": ({}, without_shared_prefill),
+    "generator_decode": ({}, with_generator_decode),
+    "unmerged_adapters": ({}, without_merged_adapters),
     "no_shared_prompt_forward": ({}, without_shared_prompt_forward),
     "logprob_chunk_32": ({"logprob_chunk_size": 32}, None),
     "micro_batch_4": ({"micro_batch_size": 4}, None),

@@ -105,3 +105,13 @@ def test_synthetic_rollouts_give_max_length_completions(capsys):
     bench.main([*SMALL, "--peer", "off", "--synthetic-rollouts"])
     ours = json.loads(capsys.readouterr().out)["mlx_grpo"]
     assert ours["mean_completion_tokens"] == 6.0 and ours["rollout_gflops"] == 0.0
+
+
+def test_every_variant_runs_and_samples_what_ours_samples(capsys):
+    """Each variant patches a named internal: a rename must fail here, not silently measure nothing.
+    None changes what is sampled, so the first step's reward is ours exactly."""
+    bench.main([*SMALL, "--peer", "off", "--variants", "all"])
+    printed = json.loads(capsys.readouterr().out)
+    for name in bench.VARIANTS:
+        assert printed[name]["step_s_vs_ours"] > 0
+        assert printed[name]["rewards"][0] == pytest.approx(printed["mlx_grpo"]["rewards"][0], abs=1e-9), name

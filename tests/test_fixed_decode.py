@@ -1,0 +1,126 @@
+"""The compiled fixed-shape decoder samples what mlx-lm's generator samples, row for row,
+with early stops (and the narrowing of the batch they cause), LoRA adapters merged for
+sampling, and weights that change between rollouts."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_map
+from mlx_lm.tuner.lora import LoRALinear
+
+from mlx_grpo import fixed_decode, rollout
+from mlx_grpo.data import encode_prompt
+from mlx_grpo.logprobs import token_logprobs
+from mlx_grpo.policy import adapters_merged, load_policy, prepare_for_training
+from mlx_grpo.rollout import SamplingConfig, sample_completions
+
+
+@pytest.fixture()
+def adapted(tiny_model_path):
+    """The tiny model with LoRA adapters whose B matrices are not zero (so they matter)."""
+    model, tokenizer = load_policy(str(tiny_model_path))
+    prepare_for_training(model, "lora", {"rank": 4, "scale": 10.0, "dropout": 0.0, "num_layers": 2})
+    mx.random.seed(3)
+    model.update(tree_map(lambda p: p + 0.05 * mx.random.normal(p.shape), model.trainable_parameters()))
+    model.eval()
+    return model, tokenizer
+
+
+def _prompts(tokenizer):
+    # Different lengths: rows get different left padding in the fixed buffers.
+    return [encode_prompt(tokenizer, q) for q in ("what is 2+3?", "add 17 and 5, then double it", "hi")]
+
+
+def _both_ways(model, tokenizer, monkeypatch, sampling, group_size=4, **kw):
+    fixed = sample_completions(model, tokenizer, _prompts(tokenizer), group_size, sampling, seed=7, **kw)
+    with monkeypatch.context() as m:
+        m.setattr(fixed_decode, "supports_fixed_decode", lambda model: False)
+        generator = sample_completions(model, tokenizer, _prompts(tokenizer), group_size, sampling, seed=7, **kw)
+    return fixed, generator
+
+
+def _assert_same(fixed, generator):
+    assert [c.tokens for c in fixed] == [c.tokens for c in generator]
+    assert [c.finish_reason for c in fixed] == [c.finish_reason for c in generator]
+    for a, b in zip(fixed, generator):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_the_tiny_qwen2_takes_the_fixed_path(adapted):
+    assert fixed_decode.supports_fixed_decode(adapted[0])
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0, max_tokens=12),
+                                      SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=12),
+                                      SamplingConfig(temperature=0.0, max_tokens=12)])
+def test_fixed_decoder_samples_what_the_generator_samples(adapted, monkeypatch, sampling):
+    fixed, generator = _both_ways(*adapted, monkeypatch, sampling)
+    _assert_same(fixed, generator)
+
+
+def test_rows_that_stop_early_narrow_the_batch_without_changing_any_row(adapted, monkeypatch):
+    model, tokenizer = adapted
+    # One token in twelve ends a completion: rows stop at many different
+    # steps, so the batch narrows (12 rows, then 8, 4, ...) mid-decode.
+    monkeypatch.setattr(rollout, "_end_token_ids", lambda tokenizer: list(range(0, 260, 12)))
+    widths = []
+    compiled_step = fixed_decode._compiled_step
+
+    def watched(*args):
+        step = compiled_step(*args)
+
+        def run(tokens, *rest):
+            widths.append(tokens.shape[0])
+            return step(tokens, *rest)
+        return run
+
+    monkeypatch.setattr(fixed_decode, "_compiled_step", watched)
+    fixed, generator = _both_ways(model, tokenizer, monkeypatch, SamplingConfig(temperature=1.0, max_tokens=16))
+    lengths = [len(c.tokens) for c in fixed]
+    assert len(set(lengths)) >= 4 and min(lengths) < 4  # stops really were spread out
+    assert any(c.finish_reason == "stop" for c in fixed) and any(c.finish_reason == "length" for c in fixed)
+    assert widths[0] == 12 and len(set(widths)) >= 3 and sorted(widths, reverse=True) == widths
+    _assert_same(fixed, generator)
+
+
+def test_narrow_waves_and_lone_prompts_give_the_same_rows(adapted):
+    model, tokenizer = adapted
+    sampling = SamplingConfig(temperature=1.0, max_tokens=10)
+    prompts = _prompts(tokenizer)
+    whole = sample_completions(model, tokenizer, prompts, 3, sampling, seed=2)
+    waves = sample_completions(model, tokenizer, prompts, 3, sampling, concurrency=5, seed=2)
+    last = sample_completions(model, tokenizer, prompts[2:], 3, sampling, seed=2, prompt_ids=[2])
+    assert [c.tokens for c in waves] == [c.tokens for c in whole]
+    assert [c.tokens for c in last] == [c.tokens for c in whole[6:]]
+
+
+def test_behaviour_logprobs_follow_weights_changed_between_rollouts(adapted):
+    """The compiled step reads the weights at every call: an update must be seen."""
+    model, tokenizer = adapted
+    sampling = SamplingConfig(temperature=1.0, max_tokens=10)
+    before = sample_completions(model, tokenizer, _prompts(tokenizer), 2, sampling, seed=4)
+    model.update(tree_map(lambda p: p + 0.05 * mx.random.normal(p.shape), model.trainable_parameters()))
+    after = sample_completions(model, tokenizer, _prompts(tokenizer), 2, sampling, seed=4)
+    assert [c.tokens for c in before] != [c.tokens for c in after]
+    for c in after:
+        logp, _ = token_logprobs(model, mx.array([c.prompt_tokens + c.tokens]))
+        np.testing.assert_allclose(c.logprobs, np.array(logp[0, len(c.prompt_tokens) - 1:]), atol=2e-4)
+
+
+def test_adapters_merge_for_sampling_only_in_float32(adapted, tiny_model_path):
+    model, _ = adapted
+    x = mx.random.normal((2, 5, model.args.hidden_size))
+    layer = model.layers[0].self_attn.q_proj
+    assert isinstance(layer, LoRALinear)
+    expected = layer(x)
+    with adapters_merged(model):
+        merged = model.layers[0].self_attn.q_proj
+        assert not isinstance(merged, LoRALinear)
+        np.testing.assert_allclose(np.array(merged(x)), np.array(expected), atol=1e-5)
+    assert model.layers[0].self_attn.q_proj is layer  # put back
+
+    half, _ = load_policy(str(tiny_model_path))
+    prepare_for_training(half, "lora", {"rank": 4, "scale": 10.0, "dropout": 0.0, "num_layers": 2})
+    half.set_dtype(mx.bfloat16)
+    with adapters_merged(half):
+        assert isinstance(half.layers[0].self_attn.q_proj, LoRALinear)  # bfloat16 would round the adapter away
