@@ -24,8 +24,6 @@ argmax(filtered log-probs / T + Gumbel noise from key (r, t)).
 
 from __future__ import annotations
 
-import weakref
-
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
@@ -75,19 +73,25 @@ def _make_step(model, draw, tempered_logprob):
     return mx.compile(step, inputs=model.state)
 
 
-# One compiled step per (model, sampling): compiled graphs are cached per
-# function, so the function must outlive a single rollout.
-_compiled_steps: dict = {}
+# The compiled steps of the model that sampled last, one per sampling setting.
+# Compiled graphs are cached per function, so a step must outlive a rollout;
+# it holds its model, so only the last model is kept (comparing two models
+# must not keep the first one's weights alive while the second decodes).
+_last = {"model": None, "steps": {}}
 
 
 def _compiled_step(model, sampling_key, draw, tempered_logprob):
-    key = (id(model), sampling_key)
-    entry = _compiled_steps.get(key)
-    if entry is None or entry[0]() is not model:
-        entry = (weakref.ref(model), _make_step(model, draw, tempered_logprob))
-        _compiled_steps[key] = entry
-        weakref.finalize(model, _compiled_steps.pop, key, None)
-    return entry[1]
+    if _last["model"] is not model:
+        _last["model"], _last["steps"] = model, {}
+    steps = _last["steps"]
+    if sampling_key not in steps:
+        steps[sampling_key] = _make_step(model, draw, tempered_logprob)
+    return steps[sampling_key]
+
+
+def release() -> None:
+    """Drop the compiled steps (and with them the last sampling model's weights)."""
+    _last["model"], _last["steps"] = None, {}
 
 
 def _prefilled_buffers(model, prompts, prefix_length, max_tokens):

@@ -124,3 +124,19 @@ def test_adapters_merge_for_sampling_only_in_float32(adapted, tiny_model_path):
     half.set_dtype(mx.bfloat16)
     with adapters_merged(half):
         assert isinstance(half.layers[0].self_attn.q_proj, LoRALinear)  # bfloat16 would round the adapter away
+
+
+def test_only_the_last_sampling_model_is_kept_alive(tiny_model_path):
+    import gc
+    import weakref
+
+    first, tokenizer = load_policy(str(tiny_model_path))
+    sampling = SamplingConfig(temperature=1.0, max_tokens=3)
+    sample_completions(first, tokenizer, _prompts(tokenizer), 1, sampling, seed=0)
+    gone = weakref.ref(first)
+    second, _ = load_policy(str(tiny_model_path))
+    sample_completions(second, tokenizer, _prompts(tokenizer), 1, sampling, seed=0)
+    del first
+    gc.collect()
+    assert gone() is None  # the compiled steps of `first` went with it
+    fixed_decode.release()
