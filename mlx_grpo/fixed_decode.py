@@ -19,7 +19,7 @@ the batch is still decoding; the live rows then move to a batch half as wide,
 rounded to a power of two so that few widths are ever compiled.
 
 The sampler is the one `rollout.py` describes: row r's token at position t is
-argmax(filtered log-probs / T + Gumbel noise from key (r, t)).
+drawn from softmax(filtered log-probs / T) with the one uniform number of key (r, t).
 """
 
 from __future__ import annotations
@@ -56,17 +56,16 @@ def supports_fixed_decode(model) -> bool:
     return all(type(c) is KVCache for c in make_prompt_cache(model))
 
 
-def _make_step(model, draw, tempered_logprob):
+def _make_step(model, pick):
     def step(tokens, keys, values, slot, left_padding, random_keys):
         length = keys[0].shape[2]
         slots = mx.arange(length)
         visible = ((slots[None] <= slot) & (slots[None] >= left_padding[:, None]))[:, None, None, :]
         positions = slot - left_padding
         caches = [_FixedCache(k, v, slot, positions, visible) for k, v in zip(keys, values)]
-        logits = model(tokens[:, None], cache=caches)[:, -1].astype(mx.float32)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        chosen = draw(logprobs, random_keys)
-        return chosen, tempered_logprob(logprobs, chosen), [c.keys for c in caches], [c.values for c in caches]
+        logits = model(tokens[:, None], cache=caches)[:, -1]
+        chosen, chosen_logprobs = pick(logits, random_keys)
+        return chosen, chosen_logprobs, [c.keys for c in caches], [c.values for c in caches]
 
     # The weights are implicit inputs, read at every call: an optimizer update
     # between rollouts is seen without recompiling.
@@ -80,12 +79,12 @@ def _make_step(model, draw, tempered_logprob):
 _last = {"model": None, "steps": {}}
 
 
-def _compiled_step(model, sampling_key, draw, tempered_logprob):
+def _compiled_step(model, sampling_key, pick):
     if _last["model"] is not model:
         _last["model"], _last["steps"] = model, {}
     steps = _last["steps"]
     if sampling_key not in steps:
-        steps[sampling_key] = _make_step(model, draw, tempered_logprob)
+        steps[sampling_key] = _make_step(model, pick)
     return steps[sampling_key]
 
 
@@ -125,19 +124,20 @@ def _power_of_two_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def decode(model, prompts, sampling, sampling_key, draw, tempered_logprob, random_keys, end_ids):
+def decode(model, prompts, max_tokens, sampling_key, pick, random_keys, end_ids):
     """Decode one completion per prompt, all rows at once. Returns (tokens, logprobs, finish) per row.
 
-    random_keys(rows, t) gives the (len(rows), 2) keys for position t of those rows.
+    pick(logits, keys) -> (tokens, their log-probs) is the sampler, the same for
+    every call with the same sampling_key; random_keys(rows, t) gives the
+    (len(rows), 2) keys for position t of those rows.
     """
     n = len(prompts)
-    max_tokens = sampling.max_tokens
     longest = max(len(p) - 1 for p in prompts)
     length = -(-(longest + max_tokens) // _LENGTH_MULTIPLE) * _LENGTH_MULTIPLE
     prefix = length - max_tokens
     keys, values = _prefilled_buffers(model, prompts, prefix, max_tokens)
     left_padding = mx.array([prefix - (len(p) - 1) for p in prompts], dtype=mx.int32)
-    step = _compiled_step(model, sampling_key, draw, tempered_logprob)
+    step = _compiled_step(model, sampling_key, pick)
     end = set(end_ids)
 
     tokens = [[] for _ in range(n)]

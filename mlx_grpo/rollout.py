@@ -15,7 +15,7 @@ with id p draws its token at position t with a random key made from
 prompts share the batch, how wide the decode is, or which process samples it,
 which is what lets data-parallel ranks split a step's prompts and still
 reproduce a one-process run. The draw stays one batched call per decode step
-(the Gumbel-max trick with one key per row).
+(inverse-CDF sampling with one uniform number per row).
 """
 
 from __future__ import annotations
@@ -118,28 +118,54 @@ class KeyedSampler:
             raise RuntimeError("the batch generator's rows are not the ones the sampler was told about")
         keys = self.keys_at(rows, self.position[rows])
         self.position[rows] += 1
-        return draw_tokens(logprobs, keys, self.sampling)
+        return draw_tokens(logprobs, keys, self.sampling)[0]
 
     def keys_at(self, rows, positions) -> mx.array:
         """(len(rows), 2) keys: row rows[i] at position positions[i]."""
         return self.keys[mx.array(rows), mx.array(positions)]
 
 
-def draw_tokens(logprobs: mx.array, keys: mx.array, sampling: SamplingConfig) -> mx.array:
-    """One token per row from softmax(logprobs / T) after the filters; row i's draw uses keys[i] alone.
+def draw_tokens(logits: mx.array, keys: mx.array, sampling: SamplingConfig) -> tuple[mx.array, mx.array]:
+    """One token per row from softmax(logits / T) after the filters, and its log-prob.
 
-    Filters (top-p, min-p, top-k) follow mlx-lm's make_sampler, in its order.
+    Row i's draw uses keys[i] alone. The log-prob is log softmax(logits / T) of
+    the token under the unfiltered distribution, which is what the trainer's
+    forward pass computes. Filters (top-p, min-p, top-k) follow mlx-lm's
+    make_sampler, in its order.
     """
+    logits = logits.astype(mx.float32)
+    logits = logits - mx.max(logits, axis=-1, keepdims=True)  # exp below stays <= 1
+    filtered = logits
     if 0 < sampling.top_p < 1:
-        logprobs = apply_top_p(logprobs, sampling.top_p)
+        filtered = apply_top_p(filtered, sampling.top_p)
     if sampling.min_p != 0:
-        logprobs = apply_min_p(logprobs, sampling.min_p)
+        filtered = apply_min_p(filtered, sampling.min_p)
     if sampling.top_k > 0:
-        logprobs = apply_top_k(logprobs, sampling.top_k)
-    vocab = logprobs.shape[-1]
-    noise = mx.vmap(lambda k: mx.random.gumbel((vocab,), key=k))(keys)
-    # argmax(logits / T + Gumbel noise) is a sample from softmax(logits / T).
-    return mx.argmax(logprobs * (1 / sampling.temperature) + noise, axis=-1)
+        filtered = apply_top_k(filtered, sampling.top_k)
+    # Inverse-CDF sampling: one uniform number per row, and one exp over the
+    # vocabulary, which also gives the log-prob. (Gumbel-max needs a random
+    # number and two logs per vocabulary entry: on a CPU, where exp and log cost
+    # ~20 ns each, that was most of a small model's decode step.) The token is
+    # the first whose CDF exceeds u: a token of probability 0 spans an empty
+    # interval and is never drawn, and u stays below the total, so one always is.
+    inverse_t = 1 / sampling.temperature
+    cdf = mx.cumsum(mx.exp(filtered * inverse_t), axis=-1)
+    total = cdf[:, -1]
+    u = mx.minimum(mx.vmap(lambda k: mx.random.uniform(key=k))(keys) * total, total * (1 - 2**-23))
+    tokens = (cdf <= u[:, None]).sum(axis=-1)
+    norm = total if filtered is logits else mx.exp(logits * inverse_t).sum(axis=-1)
+    return tokens, _take(logits, tokens) * inverse_t - mx.log(norm)
+
+
+def greedy_tokens(logits: mx.array) -> tuple[mx.array, mx.array]:
+    """The most likely token of each row, and its log-prob at temperature 1."""
+    logits = logits.astype(mx.float32)
+    tokens = mx.argmax(logits, axis=-1)
+    return tokens, _take(logits, tokens) - mx.logsumexp(logits, axis=-1)
+
+
+def _take(x: mx.array, tokens: mx.array) -> mx.array:
+    return mx.take_along_axis(x, tokens[:, None], axis=-1).squeeze(-1)
 
 
 def _greedy(logprobs: mx.array) -> mx.array:
@@ -216,26 +242,22 @@ def sample_completions(
 
 def _decode_fixed(model, prompts, rows, sampler, end_ids, sampling):
     """Decode `rows` (one per prompt given) with the compiled fixed-shape loop; see fixed_decode.py."""
-    temperature = sampling.temperature
     if sampler is None:
-        def draw(logprobs, keys):
-            return mx.argmax(logprobs, axis=-1)
+        def pick(logits, keys):
+            return greedy_tokens(logits)
 
         def keys_at(batch, t):
             return mx.zeros((len(batch), 2), dtype=mx.uint32)
     else:
-        def draw(logprobs, keys):
-            return draw_tokens(logprobs, keys, sampling)
+        def pick(logits, keys):
+            return draw_tokens(logits, keys, sampling)
 
         def keys_at(batch, t):
             return sampler.keys_at([rows[b] for b in batch], [t] * len(batch))
 
-    def logprob_of(logprobs, tokens):
-        return tempered_logprobs(logprobs, tokens, temperature)
-
-    sampling_key = (temperature, sampling.top_p, sampling.top_k, sampling.min_p)
+    sampling_key = (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p)
     with adapters_merged(model):
-        return fixed_decode.decode(model, prompts, sampling, sampling_key, draw, logprob_of, keys_at, end_ids)
+        return fixed_decode.decode(model, prompts, sampling.max_tokens, sampling_key, pick, keys_at, end_ids)
 
 
 def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, tokens, logprobs, finish):
