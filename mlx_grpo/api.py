@@ -25,7 +25,6 @@ The examples in the docstrings below run as doctests (tests/test_api.py).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -35,7 +34,7 @@ from mlx.utils import tree_map
 
 from . import trainer as _trainer
 from .advantages import group_advantages
-from .batch import build_batch, micro_batches
+from .batch import build_batch, micro_batch_count, micro_batches
 from .config import TrainConfig, build_config
 from .data import encode_prompt, screen_task
 from .evaluate import columns_of
@@ -252,7 +251,7 @@ class Trainer:
         settings = c if g == c.group_size else _with_group_size(c, g)
         parts = micro_batches(batch, settings.micro_batch_size)
         sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
-                           num_micro_batches=math.ceil(len(rows) / max(1, settings.micro_batch_size // g)),
+                           num_micro_batches=micro_batch_count(len(rows), g, settings.micro_batch_size),
                            max_tokens=c.max_tokens)
         chunk = _trainer._chunk_size(settings, self.model, batch)
         ref = (_trainer.reference_logprobs(self.model, settings, parts, self.ref_params, chunk)

@@ -46,6 +46,7 @@ class MicroBatch:
     mask: mx.array
     behaviour_logp: mx.array
     advantages: mx.array
+    group_size: int  # completions per prompt here: the group's, or fewer when a group is cut into pieces
 
 
 def build_batch(completions, advantages, group_size: int) -> RolloutBatch:
@@ -78,14 +79,39 @@ def groups_with_signal(batch: RolloutBatch) -> RolloutBatch:
                         batch.behaviour_logp[rows], batch.advantages[rows], g)
 
 
+def _pieces(group_size: int, size: int) -> list[tuple[int, int]]:
+    """Row ranges that cut one group into near-equal pieces of at most `size` rows."""
+    count = -(-group_size // size)
+    bounds = [round(i * group_size / count) for i in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def micro_batch_count(num_groups: int, group_size: int, size: int) -> int:
+    """How many micro-batches `micro_batches` makes of `num_groups` groups (before dropping empty ones)."""
+    if size >= group_size:
+        return -(-num_groups // (size // group_size))
+    return num_groups * len(_pieces(group_size, size))
+
+
 def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
-    """Whole groups, about `size` sequences each, each padded only as far as it needs."""
+    """Whole groups, about `size` sequences each, each padded only as far as it needs.
+
+    With `size` below the group size each group is cut into pieces of at most
+    `size` sequences, and each piece runs its prompt again: the update's memory
+    then follows `size`, whatever the group size, for one extra prompt pass a piece.
+    """
     g = batch.group_size
-    groups_per = max(1, size // g)
+    if size >= g:
+        per = size // g
+        spans = [(list(range(first, min(first + per, len(batch.prompts)))), first * g,
+                  min(first + per, len(batch.prompts)) * g, g) for first in range(0, len(batch.prompts), per)]
+    else:
+        spans = [([i], i * g + start, i * g + stop, stop - start)
+                 for i in range(len(batch.prompts)) for start, stop in _pieces(g, size)]
     out = []
-    for first in range(0, len(batch.prompts), groups_per):
-        prompts = batch.prompts[first:first + groups_per]
-        rows = slice(first * g, (first + len(prompts)) * g)
+    for groups, first_row, end_row, group_size in spans:
+        prompts = [batch.prompts[i] for i in groups]
+        rows = slice(first_row, end_row)
         # The last masked-in column (multi-turn masks have zeros inside, not only at the end).
         used = np.flatnonzero(batch.mask[rows].any(axis=0))
         width = int(used[-1]) + 1 if len(used) else 0
@@ -98,6 +124,6 @@ def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
         out.append(MicroBatch(
             mx.array(padded), mx.array([longest - len(p) for p in prompts]),
             mx.array(batch.completions[rows, :width]), mx.array(batch.mask[rows, :width]),
-            mx.array(batch.behaviour_logp[rows, :width]), mx.array(batch.advantages[rows]),
+            mx.array(batch.behaviour_logp[rows, :width]), mx.array(batch.advantages[rows]), group_size,
         ))
     return out

@@ -29,7 +29,7 @@ from . import checkpoint as ckpt
 from . import distributed as dist
 from . import multiturn
 from .advantages import advantage_stats, group_advantages
-from .batch import MicroBatch, RolloutBatch, build_batch, groups_with_signal, micro_batches
+from .batch import MicroBatch, RolloutBatch, build_batch, groups_with_signal, micro_batch_count, micro_batches
 from .config import TrainConfig, dump_yaml
 from .data import screen_task
 from .evaluate import evaluate_accuracy, evaluate_pass_at_k
@@ -83,7 +83,7 @@ def _chunk_size(config: TrainConfig, model, batch: RolloutBatch) -> int | None:
 
 
 def _logprobs(model, mb: MicroBatch, config: TrainConfig, chunk, entropy_grad=False):
-    return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, config.group_size,
+    return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, mb.group_size,
                                config.temperature, chunk, entropy_grad)
 
 
@@ -227,9 +227,8 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
         skip_silent = config.beta == 0 and config.entropy_coef == 0 and config.loss != "bnpo"
         parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, config.micro_batch_size)
-        groups_per_part = max(1, config.micro_batch_size // g)
         sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
-                           num_micro_batches=math.ceil(len(batch.prompts) / groups_per_part),
+                           num_micro_batches=micro_batch_count(len(batch.prompts), g, config.micro_batch_size),
                            max_tokens=config.max_episode_tokens if task.make_env else config.max_tokens)
         if watch_kl:  # over every group, silent ones included
             all_parts = micro_batches(batch, config.micro_batch_size) if skip_silent else parts

@@ -1,6 +1,7 @@
 """Pieces of the training loop: batching, skipping silent groups, data order."""
 
 import mlx.core as mx
+import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
@@ -8,7 +9,7 @@ from mlx_grpo.config import build_config
 from mlx_grpo.losses import BatchShape
 from mlx_grpo.policy import load_policy, prepare_for_training
 from mlx_grpo.rollout import Completion
-from mlx_grpo.batch import batch_rows, build_batch, groups_with_signal, micro_batches
+from mlx_grpo.batch import batch_rows, build_batch, groups_with_signal, micro_batch_count, micro_batches
 from mlx_grpo.trainer import make_optimizer, update
 
 
@@ -60,6 +61,44 @@ def test_skipping_silent_groups_changes_nothing(tiny_model_path):
     for name in a:
         np.testing.assert_allclose(np.array(a[name]), np.array(b[name]), atol=1e-6, err_msg=name)
     assert abs(ma["loss"] - mb["loss"]) < 1e-6 and abs(ma["grad_norm"] - mb["grad_norm"]) < 1e-5
+
+
+def test_groups_cut_into_pieces_cover_every_row_once():
+    rng = np.random.default_rng(2)
+    batch = build_batch(_completions(rng, 3, 5), rng.normal(size=15), 5)
+    for size in (1, 2, 3, 4):
+        parts = micro_batches(batch, size)
+        assert len(parts) == micro_batch_count(3, 5, size)
+        assert all(0 < p.completions.shape[0] == p.group_size <= size and p.prompts.shape[0] == 1 for p in parts)
+        np.testing.assert_array_equal(np.concatenate([np.array(p.advantages) for p in parts]), batch.advantages)
+    assert [p.group_size for p in micro_batches(batch, 2)] == [2, 1, 2] * 3
+    assert micro_batch_count(3, 5, 16) == 1 and micro_batch_count(7, 5, 10) == 4
+
+
+def test_pieces_of_groups_train_exactly_like_whole_groups(tiny_model_path):
+    """Cutting a group into pieces (less memory) runs its prompt again but changes no number."""
+    rng = np.random.default_rng(3)
+    comps = _completions(rng, 2, 4)
+    batch = build_batch(comps, rng.normal(size=8), 4)
+    for loss in ("grpo", "dapo"):
+        config = build_config({"group_size": 4, "loss": loss, "steps": 5})
+        results = []
+        for size in (16, 3, 1):
+            parts = micro_batches(batch, size)
+            sizes = BatchShape(8, int(batch.mask.sum()), micro_batch_count(2, 4, size), config.max_tokens)
+            model, _ = load_policy(str(tiny_model_path))
+            mx.random.seed(0)
+            prepare_for_training(model, "lora", {"rank": 4})
+            # Plain SGD: the weights move by the (clipped) gradient itself; Adam would
+            # blow rounding-level differences in near-zero gradients up to lr.
+            metrics = update(model, optim.SGD(learning_rate=1.0), config, sizes, parts, None, None)
+            results.append((dict(tree_flatten(model.trainable_parameters())), metrics))
+        (whole, m_whole), *cut = results
+        assert m_whole["update/rel_change"] > 0
+        for weights, metrics in cut:
+            for name in whole:
+                np.testing.assert_allclose(np.array(weights[name]), np.array(whole[name]), atol=1e-6, err_msg=name)
+            assert abs(metrics["loss"] - m_whole["loss"]) < 1e-5
 
 
 def test_batch_rows_cover_each_epoch_once_in_a_seeded_order():
