@@ -19,7 +19,7 @@ the batch is still decoding; the live rows then move to a batch half as wide,
 rounded to a power of two so that few widths are ever compiled.
 
 The sampler is the one `rollout.py` describes: row r's token at position t is
-drawn from softmax(filtered log-probs / T) with the one uniform number of key (r, t).
+argmax(filtered log-probs / T + Gumbel noise from key (r, t)).
 """
 
 from __future__ import annotations
