@@ -100,18 +100,16 @@ def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
     `size` sequences, and each piece runs its prompt again: the update's memory
     then follows `size`, whatever the group size, for one extra prompt pass a piece.
     """
-    g = batch.group_size
-    if size >= g:
+    g, n = batch.group_size, len(batch.prompts)
+    if size >= g:  # (groups, rows of their completions, completions per prompt)
         per = size // g
-        spans = [(list(range(first, min(first + per, len(batch.prompts)))), first * g,
-                  min(first + per, len(batch.prompts)) * g, g) for first in range(0, len(batch.prompts), per)]
+        spans = [(range(i, min(i + per, n)), slice(i * g, min(i + per, n) * g), g) for i in range(0, n, per)]
     else:
-        spans = [([i], i * g + start, i * g + stop, stop - start)
-                 for i in range(len(batch.prompts)) for start, stop in _pieces(g, size)]
+        spans = [(range(i, i + 1), slice(i * g + start, i * g + stop), stop - start)
+                 for i in range(n) for start, stop in _pieces(g, size)]
     out = []
-    for groups, first_row, end_row, group_size in spans:
+    for groups, rows, group_size in spans:
         prompts = [batch.prompts[i] for i in groups]
-        rows = slice(first_row, end_row)
         # The last masked-in column (multi-turn masks have zeros inside, not only at the end).
         used = np.flatnonzero(batch.mask[rows].any(axis=0))
         width = int(used[-1]) + 1 if len(used) else 0

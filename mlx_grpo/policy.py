@@ -70,24 +70,28 @@ def trainable_parameter_count(model: nn.Module) -> int:
 
 
 @contextmanager
+def _modules_swapped(model: nn.Module, replacements: list[tuple[str, nn.Module]]):
+    """Run the model with some named modules replaced; the originals go back afterwards."""
+    originals = dict(model.named_modules())
+    if replacements:
+        model.update_modules(tree_unflatten(replacements))
+    try:
+        yield model
+    finally:
+        if replacements:
+            model.update_modules(tree_unflatten([(name, originals[name]) for name, _ in replacements]))
+
+
 def adapters_disabled(model: nn.Module):
     """Run the base model: every adapter layer is swapped for the layer it wraps.
 
     This is the reference policy for LoRA/DoRA without a second copy of the
     weights. Swapping (rather than zeroing the LoRA scale) is exact for DoRA too.
     """
-    adapted = [(name, m) for name, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)]
-    base = [(name, m.embedding if hasattr(m, "embedding") else m.linear) for name, m in adapted]
-    if base:
-        model.update_modules(tree_unflatten(base))
-    try:
-        yield model
-    finally:
-        if adapted:
-            model.update_modules(tree_unflatten(adapted))
+    return _modules_swapped(model, [(name, m.embedding if hasattr(m, "embedding") else m.linear)
+                                    for name, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)])
 
 
-@contextmanager
 def adapters_merged(model: nn.Module):
     """Run LoRA layers as single linears, W + scale * B A, while sampling.
 
@@ -97,15 +101,9 @@ def adapters_merged(model: nn.Module):
     most of a small adapter, and the sampling policy would drift from the
     trained one. Used in eval mode only (no LoRA dropout).
     """
-    merged = [(name, m) for name, m in model.named_modules()
-              if type(m) is LoRALinear and type(m.linear) is nn.Linear and m.linear.weight.dtype == mx.float32]
-    if merged:
-        model.update_modules(tree_unflatten([(name, m.fuse()) for name, m in merged]))
-    try:
-        yield model
-    finally:
-        if merged:
-            model.update_modules(tree_unflatten(merged))
+    return _modules_swapped(model, [(name, m.fuse()) for name, m in model.named_modules()
+                                    if type(m) is LoRALinear and type(m.linear) is nn.Linear
+                                    and m.linear.weight.dtype == mx.float32])
 
 
 @contextmanager

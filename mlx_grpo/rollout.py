@@ -118,7 +118,7 @@ class KeyedSampler:
             raise RuntimeError("the batch generator's rows are not the ones the sampler was told about")
         keys = self.keys_at(rows, self.position[rows])
         self.position[rows] += 1
-        return draw_tokens(logprobs, keys, self.sampling)[0]
+        return _sample(logprobs, keys, self.sampling)
 
     def keys_at(self, rows, positions) -> mx.array:
         """(len(rows), 2) keys: row rows[i] at position positions[i]."""
@@ -130,28 +130,35 @@ def draw_tokens(logits: mx.array, keys: mx.array, sampling: SamplingConfig) -> t
 
     Row i's draw uses keys[i] alone. The log-prob is log softmax(logits / T) of
     the token under the unfiltered distribution, which is what the trainer's
-    forward pass computes. Filters (top-p, min-p, top-k) follow mlx-lm's
-    make_sampler, in its order, on the log-probs at temperature 1.
+    forward pass computes.
     """
     logits = logits.astype(mx.float32)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    filtered = logprobs
+    tokens = _sample(logprobs, keys, sampling)
+    return tokens, tempered_logprobs(logprobs, tokens, sampling.temperature)
+
+
+def _sample(logprobs: mx.array, keys: mx.array, sampling: SamplingConfig) -> mx.array:
+    """Tokens from normalised log-probs (rows, vocab), row i drawn with keys[i] alone.
+
+    Filters (top-p, min-p, top-k) follow mlx-lm's make_sampler, in its order,
+    on the log-probs at temperature 1.
+    """
     if 0 < sampling.top_p < 1:
-        filtered = apply_top_p(filtered, sampling.top_p)
+        logprobs = apply_top_p(logprobs, sampling.top_p)
     if sampling.min_p != 0:
-        filtered = apply_min_p(filtered, sampling.min_p)
+        logprobs = apply_min_p(logprobs, sampling.min_p)
     if sampling.top_k > 0:
-        filtered = apply_top_k(filtered, sampling.top_k)
+        logprobs = apply_top_k(logprobs, sampling.top_k)
     # argmax(logits / T + Gumbel noise) is a sample from softmax(logits / T).
     # Inverse-CDF sampling would be cheaper (one random number a row instead of
     # one per vocabulary entry) but a rounding-level change in the logits moves
     # its draw far more often (0.5-3% of tokens against none, measured with
     # 1e-5 noise on 152k logits), and two batches that share a prompt must draw
     # the same completions for it.
-    vocab = logits.shape[-1]
+    vocab = logprobs.shape[-1]
     noise = mx.vmap(lambda k: mx.random.gumbel((vocab,), key=k))(keys)
-    tokens = mx.argmax(filtered * (1 / sampling.temperature) + noise, axis=-1)
-    return tokens, tempered_logprobs(logprobs, tokens, sampling.temperature)
+    return mx.argmax(logprobs * (1 / sampling.temperature) + noise, axis=-1)
 
 
 def greedy_tokens(logits: mx.array) -> tuple[mx.array, mx.array]:
