@@ -32,20 +32,21 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_map
 
-from . import trainer as _trainer
-from .advantages import group_advantages
-from .batch import build_batch, micro_batch_count, micro_batches
 from .config import TrainConfig, build_config
-from .data import encode_prompt, screen_task
-from .evaluate import columns_of
-from .health import reward_range
-from .losses import BatchShape
-from .policy import load_policy, prepare_for_training, resolve_model_path, save_adapters
-from .rewarding import Scores, score_completions, with_timeout
-from .rollout import Completion, SamplingConfig, sample_completions
-from . import tasks as _tasks
-from .tasks import Task, recommended_settings
-from .trainer import RunResult
+from .evaluation.evaluate import columns_of
+from .models.adapters import prepare_for_training, save_adapters
+from .models.loading import load_policy, resolve_model_path
+from .run import trainer as _trainer
+from .run.health import reward_range
+from .run.trainer import RunResult
+from .sampling.rollout import Completion, SamplingConfig, sample_completions
+from .tasks import registry as _tasks
+from .tasks.data import encode_prompt, screen_task
+from .tasks.registry import Task, recommended_settings
+from .tasks.rewarding import Scores, score_completions, with_timeout
+from .update.advantages import group_advantages
+from .update.batch import build_batch, micro_batch_count, micro_batches
+from .update.losses import BatchShape
 
 __all__ = [
     "Completion", "RunResult", "SamplingConfig", "Scores", "Task", "TrainConfig", "Trainer",
@@ -157,7 +158,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     >>> rows = read_metrics("checkpoints/arith-20250101-120000")  # doctest: +SKIP
     >>> rows[-1]["eval/accuracy"]                                 # doctest: +SKIP
     """
-    from .plot import read_run
+    from .evaluation.plot import read_run
 
     return read_run(run_dir)[0]
 
@@ -169,7 +170,7 @@ def plot_metrics(rows: Iterable[dict], keys: Iterable[str] = DEFAULT_PLOT_KEYS):
 
     >>> fig = plot_metrics(trainer.history, ["reward/mean", "grad_norm"])  # doctest: +SKIP
     """
-    from .plot import series
+    from .evaluation.plot import series
 
     try:
         import matplotlib.pyplot as plt

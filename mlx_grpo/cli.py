@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 
 from .config import _HINTS, FIELDS, ConfigError, build_config, field_help
-from .losses import LOSS_DESCRIPTIONS
-from .data import DataError
+from .tasks.data import DataError
+from .update.losses import LOSS_DESCRIPTIONS
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
                   help="GRPO-style reinforcement-learning fine-tuning of language models with MLX.")
@@ -73,12 +73,12 @@ def train(**flags):
         config_file = config_file or str(Path(resume) / "config.yaml")
         flags["output"] = resume
 
-    from .checkpoint import CheckpointError
-    from .display import TrainDisplay
-    from .rewarding import RewardError
-    from .health import TrainingStopped
-    from .tasks import recommended_settings
     from .api import train as run_training  # the CLI is a thin layer over the Python API
+    from .run.checkpoint import CheckpointError
+    from .run.display import TrainDisplay
+    from .run.health import TrainingStopped
+    from .tasks.registry import recommended_settings
+    from .tasks.rewarding import RewardError
 
     try:
         cfg = build_config(flags, config_file, task_defaults=recommended_settings)
@@ -102,53 +102,66 @@ train.__signature__ = _train_signature()
 app.command()(train)
 
 
-# Options shared by `compare` and `eval` (see mlx_grpo/compare.py).
-_TASK_HELP = "task to evaluate on; default: the run's task (arith without a run)"
-_N_HELP = "number of prompts (the first N of the split); default: the run's eval_num_problems (200)"
-_SAMPLES_HELP = "completions per prompt (K); K > 1 also reports pass@k"
-_TEMPERATURE_HELP = "sampling temperature; default: 0 (greedy) for one sample, the run's temperature for more"
+# Options that `compare` and `eval` share, declared once (see mlx_grpo/evaluation/compare.py).
+_EVALUATION_OPTIONS = {
+    "task": (Optional[str], typer.Option(None, help="task to evaluate on; default: the run's task (arith without a "
+                                                    "run)")),
+    "split": (str, typer.Option("test", help="test or train")),
+    "n": (Optional[int], typer.Option(None, help="number of prompts (the first N of the split); default: the run's "
+                                                 "eval_num_problems (200)")),
+    "samples": (int, typer.Option(1, help="completions per prompt (K); K > 1 also reports pass@k")),
+    "temperature": (Optional[float], typer.Option(None, help="sampling temperature; default: 0 (greedy) for one "
+                                                             "sample, the run's temperature for more")),
+    "max_tokens": (Optional[int], typer.Option(None, help="completion length limit; default: the run's")),
+    "seed": (int, typer.Option(0, help="sampler seed (the same for both models in compare)")),
+    "data": (Optional[str], typer.Option(None, help="prompts (as for train --data)")),
+    "reward_file": (Optional[Path], typer.Option(None, help="Python file defining reward functions")),
+    "reward": (Optional[List[str]], typer.Option(None, help="reward function name(s)")),
+}
 
 
-def _evaluation(task, data, reward_file, reward, max_tokens, n, split, samples, temperature, seed, run_dir, model):
-    """(task, settings, n) from a run's config and the typed flags."""
-    from .compare import build_settings, task_config
-    from .tasks import load_task
+def _with_evaluation_options(command):
+    """Add the shared options to a command's own: typer reads the signature."""
+    own = [p for p in inspect.signature(command).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hint, default=option)
+              for name, (hint, option) in _EVALUATION_OPTIONS.items()]
+    command.__signature__ = inspect.Signature(own + shared)
+    return command
 
-    config = task_config(run_dir, model, {"task": task, "data": data, "reward_file": reward_file,
-                                          "reward": reward or None, "max_tokens": max_tokens,
-                                          "eval_num_problems": n})
-    return load_task(config), build_settings(config, split, samples, temperature, seed), config.eval_num_problems
+
+def _evaluation(options: dict, run_dir, model):
+    """(task, settings, n) from a run's config and the typed shared options."""
+    from .evaluation.compare import build_settings, task_config
+    from .tasks.registry import load_task
+
+    config = task_config(run_dir, model, {"task": options["task"], "data": options["data"],
+                                          "reward_file": str(options["reward_file"]) if options["reward_file"]
+                                          else None,
+                                          "reward": options["reward"] or None, "max_tokens": options["max_tokens"],
+                                          "eval_num_problems": options["n"]})
+    settings = build_settings(config, options["split"], options["samples"], options["temperature"], options["seed"])
+    return load_task(config), settings, config.eval_num_problems
 
 
 @app.command("compare")
+@_with_evaluation_options
 def compare_command(
     trained: str = typer.Option(..., help="run folder, adapter folder, or model (folder or Hugging Face id)"),
     base: Optional[str] = typer.Option(None, help="model to compare against; default: the run's base model"),
-    task: Optional[str] = typer.Option(None, help=_TASK_HELP),
-    split: str = typer.Option("test", help="test or train"),
-    n: Optional[int] = typer.Option(None, help=_N_HELP),
-    samples: int = typer.Option(1, help=_SAMPLES_HELP),
-    temperature: Optional[float] = typer.Option(None, help=_TEMPERATURE_HELP),
-    max_tokens: Optional[int] = typer.Option(None, help="completion length limit; default: the run's"),
-    seed: int = typer.Option(0, help="sampler seed, the same for both models"),
     output: Optional[Path] = typer.Option(None, help="report folder; default: RUN/compare for a run"),
-    data: Optional[str] = typer.Option(None, help="prompts (as for train --data)"),
-    reward_file: Optional[Path] = typer.Option(None, help="Python file defining reward functions"),
-    reward: Optional[List[str]] = typer.Option(None, help="reward function name(s)"),
     plot: bool = typer.Option(True, help="write rewards.png (needs matplotlib: the plot extra of mlx-grpo)"),
+    **options,
 ):
     """Does the trained model beat the base? Both answer the same prompts; paired statistics decide."""
-    from . import compare as cmp
-    from . import compare_report as cmp_report
+    from .evaluation import compare as cmp
+    from .evaluation import compare_report as cmp_report
 
     console = Console()
     progress = None
     try:
         trained_spec = cmp.resolve_model(trained)
         base_spec = cmp.resolve_model(base) if base else cmp.default_base(trained_spec)
-        task_obj, settings, count = _evaluation(task, data, str(reward_file) if reward_file else None, reward,
-                                                max_tokens, n, split, samples, temperature, seed,
-                                                trained_spec.run_dir or base_spec.run_dir, base_spec.model)
+        task_obj, settings, count = _evaluation(options, trained_spec.run_dir or base_spec.run_dir, base_spec.model)
         progress = cmp_report.Progress(console)
         report = cmp.compare(base_spec, trained_spec, task_obj, settings, count, progress)
         progress.stop()
@@ -161,32 +174,22 @@ def compare_command(
 
 
 @app.command("eval")
+@_with_evaluation_options
 def eval_command(
     model: str = typer.Option(..., help="run folder, adapter folder, model folder or Hugging Face id"),
     adapter: Optional[str] = typer.Option(None, help="adapter folder to apply to --model"),
-    task: Optional[str] = typer.Option(None, help=_TASK_HELP),
-    split: str = typer.Option("test", help="test or train"),
-    n: Optional[int] = typer.Option(None, help=_N_HELP),
-    samples: int = typer.Option(1, help=_SAMPLES_HELP),
-    temperature: Optional[float] = typer.Option(None, help=_TEMPERATURE_HELP),
-    max_tokens: Optional[int] = typer.Option(None, help="completion length limit; default: the run's"),
-    seed: int = typer.Option(0, help="sampler seed"),
     output: Optional[Path] = typer.Option(None, help="write report.json, report.md, rows.jsonl here"),
-    data: Optional[str] = typer.Option(None, help="prompts (as for train --data)"),
-    reward_file: Optional[Path] = typer.Option(None, help="Python file defining reward functions"),
-    reward: Optional[List[str]] = typer.Option(None, help="reward function name(s)"),
+    **options,
 ):
     """Score one model on a task: accuracy, rewards, pass@k, lengths, speed."""
-    from . import compare as cmp
-    from . import compare_report as cmp_report
+    from .evaluation import compare as cmp
+    from .evaluation import compare_report as cmp_report
 
     console = Console()
     progress = None
     try:
         spec = cmp.resolve_model(model, adapter)
-        task_obj, settings, count = _evaluation(task, data, str(reward_file) if reward_file else None, reward,
-                                                max_tokens, n, split, samples, temperature, seed, spec.run_dir,
-                                                spec.model)
+        task_obj, settings, count = _evaluation(options, spec.run_dir, spec.model)
         progress = cmp_report.Progress(console)
         report = cmp.evaluate(spec, task_obj, settings, count, progress)
         progress.stop()
@@ -205,7 +208,7 @@ def plot(run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...", help="
     """Plot a run's curves (reward, eval accuracy, KL, grad norm, entropy, length, lr) into a PNG."""
     from rich.markup import escape
 
-    from .plot import PlotError, plot_runs
+    from .evaluation.plot import PlotError, plot_runs
 
     target = output or (run_dirs[0] / "plot.png" if len(run_dirs) == 1 else Path("plot.png"))
     try:
@@ -218,8 +221,8 @@ def plot(run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...", help="
 @app.command(name="inspect")
 def inspect_command(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run folder")):
     """Summarise a run from its files: settings, first/last/best metrics, health events, checkpoints."""
-    from .inspect_run import summarize
-    from .plot import PlotError
+    from .evaluation.inspect_run import summarize
+    from .evaluation.plot import PlotError
 
     try:
         lines = summarize(run_dir)

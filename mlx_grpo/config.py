@@ -20,9 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from .advantages import SCALE_MODES
-from .losses import LOSS_TYPES
-from .policy import FINE_TUNE_TYPES
+from .models.adapters import FINE_TUNE_TYPES
+from .update.advantages import SCALE_MODES
+from .update.losses import LOSS_TYPES
 
 
 class ConfigError(ValueError):
@@ -326,7 +326,7 @@ def _validate_health(c: TrainConfig, need) -> None:
         need(getattr(c, name) >= 0, f"{name} must be >= 0, got {getattr(c, name)}")
     for name in ("health_clip_frac", "health_zero_std", "health_entropy_drop", "health_truncated_frac"):
         need(0 <= getattr(c, name) <= 1, f"{name} must be in [0, 1], got {getattr(c, name)}")
-    from .reporting import check_reporters  # late: it is only needed when the setting is used
+    from .run.reporting import check_reporters  # late: it is only needed when the setting is used
 
     problem = check_reporters(c.report_to)
     need(problem is None, problem or "")

@@ -233,7 +233,7 @@ def format_reward(prompts, completions, **kwargs) -> list[float]:
 
 
 # ---------------------------------------------------------------------------
-# The task protocol (see mlx_grpo/tasks.py)
+# The task protocol (see mlx_grpo/tasks/registry.py)
 
 TRAIN_PROBLEMS = 20_000
 
@@ -261,7 +261,7 @@ def recommended_settings(model: str | None) -> dict:
     lr 5e-4 and above drove the tiny model into runaway completions (KL > 5
     within 20 steps); 1e-4 learns steadily. Completions are 12-20 tokens.
     """
-    from mlx_grpo.policy import EMBEDDED_MODEL
+    from mlx_grpo.models.loading import EMBEDDED_MODEL
 
     settings = {"max_tokens": 48}
     if model in (None, "", EMBEDDED_MODEL):

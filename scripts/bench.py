@@ -61,10 +61,9 @@ def build_random_model(folder: Path, hidden, layers, heads, kv_heads, intermedia
 
     bits 4 or 8: the weights are quantised (nn.quantize, group 64), as in a QLoRA base.
     """
-    import mlx.nn as nn
-
     from itertools import product
 
+    import mlx.nn as nn
     from mlx_lm.models import qwen2
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -118,7 +117,7 @@ def model_shape(path: str) -> dict:
     """hidden, layers, heads, ... from a model folder's config.json."""
     from mlx_lm.utils import load_config
 
-    from mlx_grpo.policy import resolve_model_path
+    from mlx_grpo.models.loading import resolve_model_path
     local = Path(resolve_model_path(path))
     if not local.exists():
         from mlx_lm.utils import _download
@@ -214,9 +213,10 @@ class Ours:
 
     def __init__(self, model_path: str, texts: list[str], args, name="mlx_grpo", overrides=None, patch=None):
         from mlx_grpo.config import FIELDS, TrainConfig
-        from mlx_grpo.policy import load_policy, prepare_for_training
-        from mlx_grpo.tasks import Task
-        from mlx_grpo.trainer import make_optimizer
+        from mlx_grpo.models.adapters import prepare_for_training
+        from mlx_grpo.models.loading import load_policy
+        from mlx_grpo.run.trainer import make_optimizer
+        from mlx_grpo.tasks.registry import Task
 
         settings = dict(
             model=model_path, task="custom", steps=args.steps, batch_size=len(texts), group_size=args.group_size,
@@ -241,7 +241,7 @@ class Ours:
         self.step_number = 0
 
     def step(self) -> dict:
-        from mlx_grpo.trainer import train_step
+        from mlx_grpo.run.trainer import train_step
 
         self.step_number += 1
         with self.patch():
@@ -258,7 +258,7 @@ class Ours:
         }
 
     def _encode(self, text):
-        from mlx_grpo.data import encode_prompt
+        from mlx_grpo.tasks.data import encode_prompt
         return encode_prompt(self.tokenizer, text)
 
 
@@ -268,10 +268,11 @@ class Peer:
     name = "mlx_lm_lora"
 
     def __init__(self, model_path: str, texts: list[str], args, optimizer):
+        from mlx_grpo.tasks.data import encode_prompt
         from mlx_lm_lora.trainer import grpo_trainer
 
-        from mlx_grpo.data import encode_prompt
-        from mlx_grpo.policy import load_policy, prepare_for_training
+        from mlx_grpo.models.adapters import prepare_for_training
+        from mlx_grpo.models.loading import load_policy
 
         self.trainer = grpo_trainer
         self.model, self.tokenizer = load_policy(model_path)
@@ -337,7 +338,7 @@ def _replaced(module, name, value):
 
 def without_shared_prefill():
     """Rollouts prefill every group member's prompt separately, as without sharing."""
-    from mlx_grpo import fixed_decode
+    from mlx_grpo.sampling import fixed_decode
 
     shared = fixed_decode._prefilled_buffers
 
@@ -351,14 +352,14 @@ def without_shared_prefill():
 
 def with_generator_decode():
     """Rollouts through mlx-lm's BatchGenerator (growing caches, nothing compiled), as models without plain caches do."""
-    from mlx_grpo import fixed_decode
+    from mlx_grpo.sampling import fixed_decode
 
     return _replaced(fixed_decode, "supports_fixed_decode", lambda model: False)
 
 
 def without_merged_adapters():
     """The fixed decoder runs LoRA layers as three matmuls instead of one merged weight."""
-    from mlx_grpo import rollout
+    from mlx_grpo.sampling import rollout
 
     return _replaced(rollout, "adapters_merged", contextlib.nullcontext)
 
@@ -368,8 +369,8 @@ def without_shared_prompt_forward():
 
     Timing only: left padding is not masked here (the bench's prompts have equal lengths, so none is needed).
     """
-    from mlx_grpo import trainer
-    from mlx_grpo.logprobs import token_logprobs
+    from mlx_grpo.run import trainer
+    from mlx_grpo.update.logprobs import token_logprobs
 
     def per_sequence(model, prompts, left_padding, completions, group_size, temperature=1.0, chunk_size=None, *_):
         width = prompts.shape[1]
@@ -388,7 +389,7 @@ def synthetic_rollouts():
     """
     import importlib
 
-    from mlx_grpo.rollout import Completion
+    from mlx_grpo.sampling.rollout import Completion
 
     def sample(model, tokenizer, prompts, group_size, sampling, *args, **kwargs):
         vocab = model.model.embed_tokens.weight.shape[0]
@@ -402,7 +403,7 @@ def synthetic_rollouts():
         return out
 
     stack = contextlib.ExitStack()
-    for name in ("mlx_grpo.step_rollouts", "mlx_grpo.trainer"):  # wherever the trainer calls it from
+    for name in ("mlx_grpo.run.step_rollouts", "mlx_grpo.run.trainer"):  # wherever the trainer calls it from
         try:
             module = importlib.import_module(name)
         except ImportError:
@@ -490,7 +491,7 @@ def run(args) -> dict:
         trainers = [] if args.peer == "only" else [ours]
         trainers += [Ours(model_path, texts, args, name, *VARIANTS[name]) for name in variants]
         if peer_wanted:
-            from mlx_grpo.trainer import make_optimizer
+            from mlx_grpo.run.trainer import make_optimizer
             trainers.append(Peer(model_path, texts, args, make_optimizer(ours.config)))
         if args.peer == "only":
             del ours

@@ -146,9 +146,9 @@ def batches(examples, batch_size: int, rng: random.Random, pad_id: int):
 
 def success_rates(folder: Path, tasks, samples: int, seed: int) -> dict:
     """Greedy and sampled (T = 1) success of whole episodes, through the trainer's rollout code."""
-    from mlx_grpo.multiturn import rollout_episodes
-    from mlx_grpo.policy import load_policy
-    from mlx_grpo.rollout import SamplingConfig
+    from mlx_grpo.models.loading import load_policy
+    from mlx_grpo.sampling.multiturn import rollout_episodes
+    from mlx_grpo.sampling.rollout import SamplingConfig
 
     model, tokenizer = load_policy(str(folder))
     out = {}

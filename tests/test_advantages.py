@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from mlx_grpo.advantages import advantage_stats, group_advantages
+from mlx_grpo.update.advantages import advantage_stats, group_advantages
 
 
 def test_group_mean_baseline_by_hand():

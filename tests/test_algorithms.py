@@ -10,15 +10,16 @@ import mlx.optimizers as optim
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map
+from mlx_grpo.tasks.shaping import groups_to_keep, overlong_penalty, runaway_penalty, shape_rewards
 from test_train_resume import Interrupt, custom_run  # noqa: F401  (a fixture)
 from test_trainer import _completions
 
-from mlx_grpo.batch import build_batch, micro_batches
 from mlx_grpo.config import build_config
-from mlx_grpo.losses import BatchShape
-from mlx_grpo.policy import load_policy, prepare_for_training
-from mlx_grpo.shaping import groups_to_keep, overlong_penalty, runaway_penalty, shape_rewards
-from mlx_grpo.trainer import _logprobs, refreshed_reference, train, update
+from mlx_grpo.models.adapters import prepare_for_training
+from mlx_grpo.models.loading import load_policy
+from mlx_grpo.run.trainer import _logprobs, refreshed_reference, train, update
+from mlx_grpo.update.batch import build_batch, micro_batches
+from mlx_grpo.update.losses import BatchShape
 
 
 def test_runaway_penalty_multiplies_and_keeps_the_ranking():
@@ -176,7 +177,7 @@ def test_pass_at_k_evaluation_counts_any_right_sample(tiny_model_path, monkeypat
     """eval/pass@k with n = k samples is the fraction of problems with at least one right sample."""
     from types import SimpleNamespace
 
-    from mlx_grpo import evaluate
+    from mlx_grpo.evaluation import evaluate
 
     rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(3)]
     # problem 0: no right sample; 1: one of two; 2: both

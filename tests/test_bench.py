@@ -50,7 +50,7 @@ def test_forward_flops_by_hand():
 
 
 def test_random_model_has_the_asked_vocabulary(tmp_path):
-    from mlx_grpo.policy import load_policy
+    from mlx_grpo.models.loading import load_policy
 
     folder = bench.build_random_model(tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32,
                                       vocab=300)

@@ -8,8 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo import checkpoint as ckpt
-from mlx_grpo.checkpoint import CheckpointError
+from mlx_grpo.run import checkpoint as ckpt
+from mlx_grpo.run.checkpoint import CheckpointError
 
 
 def save(run_dir, step, value=None, **kw):

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mlx_grpo import compare as cmp
-from mlx_grpo import compare_report as cmp_report
 from mlx_grpo.cli import app
 from mlx_grpo.config import build_config
-from mlx_grpo.evaluate import evaluate_accuracy
-from mlx_grpo.policy import embedded_model_path, load_policy
-from mlx_grpo.tasks import load_task, recommended_settings
-from mlx_grpo.trainer import train
+from mlx_grpo.evaluation import compare as cmp
+from mlx_grpo.evaluation import compare_report as cmp_report
+from mlx_grpo.evaluation.evaluate import evaluate_accuracy
+from mlx_grpo.models.loading import embedded_model_path, load_policy
+from mlx_grpo.run.trainer import train
+from mlx_grpo.tasks.registry import load_task, recommended_settings
 
 needs_embedded = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
                                     reason="the embedded model has not been built (scripts/build_tiny_model.py)")
@@ -208,7 +208,7 @@ def test_user_errors_are_one_line_and_exit_2(tiny_model_path, tmp_path):
 
 def test_multi_turn_task_is_played_through_its_environment(tiny_model_path):
     """The web task: episodes, not completions; scored by the environment."""
-    from mlx_grpo.tasks import BUILTIN_TASKS
+    from mlx_grpo.tasks.registry import BUILTIN_TASKS
 
     if "web" not in BUILTIN_TASKS:
         pytest.skip("the web task is not registered")
@@ -227,7 +227,7 @@ def test_ocaml_answers_are_graded_by_the_tasks_rewards(tiny_model_path):
     """compare's scoring of the OCaml task: a reference solution passes, prose does not."""
     import shutil as sh
 
-    from mlx_grpo.tasks import BUILTIN_TASKS
+    from mlx_grpo.tasks.registry import BUILTIN_TASKS
 
     if "ocaml" not in BUILTIN_TASKS or sh.which("ocaml") is None:
         pytest.skip("the OCaml task or toolchain is not available")

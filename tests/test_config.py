@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from mlx_grpo.cli import app
 from mlx_grpo.config import ConfigError, TrainConfig, build_config
-from mlx_grpo.tasks import recommended_settings
+from mlx_grpo.tasks.registry import recommended_settings
 
 
 def write(tmp_path, text):

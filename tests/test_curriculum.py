@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from mlx_grpo.tasks.curriculum import Curriculum, group_success
+from mlx_grpo.tasks.rewarding import score_completions
 
 from mlx_grpo.config import build_config
-from mlx_grpo.curriculum import Curriculum, group_success
-from mlx_grpo.rewarding import score_completions
-from mlx_grpo.rollout import Completion
+from mlx_grpo.sampling.rollout import Completion
 
 
 def rows():

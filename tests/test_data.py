@@ -5,8 +5,14 @@ import json
 from types import SimpleNamespace
 
 import pytest
-
-from mlx_grpo.data import DataError, load_rows, prompt_token_limit, required_columns, screen_rows, screen_task
+from mlx_grpo.tasks.data import (
+    DataError,
+    load_rows,
+    prompt_token_limit,
+    required_columns,
+    screen_rows,
+    screen_task,
+)
 
 GOOD = json.dumps({"prompt": "what is 2 + 2?", "answer": "4"})
 
@@ -116,7 +122,7 @@ def test_prompt_limit_from_the_model_context():
 
 
 def test_screen_task_on_the_embedded_tokenizer():
-    from mlx_grpo.policy import load_policy
+    from mlx_grpo.models.loading import load_policy
     from rewards import arith
 
     model, tokenizer = load_policy(None)

@@ -11,15 +11,15 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_grpo.tasks.data import encode_prompt
 
-from mlx_grpo import distributed as dist
 from mlx_grpo.config import build_config
-from mlx_grpo.data import encode_prompt
-from mlx_grpo.policy import load_policy
-from mlx_grpo.rollout import KeyedSampler, SamplingConfig, completion_seeds, draw_tokens, sample_completions
-from mlx_grpo.tasks import load_task, recommended_settings
-from mlx_grpo.step_rollouts import _sample_and_score, merge_rollouts
-from mlx_grpo.trainer import train
+from mlx_grpo.models.loading import load_policy
+from mlx_grpo.run import distributed as dist
+from mlx_grpo.run.step_rollouts import _sample_and_score, merge_rollouts
+from mlx_grpo.run.trainer import train
+from mlx_grpo.sampling.rollout import KeyedSampler, SamplingConfig, completion_seeds, draw_tokens, sample_completions
+from mlx_grpo.tasks.registry import load_task, recommended_settings
 
 
 def test_shard_is_contiguous_whole_and_uneven_first():

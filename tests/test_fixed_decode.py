@@ -6,13 +6,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_map
+from mlx_grpo.tasks.data import encode_prompt
 from mlx_lm.tuner.lora import LoRALinear
 
-from mlx_grpo import fixed_decode, rollout
-from mlx_grpo.data import encode_prompt
-from mlx_grpo.logprobs import token_logprobs
-from mlx_grpo.policy import adapters_merged, load_policy, prepare_for_training
-from mlx_grpo.rollout import SamplingConfig, sample_completions
+from mlx_grpo.models.adapters import adapters_merged, prepare_for_training
+from mlx_grpo.models.loading import load_policy
+from mlx_grpo.sampling import fixed_decode, rollout
+from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
+from mlx_grpo.update.logprobs import token_logprobs
 
 
 @pytest.fixture()

@@ -9,12 +9,12 @@ import mlx.core as mx
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mlx_grpo.tasks.data import DataError, load_rows, screen_rows
+from mlx_grpo.tasks.rewarding import RewardError, score_completions
 
-from mlx_grpo import checkpoint as ckpt
 from mlx_grpo.config import FIELDS, ConfigError, TrainConfig, build_config, dump_yaml
-from mlx_grpo.data import DataError, load_rows, screen_rows
-from mlx_grpo.rewarding import RewardError, score_completions
-from mlx_grpo.tasks import recommended_settings
+from mlx_grpo.run import checkpoint as ckpt
+from mlx_grpo.tasks.registry import recommended_settings
 
 FUZZ = settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture])

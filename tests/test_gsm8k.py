@@ -6,11 +6,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlx_grpo import tasks
 from mlx_grpo.config import build_config, check_keys
+from mlx_grpo.tasks import registry as tasks
 from rewards import gsm8k
-from rewards.gsm8k import (answers_match, canonical_number, correctness_reward, extract_answer,
-                           format_reward, gold_answer)
+from rewards.gsm8k import (
+    answers_match,
+    canonical_number,
+    correctness_reward,
+    extract_answer,
+    format_reward,
+    gold_answer,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 # CI checks the repo out with shared/ beside it.
@@ -307,7 +313,7 @@ def test_cispo_config_builds():
 @needs_data
 def test_short_run_on_a_tiny_model(tmp_path, tiny_model_path):
     """End to end on the local data with the seed-000 objective; learning is not expected."""
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run.trainer import train
 
     run = tmp_path / "run"
     config = build_config({

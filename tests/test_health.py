@@ -13,10 +13,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mlx_grpo import trainer
 from mlx_grpo.cli import app
-from mlx_grpo.display import TrainDisplay, metrics_table, trend
-from mlx_grpo.health import RULES, HealthMonitor, Thresholds, fitted_trend, relative_change
+from mlx_grpo.run import trainer
+from mlx_grpo.run.display import TrainDisplay, metrics_table, trend
+from mlx_grpo.run.health import RULES, HealthMonitor, Thresholds, fitted_trend, relative_change
 
 STEPS = 60
 

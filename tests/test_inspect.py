@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from mlx_grpo.cli import app
 from mlx_grpo.config import TrainConfig, dump_yaml
-from mlx_grpo.inspect_run import summarize
+from mlx_grpo.evaluation.inspect_run import summarize
 
 
 def fake_run(path, finished=True, stopped=False):

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from mlx_grpo.config import build_config
-from mlx_grpo.policy import embedded_model_path
-from mlx_grpo.tasks import recommended_settings
-from mlx_grpo.trainer import train
+from mlx_grpo.models.loading import embedded_model_path
+from mlx_grpo.run.trainer import train
+from mlx_grpo.tasks.registry import recommended_settings
 
 pytestmark = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
                                 reason="the embedded model has not been built (scripts/build_tiny_model.py)")

@@ -5,8 +5,9 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlx_grpo.logprobs import _logprobs_and_entropy, completion_logprobs, token_logprobs
-from mlx_grpo.policy import load_policy, prepare_for_training
+from mlx_grpo.models.adapters import prepare_for_training
+from mlx_grpo.models.loading import load_policy
+from mlx_grpo.update.logprobs import _logprobs_and_entropy, completion_logprobs, token_logprobs
 
 
 def _numpy_logprobs_and_entropy(logits, targets, temperature):

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_grpo.logprobs import token_logprobs
-from mlx_grpo.losses import LOSS_TYPES, BatchShape, LossSettings, kl_k3, policy_loss, top_entropy_mask
-from mlx_grpo.policy import load_policy, prepare_for_training
+from mlx_grpo.models.adapters import prepare_for_training
+from mlx_grpo.models.loading import load_policy
+from mlx_grpo.update.logprobs import token_logprobs
+from mlx_grpo.update.losses import LOSS_TYPES, BatchShape, LossSettings, kl_k3, policy_loss, top_entropy_mask
 
 
 def _sigmoid(x):

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_grpo.batch import build_batch, micro_batches
-from mlx_grpo.environment import Environment, SingleTurnEnv
-from mlx_grpo.logprobs import completion_logprobs, token_logprobs
-from mlx_grpo.losses import BatchShape, policy_loss
-from mlx_grpo.multiturn import chat_join, episode_scores, rollout_episodes
-from mlx_grpo.policy import load_policy, prepare_for_training
-from mlx_grpo.rollout import SamplingConfig
+from mlx_grpo.models.adapters import prepare_for_training
+from mlx_grpo.models.loading import load_policy
+from mlx_grpo.sampling.environment import Environment, SingleTurnEnv
+from mlx_grpo.sampling.multiturn import chat_join, episode_scores, rollout_episodes
+from mlx_grpo.sampling.rollout import SamplingConfig
+from mlx_grpo.update.batch import build_batch, micro_batches
+from mlx_grpo.update.logprobs import completion_logprobs, token_logprobs
+from mlx_grpo.update.losses import BatchShape, policy_loss
 from rewards.web_browsing import WebEnv, make_task
 
 
@@ -211,7 +212,7 @@ def test_environment_tokens_get_no_gradient(policy, tiny_model_path):
 
 def _web_config(tiny_model_path, tmp_path, **extra):
     from mlx_grpo.config import build_config
-    from mlx_grpo.tasks import recommended_settings
+    from mlx_grpo.tasks.registry import recommended_settings
 
     settings = {"task": "web", "model": str(tiny_model_path), "steps": 2, "batch_size": 2, "group_size": 2,
                 "max_tokens": 6, "max_turns": 2, "max_episode_tokens": 1500, "eval_num_problems": 2,
@@ -223,7 +224,7 @@ def _web_config(tiny_model_path, tmp_path, **extra):
 def test_training_on_the_web_task_runs_logs_and_checkpoints_the_curriculum(tiny_model_path, tmp_path):
     import json
 
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run.trainer import train
 
     config = _web_config(tiny_model_path, tmp_path)
     assert config.curriculum == "ued" and config.curriculum_key == "kind"  # the web task's defaults
@@ -249,7 +250,7 @@ def test_training_on_the_web_task_runs_logs_and_checkpoints_the_curriculum(tiny_
 
 def test_web_task_rejects_reward_files_and_unknown_kinds(tiny_model_path, tmp_path):
     from mlx_grpo.config import ConfigError
-    from mlx_grpo.tasks import load_task
+    from mlx_grpo.tasks.registry import load_task
 
     with pytest.raises(ConfigError, match="unknown web task kind 'fact/9'"):
         load_task(_web_config(tiny_model_path, tmp_path, web_kinds=["fact/9"]))
@@ -260,8 +261,8 @@ def test_web_task_rejects_reward_files_and_unknown_kinds(tiny_model_path, tmp_pa
 def test_grpo_on_the_multi_turn_path_raises_reward_on_easy_web_tasks(tmp_path):
     """The tiny web model (scripts/build_tiny_web_model.py) on fact/1: open the country, answer."""
     from mlx_grpo.config import build_config
-    from mlx_grpo.tasks import recommended_settings
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run.trainer import train
+    from mlx_grpo.tasks.registry import recommended_settings
     from rewards.web_browsing.tiny_model import tiny_web_model
 
     if tiny_web_model() is None:

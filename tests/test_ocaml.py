@@ -183,7 +183,7 @@ def test_a_solution_cannot_redefine_equality_to_pass():
 
 @needs_ocaml
 def test_reward_functions_through_the_engine():
-    from mlx_grpo.rewarding import score_completions
+    from mlx_grpo.tasks.rewarding import score_completions
 
     rows = ocaml.load_rows("test", type("C", (), {"data": None, "model": "some/model"})())
     assert len(rows) == len(TEST)
@@ -277,8 +277,8 @@ def test_missing_toolchain_is_one_clear_line(monkeypatch, tmp_path):
 
 @needs_ocaml
 def test_task_is_registered_and_the_config_file_validates():
-    from mlx_grpo import tasks
     from mlx_grpo.config import build_config
+    from mlx_grpo.tasks import registry as tasks
 
     assert tasks.BUILTIN_TASKS["ocaml"] == "rewards.ocaml"
     config = build_config({"task": "ocaml"}, None, tasks.recommended_settings)

@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from mlx_grpo.cli import app
-from mlx_grpo.plot import PANELS, plot_runs
+from mlx_grpo.evaluation.plot import PANELS, plot_runs
 
 TITLES = ["reward", "eval accuracy", "KL to reference", "grad norm", "entropy", "completion length",
           "truncated fraction", "learning rate"]
@@ -61,10 +61,10 @@ def test_plot_has_the_panels_and_overlays_runs(tmp_path, monkeypatch):
 
 
 def test_cli_plot_default_output_and_errors(tmp_path, monkeypatch):
-    import mlx_grpo.plot
+    import mlx_grpo.evaluation.plot
 
     calls = []
-    monkeypatch.setattr(mlx_grpo.plot, "plot_runs", lambda dirs, output: calls.append((dirs, output)))
+    monkeypatch.setattr(mlx_grpo.evaluation.plot, "plot_runs", lambda dirs, output: calls.append((dirs, output)))
     run = fake_run(tmp_path / "run")
     result = CliRunner().invoke(app, ["plot", str(run)])
     assert result.exit_code == 0, result.output

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mlx_grpo import checkpoint as ckpt
 from mlx_grpo.cli import app
 from mlx_grpo.config import build_config
-from mlx_grpo.trainer import train
+from mlx_grpo.run import checkpoint as ckpt
+from mlx_grpo.run.trainer import train
 
 MLX_GRPO = [str(Path(sys.executable).parent / "mlx-grpo"), "train"]
 # The embedded model on the arith task, small enough for a second a step on 2 cores.
@@ -37,7 +37,7 @@ QUICK_ENV = {**ENV, "MLX_GRPO_OPENBLAS": "0"}
 # every data file of the checkpoint is written, its manifest is not.
 KILL_IN_CHECKPOINT = """
 import os, signal
-from mlx_grpo import checkpoint
+from mlx_grpo.run import checkpoint
 fsync = checkpoint._fsync_file
 def fsync_then_die(path):
     fsync(path)

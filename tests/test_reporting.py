@@ -7,7 +7,7 @@ import types
 import pytest
 
 from mlx_grpo.config import ConfigError, build_config
-from mlx_grpo.reporting import check_reporters, scalars, with_reporters
+from mlx_grpo.run.reporting import check_reporters, scalars, with_reporters
 
 
 def test_missing_or_unknown_logger_is_a_config_error(monkeypatch):
@@ -47,7 +47,7 @@ def test_tensorboard_event_file_from_a_real_run(tmp_path, tiny_model_path):
     pytest.importorskip("tensorboardX")
     import json
 
-    from mlx_grpo.trainer import train
+    from mlx_grpo.run.trainer import train
 
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(20)))

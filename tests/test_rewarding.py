@@ -7,8 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-
-from mlx_grpo.rewarding import RewardError, score_completions, with_timeout
+from mlx_grpo.tasks.rewarding import RewardError, score_completions, with_timeout
 
 PROMPTS = ["p0", "p1", "p2", "p3"]
 COMPLETIONS = ["a", "bb", "bad", "dddd"]

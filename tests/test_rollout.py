@@ -4,11 +4,11 @@ and finish reasons; the same seed gives the same samples."""
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_grpo.tasks.data import encode_prompt
 
-from mlx_grpo.data import encode_prompt
-from mlx_grpo.logprobs import token_logprobs
-from mlx_grpo.policy import load_policy
-from mlx_grpo.rollout import SamplingConfig, sample_completions
+from mlx_grpo.models.loading import load_policy
+from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
+from mlx_grpo.update.logprobs import token_logprobs
 
 
 @pytest.fixture(scope="module")

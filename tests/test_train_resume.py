@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.config import build_config
-from mlx_grpo.trainer import train
+from mlx_grpo.run.trainer import train
 
 REWARDS = '''
 def variety(prompts, completions, **kw):
@@ -71,7 +71,8 @@ def test_resume_reproduces_uninterrupted_weights(tmp_path, custom_run):
 def test_run_folder_loads_in_mlx_lm(tmp_path, custom_run, tiny_model_path):
     from mlx_lm import generate, load
 
-    from mlx_grpo.policy import load_policy, prepare_for_training
+    from mlx_grpo.models.adapters import prepare_for_training
+    from mlx_grpo.models.loading import load_policy
 
     run = train(custom_run(tmp_path / "run", steps=2))
     config = json.loads((run.run_dir / "adapter_config.json").read_text())

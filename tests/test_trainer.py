@@ -6,11 +6,12 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from mlx_grpo.config import build_config
-from mlx_grpo.losses import BatchShape
-from mlx_grpo.policy import load_policy, prepare_for_training
-from mlx_grpo.rollout import Completion
-from mlx_grpo.batch import batch_rows, build_batch, groups_with_signal, micro_batch_count, micro_batches
-from mlx_grpo.trainer import make_optimizer, update
+from mlx_grpo.models.adapters import prepare_for_training
+from mlx_grpo.models.loading import load_policy
+from mlx_grpo.run.trainer import make_optimizer, update
+from mlx_grpo.sampling.rollout import Completion
+from mlx_grpo.update.batch import batch_rows, build_batch, groups_with_signal, micro_batch_count, micro_batches
+from mlx_grpo.update.losses import BatchShape
 
 
 def _completions(rng, n_groups, g):

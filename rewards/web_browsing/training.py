@@ -1,4 +1,4 @@
-"""The web task for `mlx-grpo train --task web` (the task protocol of mlx_grpo/tasks.py).
+"""The web task for `mlx-grpo train --task web` (the task protocol of mlx_grpo/tasks/registry.py).
 
 It is a multi-turn task: `make_env(row)` gives the row's WebEnv, which scores
 the episode; there are no reward functions of completions (REWARDS is empty)

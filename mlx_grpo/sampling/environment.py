@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from .rewarding import RewardFn, reward_name, score_completions
+from ..tasks.rewarding import RewardFn, reward_name, score_completions
 
 
 @runtime_checkable

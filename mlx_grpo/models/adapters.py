@@ -1,4 +1,4 @@
-"""The policy: a mlx-lm model and tokenizer, its trainable part, its reference.
+"""The trainable part of a policy: LoRA/DoRA adapters or full weights, and its reference.
 
 Adapters are saved in mlx-lm's own format (`adapters.safetensors` +
 `adapter_config.json`), so `mlx_lm.generate --adapter-path RUN_DIR` and
@@ -8,7 +8,6 @@ Adapters are saved in mlx-lm's own format (`adapters.safetensors` +
 from __future__ import annotations
 
 from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
 
 import mlx.core as mx
@@ -17,34 +16,9 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
 from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
-from mlx_lm.utils import load as mlx_lm_load
 
-EMBEDDED_MODEL = "embedded"
 FINE_TUNE_TYPES = ("lora", "dora", "full")
 _ADAPTER_TYPES = (LoRALinear, LoRASwitchLinear, LoRAEmbedding, DoRALinear, DoRAEmbedding)
-
-
-def embedded_model_path() -> Path:
-    """Folder of the tiny arith model that ships inside the package."""
-    return Path(str(resources.files("mlx_grpo") / "assets" / "tiny-arith"))
-
-
-def resolve_model_path(model: str | None) -> str:
-    if model in (None, "", EMBEDDED_MODEL):
-        return str(embedded_model_path())
-    return model
-
-
-def load_policy(model: str | None = None, adapter_path: str | None = None):
-    """Load (model, tokenizer) from a local folder or a Hugging Face repo id.
-
-    `model=None` loads the embedded tiny model. With `adapter_path`, the
-    adapters found there are applied (mlx-lm's format).
-    """
-    path = resolve_model_path(model)
-    if not Path(path).exists() and ("/" not in path or path.startswith((".", "/", "~"))):
-        raise FileNotFoundError(f"model not found: {path} (neither a folder nor a Hugging Face repo id)")
-    return mlx_lm_load(path, adapter_path=adapter_path)
 
 
 def prepare_for_training(model: nn.Module, fine_tune_type: str = "lora", lora: dict | None = None) -> dict:
@@ -123,7 +97,7 @@ def save_adapters(model: nn.Module, folder: Path, adapter_config: dict) -> None:
     Files are written to a temporary name and renamed, so a reader never sees
     a half-written file.
     """
-    from .checkpoint import atomic_write_json, atomic_save_safetensors
+    from ..run.checkpoint import atomic_save_safetensors, atomic_write_json
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -117,7 +117,7 @@ def group_success(task, rows: list[dict], completions: list, scores, group_size:
         name = reward_name(task.accuracy_reward)
         values = scores.parts.get(name) if name in [reward_name(f) for f in task.reward_functions] else None
         if values is None:
-            from .evaluate import columns_of
+            from ..evaluation.evaluate import columns_of
 
             values = score_completions([task.accuracy_reward], [1.0],
                                        [r["prompt"] for r in rows for _ in range(group_size)],

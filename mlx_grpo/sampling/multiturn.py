@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .data import encode_prompt
+from ..tasks.data import encode_prompt
+from ..tasks.rewarding import Scores
 from .environment import Environment
-from .rewarding import Scores
 from .rollout import SamplingConfig, sample_completions
 
 _MARK = "\x00OBSERVATION\x00"

@@ -25,24 +25,24 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
+from ..config import TrainConfig, dump_yaml
+from ..evaluation.evaluate import evaluate_accuracy, evaluate_pass_at_k
+from ..models.adapters import adapters_disabled, prepare_for_training, save_adapters, weights_swapped
+from ..models.loading import load_policy, resolve_model_path
+from ..sampling import multiturn
+from ..tasks.data import screen_task
+from ..tasks.registry import Task, load_task
+from ..tasks.rewarding import part_means, with_timeout
+from ..update.advantages import advantage_stats, group_advantages
+from ..update.batch import MicroBatch, RolloutBatch, build_batch, groups_with_signal, micro_batch_count, micro_batches
+from ..update.logprobs import completion_logprobs
+from ..update.losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
 from . import checkpoint as ckpt
 from . import distributed as dist
-from . import multiturn
-from .advantages import advantage_stats, group_advantages
-from .batch import MicroBatch, RolloutBatch, build_batch, groups_with_signal, micro_batch_count, micro_batches
-from .config import TrainConfig, dump_yaml
-from .data import screen_task
-from .evaluate import evaluate_accuracy, evaluate_pass_at_k
 from .health import HealthMonitor, TrainingStopped, relative_change, reward_range, stop_run
 from .interrupt import steps_until_ctrl_c
-from .logprobs import completion_logprobs
-from .losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
-from .policy import (adapters_disabled, load_policy, prepare_for_training, resolve_model_path, save_adapters,
-                     weights_swapped)
 from .reporting import with_reporters
-from .rewarding import part_means, with_timeout
 from .step_rollouts import collect_rollouts, step_seed
-from .tasks import Task, load_task
 
 # Chunk the vocabulary projection when one micro-batch's logits would exceed this many floats.
 _CHUNK_LOGITS_ABOVE = 2**27

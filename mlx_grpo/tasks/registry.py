@@ -21,7 +21,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig
 from .curriculum import Curriculum
 from .data import DataError, load_rows
 from .rewarding import RewardFn, load_reward_functions, reward_name

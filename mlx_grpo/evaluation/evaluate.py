@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 
-from .data import encode_prompt
-from .rewarding import score_completions
-from .rollout import SamplingConfig, sample_completions
+from ..sampling.rollout import SamplingConfig, sample_completions
+from ..tasks.data import encode_prompt
+from ..tasks.rewarding import score_completions
 from .stats import mean_pass_at_k
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from .logprobs import _output_head
+from ..update.logprobs import _output_head
 
 _LENGTH_MULTIPLE = 64
 

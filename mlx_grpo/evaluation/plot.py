@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from .health import read_events
+from ..run.health import read_events
 
 # (title, [(metric key, label suffix, line style)]) in panel order.
 PANELS = (

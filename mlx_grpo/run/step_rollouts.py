@@ -20,17 +20,17 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import numpy as np
 
+from ..config import TrainConfig
+from ..evaluation.evaluate import columns_of
+from ..sampling import multiturn
+from ..sampling.rollout import SamplingConfig, sample_completions
+from ..tasks.curriculum import group_success
+from ..tasks.data import encode_prompt
+from ..tasks.registry import Task
+from ..tasks.rewarding import Scores, score_completions
+from ..tasks.shaping import groups_to_keep, shape_rewards
+from ..update.batch import batch_rows
 from . import distributed as dist
-from . import multiturn
-from .batch import batch_rows
-from .config import TrainConfig
-from .curriculum import group_success
-from .data import encode_prompt
-from .evaluate import columns_of
-from .rewarding import Scores, score_completions
-from .rollout import SamplingConfig, sample_completions
-from .shaping import groups_to_keep, shape_rewards
-from .tasks import Task
 
 
 def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed: int | None = None):

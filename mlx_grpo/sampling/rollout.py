@@ -29,9 +29,9 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from ..models.adapters import adapters_merged
+from ..update.logprobs import _output_head
 from . import fixed_decode
-from .logprobs import _output_head
-from .policy import adapters_merged
 
 
 @dataclass

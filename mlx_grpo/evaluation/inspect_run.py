@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint as ckpt
-from .config import TrainConfig
-from .health import read_events
+from ..config import TrainConfig
+from ..run import checkpoint as ckpt
+from ..run.health import read_events
 from .plot import read_run, series
 
 # (label, metric key, show its best (highest) value and the step)

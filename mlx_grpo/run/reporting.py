@@ -7,6 +7,7 @@ trainer's events, like the terminal display does.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 from typing import Callable
@@ -41,10 +42,10 @@ class WandbReporter:
     def __init__(self, config, run_dir: Path):
         import wandb
 
-        from .config import to_dict
-
         self.wandb = wandb
-        self.run = wandb.init(project="mlx-grpo", name=Path(run_dir).name, dir=str(run_dir), config=to_dict(config))
+        # the config as a plain dict, without importing config.py (which imports this module)
+        self.run = wandb.init(project="mlx-grpo", name=Path(run_dir).name, dir=str(run_dir),
+                              config=dataclasses.asdict(config))
 
     def log(self, metrics: dict, step: int) -> None:
         self.wandb.log(scalars(metrics), step=step)

@@ -34,14 +34,14 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from .config import ConfigError, TrainConfig, build_config, load_yaml
-from .data import encode_prompt
+from ..config import ConfigError, TrainConfig, build_config, load_yaml
+from ..models.loading import EMBEDDED_MODEL, load_policy
+from ..sampling.rollout import Completion, SamplingConfig, sample_completions
+from ..tasks.data import encode_prompt
+from ..tasks.registry import Task, recommended_settings
+from ..tasks.rewarding import part_means, reward_name, score_completions
 from .evaluate import columns_of
-from .policy import EMBEDDED_MODEL, load_policy
-from .rewarding import part_means, reward_name, score_completions
-from .rollout import Completion, SamplingConfig, sample_completions
 from .stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k
-from .tasks import Task, recommended_settings
 
 SPLITS = ("test", "train")
 # An answer counts as a success for pass@k when its accuracy reward is at least this
@@ -213,7 +213,7 @@ def generate(model, tokenizer, task: Task, rows: list[dict], settings: Settings,
         mx.random.seed(chunk_seed(settings.seed, chunk))
         begin = time.perf_counter()
         if episodes is not None:
-            from .multiturn import make_envs, rollout_episodes
+            from ..sampling.multiturn import make_envs, rollout_episodes
 
             played = rollout_episodes(model, tokenizer, make_envs(task, part, k), k, settings.sampling,
                                       settings.max_turns, settings.max_episode_tokens, task.system_prompt,
@@ -283,7 +283,7 @@ def pass_ks(samples: int) -> list[int]:
 def score(task: Task, rows: list[dict], answers: list[Answer], samples: int, episodes: list | None = None) -> tuple:
     """(totals, parts, accuracy, errors, error examples) of N*K answers."""
     if episodes is not None:
-        from .multiturn import episode_scores
+        from ..sampling.multiturn import episode_scores
 
         # The environment scored each episode; solved as multiturn.evaluate_episodes counts it.
         scores = episode_scores(episodes)

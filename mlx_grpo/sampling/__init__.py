@@ -1,0 +1,2 @@
+"""Sampling: batched rollouts with exact token ids, behaviour log-probs and finish reasons;
+the compiled fixed-shape decoder; multi-turn episodes against an environment."""
