@@ -3,8 +3,9 @@
 Problems ship in ``rewards/ocaml_data/{train,test}.jsonl``, one JSON object a line:
 ``id``, ``difficulty``, ``topic``, ``prompt`` (the description), ``signature``
 (``let rev_list (xs : int list) : int list =``), ``preamble`` (type definitions the
-problem gives, often ""), ``tests`` (OCaml ``assert`` expressions) and ``solution``
-(the reference). They are built from ``scripts/ocaml_problems.txt`` by
+problem gives, often ""), ``tests`` (a list of OCaml ``assert`` expressions, or one
+string of OCaml test code: see ``rewards.ocaml_testcode``) and ``solution`` (the
+reference). The shipped ones are built from ``scripts/ocaml_problems.txt`` by
 ``scripts/build_ocaml_problems.py``.
 
 Grading (``grade``; ``score`` is its number) goes through stages, each worth more:
@@ -53,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rewards import completion_text
+from rewards.ocaml_testcode import Test, count_tests, test_error, test_items, tests_key
 from rewards.sandbox import Limits, Sandbox
 
 DATA_DIR = Path(__file__).parent / "ocaml_data"
@@ -221,20 +223,26 @@ def _reexport(preamble: str) -> str:
     return "".join(out) + preamble[last:]
 
 
-def program(source: str, name: str, preamble: str, tests: list[str], marker: str) -> str:
+def program(source: str, name: str, preamble: str, tests: list[str] | str, marker: str) -> str:
     """The solution inside ``module Solution = struct ... end``, then the tests outside it.
 
     The tests see the solution's function and the problem's types only, so nothing
     else the solution defines (a new ``=``, a module named Stdlib) can change what
     they mean. (One file rather than two units: a point-free definition with a weak
     type variable is then fixed by its use in the tests, as it would be in the
-    toplevel.) Each test prints ``marker i`` when it passes; no test stops the others.
+    toplevel.) Each test prints ``marker i`` on a line of its own when it passes; no
+    test stops the others. Setup code from a string of tests goes between them as written.
     """
     lines = ["module Solution = struct", with_preamble(source, preamble), "end", "",
              _reexport(preamble.strip()), f"let {name} = Solution.{name}", ""]
-    for i, test in enumerate(tests):
-        lines.append(f"let () = match ({test}) with () -> print_string \"{marker} {i}\\n\"; flush stdout "
-                     "| exception _ -> ()")
+    number = 0
+    for item in test_items(tests):
+        if isinstance(item, Test):
+            lines.append(f"let () = match ({item.expression}) with {item.pattern} -> "
+                         f"print_string \"\\n{marker} {number}\\n\"; flush stdout | exception _ -> ()")
+            number += 1
+        else:
+            lines.append(item + "\n;;")
     return "\n".join(lines) + "\n"
 
 
@@ -308,7 +316,8 @@ def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reaso
     start = time.monotonic()
     path = require_toolchain()
     text = completion_text(completion)
-    tests = list(problem["tests"])
+    tests = problem["tests"]
+    total = count_tests(tests)  # a ValueError for tests that are neither a list of strings nor a string
     preamble = problem.get("preamble") or ""
     runaway = runaway_reason(text, config, finish_reason)
     stage, passed, error = "no_code", 0, ""
@@ -323,8 +332,8 @@ def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reaso
             build = box.run(["ocamlc", "-w", "-a", "-o", "main", "main.ml"], config.compile_limits)
             if build.ok:
                 run = box.run(["./main"], config.run_limits)
-                passed = _count_passes(run.stdout, marker, len(tests))
-                stage = "passed" if passed == len(tests) else "tests"
+                passed = _count_passes(run.stdout, marker, total)
+                stage = "passed" if passed == total else "tests"
                 if run.timed_out:
                     error = "timed out"
                 elif run.output_capped:
@@ -337,9 +346,9 @@ def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reaso
                 error = "timed out" if build.timed_out else _first_error(build.stderr)
     else:
         error = "no code"
-    base = config.weights.value(stage, passed, len(tests))
+    base = config.weights.value(stage, passed, total)
     factor = config.runaway_penalty if runaway else 1.0
-    return Grade(base * factor, stage, passed, len(tests), base, runaway, error, time.monotonic() - start)
+    return Grade(base * factor, stage, passed, total, base, runaway, error, time.monotonic() - start)
 
 
 def score(completion: str, problem: dict, config: GradeConfig = DEFAULT) -> float:
@@ -378,7 +387,7 @@ def _problems(n: int, signature, tests, preamble) -> list[dict]:
 
 
 def _key(completion, problem: dict, config: GradeConfig, finish_reason) -> tuple:
-    return (completion_text(completion), problem["signature"], tuple(problem["tests"]), problem["preamble"],
+    return (completion_text(completion), problem["signature"], tests_key(problem["tests"]), problem["preamble"],
             id(config), finish_reason)
 
 
@@ -468,8 +477,8 @@ def to_row(record: dict, where: str, compact: bool = False) -> dict:
         if not isinstance(record.get(key), str) or not record[key].strip():
             raise ValueError(f"{where}: no {key!r} text")
     tests = record.get("tests")
-    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
-        raise ValueError(f"{where}: 'tests' must be a non-empty list of OCaml expressions")
+    if test_error(tests):
+        raise ValueError(f"{where}: problem {str(record.get('id', '?'))!r}: {test_error(tests)}")
     try:
         function_name(record["signature"])
     except ValueError as e:
