@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rewards import ocaml
-from rewards import ocaml_testcode as testcode
+from rewards.ocaml import testcode
 from rewards.sandbox import Limits, capabilities
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -222,7 +222,8 @@ BLOCKS = {
                  "assert (String.length \"a;b\" = 3)"], (4, 3, 2)),
     "bare": ("assert (sum_list [7] = 7);;\nassert (sum_list [1; 2; 3; 4] = 10);;\n",
              ["assert (sum_list [7] = 7)", "assert (sum_list [1; 2; 3; 4] = 10)"], (2, 2, 1)),
-    "unsplittable": ("let () =\n  let check xs n = assert (sum_list xs = n) in\n  check [] 0;\n  check [-5; 5; -1] (-1)\n",
+    "unsplittable": ("let () =\n  let check xs n = assert (sum_list xs = n) in\n"
+                     "  check [] 0;\n  check [-5; 5; -1] (-1)\n",
                      ["let check xs n = assert (sum_list xs = n) in\n  check [] 0;\n  check [-5; 5; -1] (-1)"],
                      (1, 0, 0)),
     # Code after the last test: reaching the end of the program is one more test.

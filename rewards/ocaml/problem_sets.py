@@ -1,0 +1,74 @@
+"""The problem sets: the shipped ones, or the user's JSONL file or folder (``--data``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .grading import require_toolchain
+from .prompts import to_row
+
+DATA_DIR = Path(__file__).parent.parent / "ocaml_data"
+
+
+def read_problems(path: str | Path) -> list[dict]:
+    """Problem records from a JSONL file."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{number}: malformed JSON ({e.msg})") from None
+    return records
+
+
+def problems(split: str) -> list[dict]:
+    """The shipped problems of a split ("train" or "test"), with their reference solutions."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+    return read_problems(DATA_DIR / f"{split}.jsonl")
+
+
+def load_rows(split: str, config) -> list[dict]:
+    """Rows of ``split``: {"prompt", "id", "difficulty", "signature", "preamble", "tests"}.
+
+    config.data: None (the shipped problems), a folder with train.jsonl and
+    test.jsonl, or one JSONL file (its last 10%, at most eval_num_problems, are
+    the test split), each line a problem record as in ``rewards/ocaml_data``.
+    """
+    require_toolchain()
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+    data = getattr(config, "data", None)
+    if not data:
+        path, records = DATA_DIR / f"{split}.jsonl", problems(split)
+    else:
+        path = Path(data).expanduser()
+        if path.is_dir():
+            path = path / f"{split}.jsonl"
+            if not path.is_file():
+                raise ValueError(f"{path.parent}: no {split}.jsonl in this folder")
+            records = read_problems(path)
+        elif path.is_file():
+            records = read_problems(path)
+            held_out = min(int(getattr(config, "eval_num_problems", 200)), len(records) // 10)
+            records = records[len(records) - held_out:] if split == "test" else records[:len(records) - held_out]
+        else:
+            raise ValueError(f"data not found: {data}")
+    compact = getattr(config, "model", None) is None  # the embedded tiny model: see format_prompt
+    return [to_row(r, f"{path}:{i + 1}", compact) for i, r in enumerate(records)]
+
+
+def recommended_settings(model: str | None) -> dict:
+    """Below the YAML file and typed flags.
+
+    A function with a code fence takes 60-250 tokens from a 0.5B instruct model;
+    384 leaves room, and longer completions are nearly always runaways. Seed
+    001 found 0.8 kept enough spread within groups. Nothing for the embedded
+    tiny model, which knows no OCaml (the task runs on it, to check the wiring).
+    """
+    if model is None:
+        return {}
+    return {"max_tokens": 384, "temperature": 0.8}
