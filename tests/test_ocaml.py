@@ -241,13 +241,19 @@ def test_a_string_of_tests_is_cut_into_top_level_tests():
         shown = [item.expression if isinstance(item, testcode.Test) else f"[{item}]" for item in items]
         assert shown == expected, name
         assert testcode.count_tests(block) == total, name
+    # Comments, strings and characters as OCaml reads them: a quote in a comment, "*)" in a string.
+    tricky = ("(* sum_list '\"' *) let () = assert (sum_list [] = 0)\n(* \"*)\" *)let () = assert (sum_list [1] = 1)\n"
+              "let s = {|a\"b;|}\nlet () = assert ({x|;|x} = \";\"); assert (';' <> '\\'')")
+    assert [i.expression if isinstance(i, testcode.Test) else i for i in testcode.test_items(tricky)] == [
+        "assert (sum_list [] = 0)", "assert (sum_list [1] = 1)", "let s = {|a\"b;|}", "assert ({x|;|x} = \";\")",
+        "assert (';' <> '\\'')"]
     for p in ALL:  # every shipped problem's tests, written three ways, give back its list
         for block in ["let () =\n" + ";\n".join("  " + t for t in p["tests"]) + "\n",
                       "".join(f"let () = {t}\n" for t in p["tests"]), "".join(f"{t};;\n" for t in p["tests"])]:
             assert [i.expression for i in testcode.test_items(block)] == p["tests"], (p["id"], block)
 
 
-def test_tests_of_another_type_are_refused_by_name():
+def test_tests_of_another_type_are_refused():
     for bad, says in [(42, "not a number"), ({"a": "assert true"}, "not an object"), ([], "not an empty list"),
                       (["assert true", 3], "not a list holding a number"), (None, "not null"),
                       (["assert true", " "], "not a list holding an empty string")]:

@@ -113,7 +113,8 @@ class _Token:
 
 
 def _skip_comment(text: str, i: int) -> int:
-    """The index after the comment opening at ``i`` (comments nest; strings inside them count)."""
+    """The index after the comment opening at ``i``. Comments nest, and as in OCaml the
+    strings and characters inside them count (``(* "*)" *)`` is one comment, ``'"'`` no string)."""
     depth = 0
     while i < len(text):
         if text.startswith("(*", i):
@@ -124,6 +125,8 @@ def _skip_comment(text: str, i: int) -> int:
                 return i
         elif text[i] == '"':
             i = _skip_string(text, i)
+        elif literal := _CHAR.match(text, i) or _QUOTED.match(text, i):
+            i = _skip_quoted(text, literal) if literal.re is _QUOTED else literal.end()
         else:
             i += 1
     return i
@@ -134,6 +137,12 @@ def _skip_string(text: str, i: int) -> int:
     while i < len(text) and text[i] != '"':
         i += 2 if text[i] == "\\" else 1
     return i + 1
+
+
+def _skip_quoted(text: str, opening: re.Match) -> int:
+    """The index after a quoted string ``{id|...|id}`` whose opening ``opening`` matched."""
+    close = text.find("|" + opening.group(1) + "}", opening.end())
+    return len(text) if close < 0 else close + len(opening.group(1)) + 2
 
 
 @lru_cache(maxsize=1024)
@@ -151,8 +160,7 @@ def _tokens(text: str) -> tuple:
         if c == '"':
             i, kind = _skip_string(text, i), "value"
         elif quoted := _QUOTED.match(text, i):
-            close = text.find("|" + quoted.group(1) + "}", quoted.end())
-            i, kind = (len(text) if close < 0 else close + len(quoted.group(1)) + 2), "value"
+            i, kind = _skip_quoted(text, quoted), "value"
         elif (m := _CHAR.match(text, i)) or (m := _NUMBER.match(text, i)):
             i, kind = m.end(), "value"
         elif m := _IDENT.match(text, i):
