@@ -1,0 +1,119 @@
+"""The tokenizer of a GGUF file, rebuilt as a Hugging Face `tokenizers` BPE.
+
+A GGUF file carries its byte-level BPE as lists (tokens, merges, token types)
+and names its pre-tokenizer (`tokenizer.ggml.pre`): the regular expressions
+that cut text into words before BPE runs on each word. llama.cpp keeps those
+expressions in its source, keyed by that name; the ones of the llama-family
+and Qwen2 files are written out below. A name not listed is an error, not a
+guess: a wrong split gives valid-looking but different token ids, and a model
+fed tokens it was not trained on degrades without any message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .gguf_file import GGUFError
+
+# The GPT-2 pattern: contractions, letters, digits, other symbols, whitespace.
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+
+
+def _llama3_like(digits: str) -> str:
+    return (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|" + digits
+            + r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+# tokenizer.ggml.pre -> the splits applied in turn (each cuts the pieces the previous left).
+PRE_TOKENIZERS = {
+    "gpt2": [_GPT2],
+    "smollm": [r"\p{N}", _GPT2],  # single digits first, then GPT-2's split
+    "llama-bpe": [_llama3_like(r"\p{N}{1,3}")],  # runs of up to three digits
+    "qwen2": [_llama3_like(r"\p{N}")],  # single digits
+}
+PRE_TOKENIZER_ALIASES = {"gpt-2": "gpt2", "llama3": "llama-bpe", "llama-v3": "llama-bpe"}
+# llama.cpp's settings per pre-tokenizer: llama3 matches whole words in the vocabulary
+# before merging, adds BOS by default, and only some decoders tidy spaces before punctuation.
+_IGNORE_MERGES = {"llama-bpe"}
+_ADD_BOS_DEFAULT = {"llama-bpe"}
+_CLEAN_SPACES = {"gpt2", "llama-bpe"}
+
+CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of special and added tokens
+
+
+def pre_tokenizer_name(metadata: dict) -> str:
+    name = metadata.get("tokenizer.ggml.pre")
+    name = PRE_TOKENIZER_ALIASES.get(name, name)
+    if name not in PRE_TOKENIZERS:
+        known = ", ".join(sorted([*PRE_TOKENIZERS, *PRE_TOKENIZER_ALIASES]))
+        raise GGUFError(f"GGUF pre-tokenizer {name!r} is not supported (supported: {known})")
+    return name
+
+
+def _check_model(metadata: dict) -> None:
+    kind = metadata.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise GGUFError(f"GGUF tokenizer model {kind!r} is not supported: only byte-level BPE ('gpt2'), "
+                        "as in llama-3, SmolLM and Qwen2 files")
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        if not metadata.get(key):
+            raise GGUFError(f"the GGUF file has no {key}")
+
+
+def build_tokenizer(metadata: dict):
+    """A `tokenizers.Tokenizer` that encodes and decodes as llama.cpp does with this file."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    _check_model(metadata)
+    pre = pre_tokenizer_name(metadata)
+    tokens = metadata["tokenizer.ggml.tokens"]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in _IGNORE_MERGES))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(pattern), behavior="isolated") for pattern in PRE_TOKENIZERS[pre]]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    tokenizer.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                          for i, kind in enumerate(types) if kind == USER_DEFINED])
+    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                  for i, kind in enumerate(types) if kind == CONTROL])
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    if add_bos(metadata) and bos is not None:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B", special_tokens=[(tokens[bos], bos)])
+    return tokenizer
+
+
+def add_bos(metadata: dict) -> bool:
+    default = pre_tokenizer_name(metadata) in _ADD_BOS_DEFAULT
+    return bool(metadata.get("tokenizer.ggml.add_bos_token", default))
+
+
+def tokenizer_config(metadata: dict, context_length: int | None = None) -> dict:
+    """tokenizer_config.json: the special tokens and the chat template, for transformers."""
+    tokens = metadata["tokenizer.ggml.tokens"]
+
+    def token(key):
+        index = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[index] if index is not None and 0 <= index < len(tokens) else None
+
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": token("bos"), "eos_token": token("eos"), "pad_token": token("padding"),
+        "unk_token": token("unknown"), "add_bos_token": add_bos(metadata),
+        "clean_up_tokenization_spaces": pre_tokenizer_name(metadata) in _CLEAN_SPACES,
+        "model_max_length": context_length or 1_000_000,
+    }
+    if metadata.get("tokenizer.chat_template"):
+        config["chat_template"] = metadata["tokenizer.chat_template"]
+    return {k: v for k, v in config.items() if v is not None}
+
+
+def write_tokenizer(metadata: dict, folder: Path, context_length: int | None = None) -> None:
+    build_tokenizer(metadata).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(metadata, context_length), indent=1),
+                                                  encoding="utf-8")

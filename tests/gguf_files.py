@@ -1,0 +1,178 @@
+"""Tiny GGUF files for tests, written with the `gguf` package (llama.cpp's own writer).
+
+Written independently of mlx_grpo/models/: llama.cpp's tensor names, its Q/K
+row permutation for llama files, its metadata keys and the quantizers of the
+`gguf` package are spelled out here again, so that an import that gets any of
+them wrong disagrees with these files.
+
+The models are random llama or qwen2 models in Hugging Face layout, with a
+small byte-level BPE trained here on varied text (words, digits, code,
+whitespace runs, accented and non-Latin letters), so that tokenization has
+real merges to get right.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "She said: it's 12345 + 678 = 13023, isn't it? We'll see; they'd know.",
+    "def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(i ** 2)\n",
+    "    indented\tand\ttabbed   spaces    everywhere  \n\n\n",
+    "Café déjà vu, naïve façade; Straße; Ελληνικά; русский текст; 日本語のテキスト; 中文字符; 😀🎉",
+    "#### 42\nAnswer with only the final number. 3.14159 2,718 1e10 0x1F",
+    "<div class=\"x\">{\"key\": [1, 2, 3]}</div> // comment /* block */",
+] * 3
+# What the tokenizer tests encode: every kind of text above, and some it never saw.
+SAMPLE_TEXTS = [
+    "Hello world! 123 4567 89",
+    "  multiple   spaces\tand\ttabs\n\n\nnewlines  ",
+    "Café déjà vu, 日本語, Ελληνικά, emoji 😀🎉 and ﬁ ligature",
+    "def f(x):\n    return {'a': [x ** 2 for x in range(3)]}  # code",
+    "it's they'll I'M WE'RE don't 'quoted'",
+    "1+1=2; 12,345.678; -0.5e-3; 2024-11-23",
+    "",
+    " ",
+    "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n",
+]
+# llama.cpp's names for the Hugging Face tensors of one layer.
+LAYER_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def train_bpe(vocab_size: int = 320) -> dict:
+    """A byte-level BPE trained on CORPUS: {"tokens", "merges", "types"} as a GGUF stores them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    saved = json.loads(tok.to_str())
+    vocab = saved["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in saved["model"]["merges"]]
+    types = [3 if t in SPECIALS else 1 for t in tokens]
+    return {"tokens": tokens, "merges": merges, "types": types}
+
+
+def build_hf_model(folder: Path, arch: str, vocab: int, hidden: int = 64, layers: int = 2, heads: int = 4,
+                   kv_heads: int = 2, intermediate: int = 128, tied: bool = True, seed: int = 0) -> dict:
+    """A random llama or qwen2 in Hugging Face layout (config.json + model.safetensors); returns its config."""
+    from mlx_lm.models import llama, qwen2
+
+    config = {"model_type": arch, "hidden_size": hidden, "num_hidden_layers": layers,
+              "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "rms_norm_eps": 1e-5, "vocab_size": vocab, "tie_word_embeddings": tied, "rope_theta": 10000.0,
+              "max_position_embeddings": 512, "eos_token_id": 2, "bos_token_id": 1}
+    module = {"llama": llama, "qwen2": qwen2}[arch]
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    # Norm weights away from 1 and biases away from 0, so that a misplaced one shows.
+    params = {k: (v + mx.random.normal(v.shape) * 0.2 if v.ndim == 1 else v)
+              for k, v in tree_flatten(model.parameters())}
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), params)
+    (folder / "config.json").write_text(json.dumps(config))
+    return config
+
+
+def llama_cpp_order(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf row order for llama Q/K: interleave the two halves of each head."""
+    out_rows = w.shape[0]
+    return (w.reshape(heads, 2, out_rows // heads // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def gguf_name(name: str) -> str:
+    """llama.cpp's name of a Hugging Face tensor."""
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if name in top:
+        return top[name]
+    _, _, layer, rest = name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{LAYER_NAMES[module]}.{kind}"
+
+
+def gguf_tensors(weights: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray]:
+    """Hugging Face tensors under llama.cpp's names, llama Q/K rows permuted as llama.cpp stores them."""
+    out = {}
+    for name, w in weights.items():
+        if config["model_type"] == "llama" and (".q_proj." in name or ".k_proj." in name):
+            w = llama_cpp_order(w, config["num_attention_heads"] if ".q_proj." in name
+                                else config["num_key_value_heads"])
+        out[gguf_name(name)] = w
+    return out
+
+
+def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: dict, pre: str = "qwen2",
+               tensor_type: str = "F32", arch: str | None = None, add_bos: bool = False) -> Path:
+    """A GGUF file of a Hugging Face model: 2-D weights stored as tensor_type, 1-D ones as F32."""
+    import gguf
+
+    arch = arch or config["model_type"]
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_uint32(f"{arch}.context_length", config["max_position_embeddings"])
+    writer.add_uint32(f"{arch}.embedding_length", config["hidden_size"])
+    writer.add_uint32(f"{arch}.block_count", config["num_hidden_layers"])
+    writer.add_uint32(f"{arch}.feed_forward_length", config["intermediate_size"])
+    writer.add_uint32(f"{arch}.attention.head_count", config["num_attention_heads"])
+    writer.add_uint32(f"{arch}.attention.head_count_kv", config["num_key_value_heads"])
+    writer.add_uint32(f"{arch}.rope.dimension_count", config["hidden_size"] // config["num_attention_heads"])
+    writer.add_float32(f"{arch}.rope.freq_base", config["rope_theta"])
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    writer.add_uint32("general.file_type", 0)
+    writer.add_string("tokenizer.ggml.model", "gpt2")
+    writer.add_string("tokenizer.ggml.pre", pre)
+    writer.add_array("tokenizer.ggml.tokens", bpe["tokens"])
+    writer.add_array("tokenizer.ggml.token_type", bpe["types"])
+    writer.add_array("tokenizer.ggml.merges", bpe["merges"])
+    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    writer.add_uint32("tokenizer.ggml.padding_token_id", 2)
+    writer.add_bool("tokenizer.ggml.add_bos_token", add_bos)
+    writer.add_string("tokenizer.chat_template", CHAT_TEMPLATE)
+    for name, w in gguf_tensors(weights, config).items():
+        if w.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, w.astype(np.float32))
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, w.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(w.astype(np.float32), qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def stored_values(weights: dict[str, np.ndarray], tensor_type: str) -> dict[str, np.ndarray]:
+    """The weights as a reader of the file gets them back: 2-D ones through the type's round trip (NumPy)."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    return {k: (w if w.ndim == 1 else gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)
+                .astype(np.float32).reshape(w.shape))
+            for k, w in weights.items()}
+
+
+def numpy_weights(folder: Path) -> dict[str, np.ndarray]:
+    return {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(folder / "model.safetensors")).items()}

@@ -1,0 +1,118 @@
+"""GGUF import: tiny llama and qwen2 files written here with llama.cpp's `gguf` writer.
+
+An imported file must give the logits of the Hugging Face model it was written
+from (exactly up to float rounding for F32, F16 and the quantized types, whose
+round trip is computed here with the `gguf` package's NumPy quantizers), and,
+where llama.cpp itself is installed (llama-cpp-python), llama.cpp's logits on
+the same file.
+"""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import llama, qwen2
+from mlx_lm.utils import load as mlx_lm_load
+
+gguf = pytest.importorskip("gguf")
+
+from gguf_files import build_hf_model, gguf_name, numpy_weights, stored_values, train_bpe, write_gguf  # noqa: E402
+
+from mlx_grpo.models.gguf import GGUFError, converted_folder  # noqa: E402
+
+TOKENS = [[5, 17, 200, 33, 1, 90, 250, 7, 64, 3, 128, 41]]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return train_bpe()
+
+
+def hf_model(arch, weights, config, **overrides):
+    """An mlx-lm model of `config` holding `weights` (NumPy, Hugging Face names)."""
+    module = {"llama": llama, "qwen2": qwen2}[arch]
+    model = module.Model(module.ModelArgs.from_dict({**config, **overrides}))
+    model.load_weights([(k, mx.array(v)) for k, v in weights.items()])
+    return model
+
+
+def logits(model, tokens=TOKENS):
+    return np.array(model(mx.array(tokens)).astype(mx.float32))
+
+
+def imported(path):
+    model, tokenizer = mlx_lm_load(str(converted_folder(path)))
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("tensor_type,tolerance", [("F32", 2e-5), ("F16", 2e-3), ("Q8_0", 2e-3), ("Q4_0", 2e-3)])
+def test_import_gives_the_logits_of_the_model_written(tmp_path, bpe, arch, tensor_type, tolerance):
+    vocab = len(bpe["tokens"])
+    config = build_hf_model(tmp_path / "hf", arch, vocab)
+    weights = numpy_weights(tmp_path / "hf")
+    path = write_gguf(tmp_path / f"tiny-{arch}.gguf", config, weights, bpe, tensor_type=tensor_type)
+    model, _ = imported(path)
+    expected = logits(hf_model(arch, stored_values(weights, tensor_type), config))
+    got = logits(model)
+    assert np.abs(got - expected).max() < tolerance * np.abs(expected).max()
+    if tensor_type in ("Q8_0", "Q4_0"):  # kept quantized, not widened
+        assert type(model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"
+        bits = {"Q8_0": 8, "Q4_0": 4}[tensor_type]
+        assert model.layers[0].mlp.down_proj.bits == bits and model.model.embed_tokens.bits == bits
+    # And it is not simply any model: the unrounded weights of another seed disagree.
+    other = build_hf_model(tmp_path / "other", arch, vocab, seed=1)
+    assert np.abs(logits(hf_model(arch, numpy_weights(tmp_path / "other"), other)) - got).max() > 0.01
+
+
+def test_the_llama_qk_permutation_is_the_one_traditional_rope_expects(tmp_path, bpe):
+    """Physical check: the raw (permuted) GGUF rows run with interleaved-pair rope give the same logits."""
+    config = build_hf_model(tmp_path / "hf", "llama", len(bpe["tokens"]))
+    weights = numpy_weights(tmp_path / "hf")
+    path = write_gguf(tmp_path / "tiny.gguf", config, weights, bpe)
+    # The file's rows, read back with the gguf reader, under Hugging Face names: still permuted.
+    reader = gguf.GGUFReader(str(path))
+    stored = {t.name: np.array(t.data).reshape(tuple(reversed(t.shape.tolist()))) for t in reader.tensors}
+    renamed = {name: stored[gguf_name(name)] for name in weights}
+    traditional = hf_model("llama", renamed, config, rope_traditional=True)
+    model, _ = imported(path)
+    np.testing.assert_allclose(logits(model), logits(traditional), atol=2e-5)
+    # Without the permutation undone, half-split rope on the raw rows is a different model.
+    assert np.abs(logits(hf_model("llama", renamed, config)) - logits(model)).max() > 1e-3
+
+
+def test_untied_output_and_config(tmp_path, bpe):
+    config = build_hf_model(tmp_path / "hf", "llama", len(bpe["tokens"]), tied=False)
+    weights = numpy_weights(tmp_path / "hf")
+    path = write_gguf(tmp_path / "tiny.gguf", config, weights, bpe)
+    folder = converted_folder(path)
+    written = json.loads((folder / "config.json").read_text())
+    for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "max_position_embeddings", "tie_word_embeddings"):
+        assert written[key] == config[key], key
+    assert written["rope_theta"] == pytest.approx(config["rope_theta"])
+    assert written["rms_norm_eps"] == pytest.approx(config["rms_norm_eps"])
+    model, _ = mlx_lm_load(str(folder))
+    np.testing.assert_allclose(logits(model), logits(hf_model("llama", weights, config)), atol=2e-5)
+
+
+def test_conversion_is_cached_until_the_file_changes(tmp_path, bpe):
+    config = build_hf_model(tmp_path / "hf", "qwen2", len(bpe["tokens"]))
+    weights = numpy_weights(tmp_path / "hf")
+    path = write_gguf(tmp_path / "tiny.gguf", config, weights, bpe)
+    first = converted_folder(path)
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert converted_folder(path) == first and (first / "model.safetensors").stat().st_mtime_ns == stamp
+    write_gguf(path, config, weights, bpe, tensor_type="F16")  # a new file under the same name
+    second = converted_folder(path)
+    assert second != first
+    assert mx.load(str(second / "model.safetensors"))["model.layers.0.mlp.up_proj.weight"].dtype == mx.float16
+    assert not list((tmp_path / "cache" / "gguf").glob("*.partial-*"))
