@@ -123,8 +123,13 @@ def gguf_tensors(weights: dict[str, np.ndarray], config: dict) -> dict[str, np.n
 
 
 def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: dict, pre: str = "qwen2",
-               tensor_type: str = "F32", arch: str | None = None, add_bos: bool = False) -> Path:
-    """A GGUF file of a Hugging Face model: 2-D weights stored as tensor_type, 1-D ones as F32."""
+               tensor_type: str = "F32", arch: str | None = None, add_bos: bool = False,
+               raw: dict[str, str] | None = None) -> Path:
+    """A GGUF file of a Hugging Face model: 2-D weights stored as tensor_type, 1-D ones as F32.
+
+    raw: {gguf tensor name: type} of tensors written as zero bytes of that type
+    (types the `gguf` package cannot quantize to, for error tests).
+    """
     import gguf
 
     arch = arch or config["model_type"]
@@ -151,7 +156,11 @@ def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: di
     writer.add_bool("tokenizer.ggml.add_bos_token", add_bos)
     writer.add_string("tokenizer.chat_template", CHAT_TEMPLATE)
     for name, w in gguf_tensors(weights, config).items():
-        if w.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+        if name in (raw or {}):
+            rtype = gguf.GGMLQuantizationType[raw[name]]
+            writer.add_tensor(name, np.zeros(gguf.quants.quant_shape_to_byte_shape(w.shape, rtype), np.uint8),
+                              raw_dtype=rtype)
+        elif w.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, w.astype(np.float32))
         elif qtype == gguf.GGMLQuantizationType.F16:
             writer.add_tensor(name, w.astype(np.float16))

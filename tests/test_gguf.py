@@ -54,7 +54,8 @@ def imported(path):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("tensor_type,tolerance", [("F32", 2e-5), ("F16", 2e-3), ("Q8_0", 2e-3), ("Q4_0", 2e-3)])
+@pytest.mark.parametrize("tensor_type,tolerance", [("F32", 2e-5), ("F16", 2e-3), ("Q8_0", 2e-3), ("Q4_0", 2e-3),
+                                                      ("Q4_1", 2e-3)])
 def test_import_gives_the_logits_of_the_model_written(tmp_path, bpe, arch, tensor_type, tolerance):
     vocab = len(bpe["tokens"])
     config = build_hf_model(tmp_path / "hf", arch, vocab)
@@ -64,9 +65,9 @@ def test_import_gives_the_logits_of_the_model_written(tmp_path, bpe, arch, tenso
     expected = logits(hf_model(arch, stored_values(weights, tensor_type), config))
     got = logits(model)
     assert np.abs(got - expected).max() < tolerance * np.abs(expected).max()
-    if tensor_type in ("Q8_0", "Q4_0"):  # kept quantized, not widened
+    if tensor_type.startswith("Q"):  # kept quantized, not widened
         assert type(model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"
-        bits = {"Q8_0": 8, "Q4_0": 4}[tensor_type]
+        bits = int(tensor_type[1])
         assert model.layers[0].mlp.down_proj.bits == bits and model.model.embed_tokens.bits == bits
     # And it is not simply any model: the unrounded weights of another seed disagree.
     other = build_hf_model(tmp_path / "other", arch, vocab, seed=1)
@@ -116,3 +117,62 @@ def test_conversion_is_cached_until_the_file_changes(tmp_path, bpe):
     assert second != first
     assert mx.load(str(second / "model.safetensors"))["model.layers.0.mlp.up_proj.weight"].dtype == mx.float16
     assert not list((tmp_path / "cache" / "gguf").glob("*.partial-*"))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("tensor_type,tolerance", [("F32", 2e-3), ("Q8_0", 5e-2), ("Q4_0", 5e-2)])
+def test_llama_cpp_runs_the_same_model(tmp_path, bpe, arch, tensor_type, tolerance):
+    """llama.cpp on the file itself (its KV cache is float16 and it rounds activations to 8 bits for
+    quantized matmuls, hence the tolerances; the unpermuted llama model is 20% off)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    config = build_hf_model(tmp_path / "hf", arch, len(bpe["tokens"]))
+    path = write_gguf(tmp_path / "tiny.gguf", config, numpy_weights(tmp_path / "hf"), bpe, tensor_type=tensor_type)
+    reference = llama_cpp.Llama(str(path), logits_all=True, n_ctx=64, n_threads=1, verbose=False)
+    reference.eval(TOKENS[0])
+    expected = np.array(reference.scores[: len(TOKENS[0])])
+    got = logits(imported(path)[0])[0]
+    assert np.abs(got - expected).max() < tolerance * np.abs(expected).max()
+
+
+# ---------------------------------------------------------------------------
+# Files that cannot be used: one sentence saying why
+
+
+@pytest.fixture()
+def tiny_file(tmp_path, bpe):
+    config = build_hf_model(tmp_path / "hf", "llama", len(bpe["tokens"]))
+    return write_gguf(tmp_path / "tiny.gguf", config, numpy_weights(tmp_path / "hf"), bpe)
+
+
+def test_truncated_file(tmp_path, tiny_file):
+    data = tiny_file.read_bytes()
+    for cut, message in ((len(data) - 100, "ends past the end of the file"), (4000, "the file ends inside its header")):
+        path = tmp_path / f"cut{cut}.gguf"
+        path.write_bytes(data[:cut])
+        with pytest.raises(GGUFError, match=message):
+            converted_folder(path)
+    assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_text("just some text, not a model at all")
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        converted_folder(path)
+
+
+def test_unsupported_architecture(tmp_path, bpe):
+    config = build_hf_model(tmp_path / "hf", "llama", len(bpe["tokens"]))
+    path = write_gguf(tmp_path / "g.gguf", config, numpy_weights(tmp_path / "hf"), bpe, arch="gemma")
+    with pytest.raises(GGUFError, match="architecture 'gemma' is not supported"):
+        converted_folder(path)
+
+
+def test_unsupported_tensor_type_is_named(tmp_path, bpe):
+    """A K-quant (which mx.load would silently widen to float16) is refused by tensor and type."""
+    config = build_hf_model(tmp_path / "hf", "qwen2", len(bpe["tokens"]), intermediate=256)  # K-quant rows: 256
+    weights = numpy_weights(tmp_path / "hf")
+    path = write_gguf(tmp_path / "k.gguf", config, weights, bpe, tensor_type="F32",
+                      raw={"blk.1.ffn_down.weight": "Q6_K"})
+    with pytest.raises(GGUFError, match="tensor blk.1.ffn_down.weight has type Q6_K"):
+        converted_folder(path)
