@@ -69,7 +69,19 @@ def train_bpe(vocab_size: int = 320) -> dict:
     tokens = sorted(vocab, key=vocab.get)
     merges = [m if isinstance(m, str) else " ".join(m) for m in saved["model"]["merges"]]
     types = [3 if t in SPECIALS else 1 for t in tokens]
-    return {"tokens": tokens, "merges": merges, "types": types}
+    return {"tokens": tokens, "merges": merges, "types": types, "json": tok.to_str()}
+
+
+def write_hf_tokenizer(folder: Path, bpe: dict) -> None:
+    """The trained BPE as a Hugging Face tokenizer (GPT-2's byte-level split) with the chat template."""
+    from tokenizers import Tokenizer, decoders
+
+    tok = Tokenizer.from_str(bpe["json"])
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIALS[1], "eos_token": SPECIALS[2],
+        "pad_token": SPECIALS[2], "chat_template": CHAT_TEMPLATE}))
 
 
 def build_hf_model(folder: Path, arch: str, vocab: int, hidden: int = 64, layers: int = 2, heads: int = 4,

@@ -28,19 +28,24 @@ def _llama3_like(digits: str) -> str:
 
 # tokenizer.ggml.pre -> the splits applied in turn (each cuts the pieces the previous left).
 PRE_TOKENIZERS = {
-    "gpt2": [_GPT2],
+    "gpt-2": [_GPT2],
     "smollm": [r"\p{N}", _GPT2],  # single digits first, then GPT-2's split
     "llama-bpe": [_llama3_like(r"\p{N}{1,3}")],  # runs of up to three digits
     "qwen2": [_llama3_like(r"\p{N}")],  # single digits
 }
-PRE_TOKENIZER_ALIASES = {"gpt-2": "gpt2", "llama3": "llama-bpe", "llama-v3": "llama-bpe"}
+# Keys above are the names llama.cpp writes and reads; these other spellings mean the same split.
+PRE_TOKENIZER_ALIASES = {"gpt2": "gpt-2", "llama3": "llama-bpe", "llama-v3": "llama-bpe"}
 # llama.cpp's settings per pre-tokenizer: llama3 matches whole words in the vocabulary
 # before merging, adds BOS by default, and only some decoders tidy spaces before punctuation.
 _IGNORE_MERGES = {"llama-bpe"}
 _ADD_BOS_DEFAULT = {"llama-bpe"}
-_CLEAN_SPACES = {"gpt2", "llama-bpe"}
+_CLEAN_SPACES = {"gpt-2", "llama-bpe"}
 
-CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of special and added tokens
+# tokenizer.ggml.token_type values
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+# Text whose pre-tokenization tells the supported pre-tokenizers apart (digit runs, the case
+# of contractions, newlines after symbols, whitespace runs).
+_PROBE = "Hello World's 1234567 DON'T it'S  \n\n  x\t3.14!!\n ÀÉ 日本 😀 ''  end"
 
 
 def pre_tokenizer_name(metadata: dict) -> str:
@@ -57,14 +62,21 @@ def _check_model(metadata: dict) -> None:
     if kind != "gpt2":
         raise GGUFError(f"GGUF tokenizer model {kind!r} is not supported: only byte-level BPE ('gpt2'), "
                         "as in llama-3, SmolLM and Qwen2 files")
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-        if not metadata.get(key):
-            raise GGUFError(f"the GGUF file has no {key}")
+    if not metadata.get("tokenizer.ggml.tokens") or "tokenizer.ggml.merges" not in metadata:
+        raise GGUFError("the GGUF file has no tokenizer.ggml.tokens or tokenizer.ggml.merges")
+
+
+def _pre_tokenizer(name: str):
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(pattern), behavior="isolated") for pattern in PRE_TOKENIZERS[name]]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 def build_tokenizer(metadata: dict):
     """A `tokenizers.Tokenizer` that encodes and decodes as llama.cpp does with this file."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
     _check_model(metadata)
     pre = pre_tokenizer_name(metadata)
@@ -72,9 +84,7 @@ def build_tokenizer(metadata: dict):
     vocab = {token: i for i, token in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in _IGNORE_MERGES))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(pattern), behavior="isolated") for pattern in PRE_TOKENIZERS[pre]]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.pre_tokenizer = _pre_tokenizer(pre)
     tokenizer.decoder = decoders.ByteLevel()
     types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     tokenizer.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
@@ -117,3 +127,50 @@ def write_tokenizer(metadata: dict, folder: Path, context_length: int | None = N
     build_tokenizer(metadata).save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(metadata, context_length), indent=1),
                                                   encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------
+# The other way: a Hugging Face tokenizer as GGUF metadata (for export)
+
+
+def hf_pre_tokenizer_name(backend) -> str:
+    """Which supported llama.cpp pre-tokenizer splits text as this `tokenizers.Tokenizer` does."""
+    if backend.pre_tokenizer is not None:
+        target = backend.pre_tokenizer.pre_tokenize_str(_PROBE)
+        for name in PRE_TOKENIZERS:
+            if [p for p, _ in _pre_tokenizer(name).pre_tokenize_str(_PROBE)] == [p for p, _ in target]:
+                return name
+    raise GGUFError("the model's tokenizer splits text unlike any pre-tokenizer llama.cpp is known to share "
+                    f"with it here ({', '.join(PRE_TOKENIZERS)}); it cannot be exported to GGUF")
+
+
+def metadata_from_hf(tokenizer, vocab_size: int) -> dict:
+    """tokenizer.* GGUF metadata of a byte-level BPE Hugging Face tokenizer (an mlx-lm TokenizerWrapper)."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = hf.backend_tokenizer
+    model = json.loads(backend.to_str())["model"]
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        raise GGUFError("only byte-level BPE tokenizers (llama-3, SmolLM, Qwen2 style) can be exported to GGUF")
+    vocab = backend.get_vocab(with_added_tokens=True)
+    if sorted(vocab.values()) != list(range(len(vocab))) or len(vocab) > vocab_size:
+        raise GGUFError(f"the tokenizer's ids are not 0..{len(vocab) - 1} within the model's {vocab_size} rows")
+    tokens = sorted(vocab, key=vocab.get) + [f"[PAD{i}]" for i in range(len(vocab), vocab_size)]
+    types = [NORMAL] * len(vocab) + [UNUSED] * (vocab_size - len(vocab))
+    for index, added in backend.get_added_tokens_decoder().items():
+        types[index] = CONTROL if added.special else USER_DEFINED
+    probe = hf.encode("a")
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": hf_pre_tokenizer_name(backend),
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])],
+        "tokenizer.ggml.add_bos_token": bool(hf.bos_token_id is not None and probe[:1] == [hf.bos_token_id]),
+    }
+    for key, index in (("bos", hf.bos_token_id), ("eos", tokenizer.eos_token_id), ("padding", hf.pad_token_id),
+                       ("unknown", hf.unk_token_id)):
+        if index is not None:
+            meta[f"tokenizer.ggml.{key}_token_id"] = int(index)
+    if getattr(hf, "chat_template", None):
+        meta["tokenizer.chat_template"] = hf.chat_template
+    return meta

@@ -1,0 +1,247 @@
+"""`mlx-grpo export`: a trained model, fused, as a GGUF file or an MLX folder.
+
+The base model and its adapters become one model with plain weights. A
+quantized base is first widened to float32 (exactly: the 4- or 8-bit values
+times their scales plus their biases), the adapters are added in float32,
+and only then is the result written at the chosen type. So the adapters are
+not rounded through the base's quantization grid and back.
+
+The GGUF file is what llama.cpp's own converter writes for a Hugging Face
+llama or qwen2 model: its tensor names, its Q/K row order for llama, the
+architecture metadata, and the tokenizer with its chat template (copied from
+the base's GGUF file, or rebuilt from a folder model's tokenizer). f16 by
+default; q8_0 and q4_0 are quantized with the `gguf` package's own NumPy
+quantizers (blocks of 32 along each row), which is what llama.cpp reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .gguf import hf_rows_to_llama_cpp, is_gguf
+from .gguf_file import GGUFError, read_header
+from .gguf_tokenizer import metadata_from_hf
+
+OUTTYPES = ("f16", "q8_0", "q4_0")
+# llama.cpp's general.file_type of each output type (its LlamaFileType).
+_FILE_TYPES = {"f16": 1, "q8_0": 7, "q4_0": 2}
+_GGUF_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_TOP_LEVEL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+class ExportError(ValueError):
+    """Something that stops an export (a bad source, an existing output, an unsupported model); one line."""
+
+
+# ---------------------------------------------------------------------------
+# Fusing
+
+
+def _widened(module: nn.Module) -> nn.Module:
+    """A float32 copy of a quantized linear or embedding (q * scale + bias, computed in float32)."""
+    weight = mx.dequantize(module.weight, module.scales.astype(mx.float32), module.biases.astype(mx.float32),
+                           group_size=module.group_size, bits=module.bits, mode=module.mode)
+    if isinstance(module, nn.QuantizedEmbedding):
+        plain = nn.Embedding(*weight.shape)
+    else:
+        plain = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in module)
+        if "bias" in module:
+            plain.bias = module.bias
+    plain.weight = weight
+    return plain
+
+
+def fuse_in_float32(model: nn.Module) -> nn.Module:
+    """Widen every quantized layer and every weight to float32, then fold each adapter into its layer."""
+    quantized = [(name, _widened(m)) for name, m in model.named_modules()
+                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    if quantized:
+        model.update_modules(tree_unflatten(quantized))
+    model.set_dtype(mx.float32)
+    adapters = [(name, m.fuse()) for name, m in model.named_modules() if hasattr(m, "fuse")]
+    if adapters:
+        model.update_modules(tree_unflatten(adapters))
+    return model
+
+
+def load_fused(base: str | None, adapter: str | None):
+    """(fused float32 model, tokenizer, config.json dict, the base's resolved path) of a base and its adapters."""
+    from mlx_lm.utils import load as mlx_lm_load
+
+    from .loading import model_folder, resolve_model_path
+
+    model, tokenizer, config = mlx_lm_load(model_folder(base), adapter_path=adapter, return_config=True)
+    fuse_in_float32(model)
+    mx.eval(model.parameters())
+    config = {k: v for k, v in config.items() if k not in ("quantization", "quantization_config")}
+    return model, tokenizer, config, resolve_model_path(base)
+
+
+# ---------------------------------------------------------------------------
+# Writing
+
+
+def _check_output(path: Path, force: bool) -> None:
+    if path.exists() and not force:
+        raise ExportError(f"{path} exists; choose another name or pass --force to overwrite it")
+
+
+def write_mlx(model: nn.Module, tokenizer, config: dict, folder: Path, force: bool = False) -> Path:
+    """An mlx-lm folder of the fused model (float32 weights)."""
+    folder = Path(folder)
+    _check_output(folder, force)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    weights = dict(tree_flatten(model.parameters()))
+    if config.get("tie_word_embeddings", True):
+        weights.pop("lm_head.weight", None)
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    getattr(tokenizer, "_tokenizer", tokenizer).save_pretrained(str(folder))
+    return folder
+
+
+def gguf_tensor_name(name: str) -> str:
+    """`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`."""
+    stem, _, kind = name.rpartition(".")
+    if stem in _TOP_LEVEL:
+        return f"{_TOP_LEVEL[stem]}.{kind}"
+    parts = stem.split(".", 3)
+    if stem.startswith("model.layers.") and parts[3] in _GGUF_NAMES:
+        return f"blk.{parts[2]}.{_GGUF_NAMES[parts[3]]}.{kind}"
+    raise GGUFError(f"tensor {name} has no llama.cpp name")
+
+
+def gguf_tensors(model: nn.Module, config: dict) -> dict[str, np.ndarray]:
+    """float32 NumPy tensors under llama.cpp's names, llama Q/K rows in llama.cpp's order."""
+    out = {}
+    for name, w in tree_flatten(model.parameters()):
+        if name == "lm_head.weight" and config.get("tie_word_embeddings", True):
+            continue
+        if config["model_type"] == "llama" and (".q_proj." in name or ".k_proj." in name):
+            heads = config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
+            w = hf_rows_to_llama_cpp(w, heads)
+        out[gguf_tensor_name(name)] = np.array(w.astype(mx.float32))
+    return out
+
+
+def _architecture_metadata(writer, config: dict) -> None:
+    arch = config["model_type"]
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    rope_scaling = config.get("rope_scaling")
+    if rope_scaling and rope_scaling.get("type", rope_scaling.get("rope_type")) != "linear":
+        raise GGUFError(f"rope scaling {rope_scaling} cannot be exported (only linear)")
+    writer.add_context_length(int(config.get("max_position_embeddings") or 4096))
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config.get("num_key_value_heads") or heads)
+    writer.add_rope_dimension_count(head_dim)
+    if head_dim != config["hidden_size"] // heads:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
+    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
+    writer.add_vocab_size(config["vocab_size"])
+    if rope_scaling:
+        writer.add_string(f"{arch}.rope.scaling.type", "linear")
+        writer.add_float32(f"{arch}.rope.scaling.factor", float(rope_scaling["factor"]))
+
+
+def _tokenizer_metadata(writer, meta: dict) -> None:
+    writer.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    writer.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    writer.add_token_list(meta["tokenizer.ggml.tokens"])
+    writer.add_token_types(meta["tokenizer.ggml.token_type"])
+    if not meta["tokenizer.ggml.merges"]:  # llama.cpp requires the list, and gguf's writer cannot write it empty
+        raise ExportError("the tokenizer has no BPE merges; GGUF cannot carry it")
+    writer.add_token_merges(meta["tokenizer.ggml.merges"])
+    if "tokenizer.ggml.scores" in meta:
+        writer.add_token_scores(meta["tokenizer.ggml.scores"])
+    for key, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
+                     ("padding", writer.add_pad_token_id), ("unknown", writer.add_unk_token_id)):
+        if f"tokenizer.ggml.{key}_token_id" in meta:
+            add(int(meta[f"tokenizer.ggml.{key}_token_id"]))
+    for key, add in (("add_bos_token", writer.add_add_bos_token), ("add_eos_token", writer.add_add_eos_token)):
+        if f"tokenizer.ggml.{key}" in meta:
+            add(bool(meta[f"tokenizer.ggml.{key}"]))
+    if meta.get("tokenizer.chat_template"):
+        writer.add_chat_template(meta["tokenizer.chat_template"])
+
+
+def write_gguf(model: nn.Module, tokenizer, config: dict, base_path: str, path: Path, outtype: str = "f16",
+               force: bool = False, name: str | None = None) -> Path:
+    """A GGUF file of the fused model; the tokenizer comes from the base's GGUF file when it has one."""
+    try:
+        import gguf
+    except ImportError:
+        raise ExportError("writing GGUF needs the gguf package: pip install -e \".[gguf]\"") from None
+    if outtype not in OUTTYPES:
+        raise ExportError(f"--outtype {outtype}: not one of {', '.join(OUTTYPES)}")
+    if config["model_type"] not in ("llama", "qwen2"):
+        raise ExportError(f"model type {config['model_type']!r} cannot be exported to GGUF (llama and qwen2 can)")
+    path = Path(path)
+    _check_output(path, force)
+    if is_gguf(base_path):
+        meta = {k: v for k, v in read_header(base_path).metadata.items() if k.startswith("tokenizer.")}
+    else:
+        meta = metadata_from_hf(tokenizer, config["vocab_size"])
+    qtype = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "q4_0": gguf.GGMLQuantizationType.Q4_0}[outtype]
+    partial = path.with_name(f".{path.name}.partial")
+    writer = gguf.GGUFWriter(str(partial), config["model_type"])
+    writer.add_name(name or path.stem)
+    writer.add_file_type(_FILE_TYPES[outtype])
+    if outtype != "f16":
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _architecture_metadata(writer, config)
+    _tokenizer_metadata(writer, meta)
+    for tensor_name, w in gguf_tensors(model, config).items():
+        if w.ndim == 1:  # norms and biases stay float32, as llama.cpp keeps them
+            writer.add_tensor(tensor_name, w)
+        elif qtype == gguf.GGMLQuantizationType.F16 or w.shape[-1] % 32:  # rows not in whole blocks: f16
+            writer.add_tensor(tensor_name, w.astype(np.float16))
+        else:
+            writer.add_tensor(tensor_name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+    partial.replace(path)  # a reader never sees half a file
+    return path
+
+
+def export(base: str | None, adapter: str | None, gguf_path: str | None = None, mlx_path: str | None = None,
+           outtype: str = "f16", force: bool = False) -> list[Path]:
+    """Fuse `adapter` into `base` and write it where asked; returns the paths written."""
+    if not gguf_path and not mlx_path:
+        raise ExportError("say where to write: --gguf OUT.gguf and/or --mlx DIR")
+    if outtype not in OUTTYPES:
+        raise ExportError(f"--outtype {outtype}: not one of {', '.join(OUTTYPES)}")
+    for target in (gguf_path, mlx_path):
+        if target:
+            _check_output(Path(target), force)
+    model, tokenizer, config, base_path = load_fused(base, adapter)
+    written = []
+    if gguf_path:
+        written.append(write_gguf(model, tokenizer, config, base_path, Path(gguf_path), outtype, force))
+    if mlx_path:
+        written.append(write_mlx(model, tokenizer, config, Path(mlx_path), force))
+    return written

@@ -1,0 +1,241 @@
+"""`mlx-grpo export`: base + adapters fused and written as GGUF (f16, q8_0, q4_0) or as an MLX folder.
+
+The fused model must compute what the base with its adapters computed; the
+GGUF file must read back (gguf's reader: names, shapes, types, metadata),
+re-import to the same greedy completions, keep the adapters' update
+unrounded by the base's quantization, and run in llama.cpp (when installed)
+with the same greedy completion.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.utils import load as mlx_lm_load
+
+gguf = pytest.importorskip("gguf")
+
+from gguf_files import (SAMPLE_TEXTS, build_hf_model, llama_cpp_order, numpy_weights, train_bpe,  # noqa: E402
+                        write_gguf, write_hf_tokenizer)
+
+from mlx_grpo.models.export import ExportError, export, load_fused  # noqa: E402
+from mlx_grpo.models.gguf import converted_folder  # noqa: E402
+from mlx_grpo.models.loading import load_policy  # noqa: E402
+from mlx_grpo.policy import prepare_for_training, save_adapters  # noqa: E402
+
+PROMPT = [5, 17, 200, 33, 90, 250, 7, 64]
+LORA = {"rank": 4, "scale": 2.0, "dropout": 0.0, "num_layers": -1}
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return train_bpe(1000)
+
+
+def make_adapters(base: str, folder, seed: int = 3) -> str:
+    """An adapter folder for `base` whose LoRA update is far from zero (as after training)."""
+    model, _ = load_policy(base)
+    adapter_config = prepare_for_training(model, "lora", LORA)
+    mx.random.seed(seed)
+    for _, module in model.named_modules():
+        if hasattr(module, "lora_b"):
+            module.lora_b = mx.random.normal(module.lora_b.shape) * 0.05
+    save_adapters(model, folder, {**adapter_config, "model": base})
+    return str(folder)
+
+
+def gguf_base(tmp_path, bpe, arch, tensor_type):
+    config = build_hf_model(tmp_path / "hf", arch, len(bpe["tokens"]))
+    return str(write_gguf(tmp_path / "base.gguf", config, numpy_weights(tmp_path / "hf"), bpe,
+                          tensor_type=tensor_type))
+
+
+def greedy(model, prompt=PROMPT, n=12):
+    tokens = list(prompt)
+    for _ in range(n):
+        tokens.append(int(mx.argmax(model(mx.array([tokens]))[0, -1])))
+    return tokens[len(prompt):]
+
+
+def logits(model, tokens=PROMPT):
+    return np.array(model(mx.array([tokens]))[0].astype(mx.float32))
+
+
+def rounded(model, tensor_type):
+    """A copy of the model's weights, 2-D ones through a GGUF quantization round trip in NumPy."""
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    params = [(k, mx.array(gguf.quants.dequantize(gguf.quants.quantize(np.array(v), qtype), qtype)
+                           .reshape(v.shape)) if v.ndim == 2 else v)
+              for k, v in tree_flatten(model.parameters())]
+    copy = type(model)(model.args)
+    copy.load_weights(params)
+    return copy
+
+
+def relative_gap(a, b):
+    return np.abs(a - b).max() / np.abs(b).max()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("base_type", ["F32", "Q4_0"])
+def test_fused_model_computes_what_base_plus_adapters_did(tmp_path, bpe, arch, base_type):
+    base = gguf_base(tmp_path, bpe, arch, base_type)
+    adapters = make_adapters(base, tmp_path / "adapters")
+    unfused, _ = load_policy(base, adapters)
+    fused, _, _, _ = load_fused(base, adapters)
+    # The quantized reference computes its matmuls in float16 (its scales' type); the fused model in float32.
+    assert relative_gap(logits(fused), logits(unfused)) < (1e-4 if base_type == "F32" else 2e-3)
+    assert all(p.dtype == mx.float32 for _, p in tree_flatten(fused.parameters()))
+    base_only, _ = load_policy(base)
+    assert relative_gap(logits(base_only), logits(unfused)) > 1e-2  # the adapters matter
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_gguf_export_reads_back_and_reimports(tmp_path, bpe, arch):
+    base = gguf_base(tmp_path, bpe, arch, "Q8_0")
+    adapters = make_adapters(base, tmp_path / "adapters")
+    fused, _, config, _ = load_fused(base, adapters)
+    expected = greedy(fused)
+    for outtype in ("f16", "q8_0", "q4_0"):
+        out = tmp_path / f"out-{outtype}.gguf"
+        export(base, adapters, gguf_path=str(out), outtype=outtype)
+        reader = gguf.GGUFReader(str(out))
+        fields = {name: field.contents() for name, field in reader.fields.items()}
+        assert fields["general.architecture"] == arch
+        assert fields[f"{arch}.block_count"] == config["num_hidden_layers"]
+        assert fields[f"{arch}.attention.head_count_kv"] == config["num_key_value_heads"]
+        assert fields["tokenizer.ggml.tokens"] == bpe["tokens"] and fields["tokenizer.ggml.merges"] == bpe["merges"]
+        assert fields["tokenizer.ggml.pre"] == "qwen2" and "im_start" in fields["tokenizer.chat_template"]
+        tensors = {t.name: t for t in reader.tensors}
+        assert "output.weight" not in tensors  # tied embeddings stay tied
+        q = tensors["blk.0.attn_q.weight"]
+        assert q.tensor_type.name == outtype.upper() and list(q.shape) == [config["hidden_size"]] * 2
+        assert tensors["blk.0.attn_norm.weight"].tensor_type.name == "F32"
+        reimported, _ = mlx_lm_load(str(converted_folder(out)))
+        gap = relative_gap(logits(reimported), logits(fused))
+        if outtype == "f16":
+            assert gap < 2e-3 and greedy(reimported) == expected
+        else:  # exactly the fused model through the gguf package's own quantizer (NumPy), and close to it
+            assert relative_gap(logits(reimported), logits(rounded(fused, outtype.upper()))) < 2e-3
+            assert gap < {"q8_0": 2e-2, "q4_0": 0.5}[outtype]
+        if outtype == "q8_0":
+            assert sum(a == b for a, b in zip(greedy(reimported), expected)) >= 8
+
+
+def test_adapters_are_not_rounded_through_the_base_quantization(tmp_path, bpe):
+    """A 4-bit base exported as f16: the stored q_proj is the dequantized base plus the exact LoRA update."""
+    base = gguf_base(tmp_path, bpe, "llama", "Q4_0")
+    adapters = make_adapters(base, tmp_path / "adapters")
+    out = export(base, adapters, gguf_path=str(tmp_path / "out.gguf"))[0]
+    a = np.array(mx.load(f"{adapters}/adapters.safetensors")["model.layers.1.self_attn.q_proj.lora_a"])
+    b = np.array(mx.load(f"{adapters}/adapters.safetensors")["model.layers.1.self_attn.q_proj.lora_b"])
+    base_reader = gguf.GGUFReader(base)
+    q_base = next(t for t in base_reader.tensors if t.name == "blk.1.attn_q.weight")
+    w_base = gguf.quants.dequantize(q_base.data, gguf.GGMLQuantizationType.Q4_0).reshape(64, 64)  # llama.cpp order
+    exported = next(t for t in gguf.GGUFReader(str(out)).tensors if t.name == "blk.1.attn_q.weight")
+    w_out = np.array(exported.data, dtype=np.float32).reshape(64, 64)
+    delta = llama_cpp_order(LORA["scale"] * b.T @ a.T, heads=4)
+    np.testing.assert_allclose(w_out, (w_base + delta).astype(np.float16).astype(np.float32), atol=2e-3)
+    # Requantizing to 4 bits would have moved the update by about a quantization step.
+    assert np.abs(w_out - w_base - delta).max() < 0.1 * np.abs(delta).max()
+
+
+def test_export_of_a_folder_model_takes_its_tokenizer(tmp_path, bpe):
+    """An HF-folder base: the GGUF tokenizer metadata comes from its tokenizer."""
+    folder = tmp_path / "hf"
+    build_hf_model(folder, "llama", len(bpe["tokens"]))
+    write_hf_tokenizer(folder, bpe)
+    adapters = make_adapters(str(folder), tmp_path / "adapters")
+    out = export(str(folder), adapters, gguf_path=str(tmp_path / "out.gguf"))[0]
+    fields = {name: f.contents() for name, f in gguf.GGUFReader(str(out)).fields.items()}
+    _, tokenizer = load_policy(str(folder))
+    assert fields["tokenizer.ggml.pre"] == "gpt-2"  # GPT-2's split, recognised from how it splits text
+    assert fields["tokenizer.ggml.tokens"] == bpe["tokens"] and fields["tokenizer.ggml.merges"] == bpe["merges"]
+    assert fields["tokenizer.ggml.token_type"] == bpe["types"]
+    assert (fields["tokenizer.ggml.bos_token_id"], fields["tokenizer.ggml.eos_token_id"]) == (1, 2)
+    assert fields["tokenizer.chat_template"] == tokenizer.chat_template
+    fused, _, _, _ = load_fused(str(folder), adapters)
+    reimported, again = mlx_lm_load(str(converted_folder(out)))
+    assert relative_gap(logits(reimported), logits(fused)) < 2e-3
+    for text in SAMPLE_TEXTS:
+        assert again.encode(text) == tokenizer.encode(text), text
+    try:
+        import llama_cpp
+    except ImportError:
+        return
+    vocab = llama_cpp.Llama(str(out), vocab_only=True, verbose=False)
+    for text in SAMPLE_TEXTS:
+        assert vocab.tokenize(text.encode(), add_bos=False, special=True) == tokenizer.encode(text), text
+
+
+def test_mlx_folder_export(tmp_path, bpe):
+    base = gguf_base(tmp_path, bpe, "qwen2", "Q4_0")
+    adapters = make_adapters(base, tmp_path / "adapters")
+    folder = export(base, adapters, mlx_path=str(tmp_path / "fused"))[0]
+    model, tokenizer = mlx_lm_load(str(folder))
+    unfused, _ = load_policy(base, adapters)
+    assert relative_gap(logits(model), logits(unfused)) < 2e-3  # float16 matmuls in the quantized reference
+    assert tokenizer.encode("Hello 123") == load_policy(base)[1].encode("Hello 123")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_llama_cpp_runs_the_exported_file(tmp_path, bpe, arch):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    base = gguf_base(tmp_path, bpe, arch, "Q4_0")
+    adapters = make_adapters(base, tmp_path / "adapters")
+    out = export(base, adapters, gguf_path=str(tmp_path / "out.gguf"))[0]
+    reimported, _ = mlx_lm_load(str(converted_folder(out)))
+    runner = llama_cpp.Llama(str(out), n_ctx=64, n_threads=1, logits_all=True, verbose=False)
+    tokens = list(PROMPT)
+    runner.eval(tokens)
+    for _ in range(6):
+        tokens.append(int(np.argmax(runner.scores[runner.n_tokens - 1])))
+        runner.eval(tokens[-1:])
+    assert tokens[len(PROMPT):] == greedy(reimported, n=6)
+    # Greedy runs of a random model repeat themselves; the logits along the way say more.
+    their_logits = np.array(runner.scores[: len(tokens) - 1])
+    assert relative_gap(logits(reimported, tokens[:-1]), their_logits) < 5e-3
+
+
+# ---------------------------------------------------------------------------
+# The command line
+
+
+def cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "mlx_grpo", "export", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_export_and_its_errors(tmp_path, bpe, monkeypatch):
+    base = gguf_base(tmp_path, bpe, "qwen2", "F32")
+    adapters = make_adapters(base, tmp_path / "adapters")
+    done = cli(adapters, "--gguf", tmp_path / "out.gguf", "--outtype", "q8_0", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.gguf").is_file() and "out.gguf" in done.stdout
+    for args, message in [
+        ((adapters, "--gguf", tmp_path / "out.gguf"), "exists"),
+        ((adapters, "--gguf", tmp_path / "x.gguf", "--outtype", "q5_k"), "q5_k"),
+        ((tmp_path / "hf", "--gguf", tmp_path / "y.gguf"), "no adapters"),
+        ((tmp_path / "nowhere", "--gguf", tmp_path / "z.gguf"), "not found"),
+    ]:
+        failed = cli(*args, cwd=tmp_path)
+        assert failed.returncode == 2, (args, failed.stderr)
+        assert message in failed.stderr and "Traceback" not in failed.stderr
+        assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    done = cli(adapters, "--gguf", tmp_path / "out.gguf", "--force", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+def test_export_needs_an_output(tmp_path):
+    with pytest.raises(ExportError, match="--gguf"):
+        export(None, None)
