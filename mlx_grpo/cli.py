@@ -14,18 +14,23 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .config import _HINTS, FIELDS, ConfigError, build_config, field_help
+from .models.aliases import alias_names
+from .models.gguf_file import GGUFError
 from .tasks.data import DataError
 from .update.losses import LOSS_DESCRIPTIONS
 
 app = typer.Typer(add_completion=False, no_args_is_help=False,
                   help="GRPO-style reinforcement-learning fine-tuning of language models with MLX.")
 err = Console(stderr=True)
+MODEL_HELP = f"a model folder, a .gguf file, a Hugging Face id, or a packaged model: {alias_names()}"
 
 
 def fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # The message is plain text: brackets in it (pip install -e ".[plot]") are not rich markup.
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -52,6 +57,7 @@ def _train_signature() -> inspect.Signature:
     the config file and the task's settings.
     """
     helps = field_help()
+    helps["model"] = f"{MODEL_HELP} (default: the embedded tiny model)"
     helps["loss"] = "; ".join(f"{name}: {what} ({paper})" for name, (what, paper) in LOSS_DESCRIPTIONS.items())
     params = [
         inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
@@ -87,7 +93,7 @@ def train(**flags):
             run_training(cfg, on_event=display)
         finally:
             display.stop()
-    except (ConfigError, DataError, FileNotFoundError, CheckpointError, RewardError) as e:
+    except (ConfigError, DataError, FileNotFoundError, GGUFError, CheckpointError, RewardError) as e:
         fail(str(e))
     except KeyboardInterrupt as e:  # Ctrl-C (see interrupt.py): the message says where the checkpoint is
         err.print(str(e) or "interrupted at once; the newest complete checkpoint is intact", highlight=False,
@@ -146,8 +152,8 @@ def _evaluation(options: dict, run_dir, model):
 @app.command("compare")
 @_with_evaluation_options
 def compare_command(
-    trained: str = typer.Option(..., help="run folder, adapter folder, or model (folder or Hugging Face id)"),
-    base: Optional[str] = typer.Option(None, help="model to compare against; default: the run's base model"),
+    trained: str = typer.Option(..., help=f"run folder, adapter folder, or {MODEL_HELP}"),
+    base: Optional[str] = typer.Option(None, help="model to compare against (as --trained); default: the run's base"),
     output: Optional[Path] = typer.Option(None, help="report folder; default: RUN/compare for a run"),
     plot: bool = typer.Option(True, help="write rewards.png (needs matplotlib: the plot extra of mlx-grpo)"),
     **options,
@@ -167,7 +173,7 @@ def compare_command(
         progress.stop()
         written = cmp_report.write_report(report, output or cmp.default_output(trained_spec), chart=plot)
         cmp_report.print_report(report, console, written)
-    except (cmp.CompareError, ConfigError, DataError, FileNotFoundError) as e:
+    except (cmp.CompareError, ConfigError, DataError, FileNotFoundError, GGUFError) as e:
         if progress is not None:
             progress.stop()
         fail(str(e))
@@ -176,7 +182,7 @@ def compare_command(
 @app.command("eval")
 @_with_evaluation_options
 def eval_command(
-    model: str = typer.Option(..., help="run folder, adapter folder, model folder or Hugging Face id"),
+    model: str = typer.Option(..., help=f"run folder, adapter folder, or {MODEL_HELP}"),
     adapter: Optional[str] = typer.Option(None, help="adapter folder to apply to --model"),
     output: Optional[Path] = typer.Option(None, help="write report.json, report.md, rows.jsonl here"),
     **options,
@@ -195,7 +201,7 @@ def eval_command(
         progress.stop()
         written = cmp_report.write_report(report, output, chart=False) if output else []
         cmp_report.print_report(report, console, written)
-    except (cmp.CompareError, ConfigError, DataError, FileNotFoundError) as e:
+    except (cmp.CompareError, ConfigError, DataError, FileNotFoundError, GGUFError) as e:
         if progress is not None:
             progress.stop()
         fail(str(e))
@@ -206,15 +212,13 @@ def plot(run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...", help="
          output: Optional[Path] = typer.Option(None, help="PNG to write; default RUN_DIR/plot.png for one run, "
                                                             "plot.png here for several")):
     """Plot a run's curves (reward, eval accuracy, KL, grad norm, entropy, length, lr) into a PNG."""
-    from rich.markup import escape
-
     from .evaluation.plot import PlotError, plot_runs
 
     target = output or (run_dirs[0] / "plot.png" if len(run_dirs) == 1 else Path("plot.png"))
     try:
         plot_runs(run_dirs, target)
     except PlotError as e:
-        fail(escape(str(e)))  # "mlx-grpo[plot]" is not rich markup
+        fail(str(e))
     Console().print(f"wrote {target}", highlight=False, soft_wrap=True)
 
 
@@ -231,6 +235,31 @@ def inspect_command(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help=
     out = Console()
     for line in lines:
         out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+@app.command("export")
+def export_command(
+    source: str = typer.Argument(..., metavar="SOURCE", help="run folder or adapter folder; its base model is "
+                                 "the one named in its config.yaml or adapter_config.json"),
+    gguf: Optional[Path] = typer.Option(None, help="write a GGUF file here (llama.cpp, Ollama, LM Studio)"),
+    mlx: Optional[Path] = typer.Option(None, help="write an MLX model folder here (mlx-lm)"),
+    outtype: str = typer.Option("f16", help="GGUF tensor type: f16, q8_0 or q4_0 (norms stay float32)"),
+    force: bool = typer.Option(False, help="overwrite an existing output"),
+):
+    """Fuse a run's adapters into its base model and write the result as GGUF and/or an MLX folder."""
+    from .evaluation import compare as cmp
+    from .models.export import ExportError, export
+
+    try:
+        spec = cmp.resolve_model(source)
+        if spec.adapter is None:
+            fail(f"{source}: no adapters to export (not a run folder or an adapter folder)")
+        written = export(spec.model, spec.adapter, gguf, mlx, outtype, force)
+    except (cmp.CompareError, ExportError, GGUFError, FileNotFoundError) as e:
+        fail(str(e))
+    for path in written:
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+        Console().print(f"wrote {path} ({size / 1e6:.1f} MB)", highlight=False, soft_wrap=True)
 
 
 # Typer's usage errors (unknown flag, bad value): the base class of its BadParameter,

