@@ -18,8 +18,7 @@ A model is named by any of:
     data, rewards and max_tokens become the defaults;
   - an adapter folder (adapter_config.json, e.g. RUN/checkpoints/step_N): its
     base model ("model" in adapter_config.json) plus those adapters;
-  - a model folder, a .gguf file, a Hugging Face id or a packaged model such as
-    smollm2-135m (a fused or any other model);
+  - a model folder, .gguf file, Hugging Face id or packaged model (smollm2-135m);
   - "embedded": the tiny model inside the package.
 """
 
@@ -36,9 +35,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import ConfigError, TrainConfig, build_config, load_yaml
-from ..models.aliases import PACKAGED_MODELS, ModelNotInstalled
-from ..models.gguf_file import GGUFError
-from ..models.loading import EMBEDDED_MODEL, load_policy
+from ..models.loading import EMBEDDED_MODEL, PACKAGED_MODELS, GGUFError, ModelNotInstalled, load_policy
 from ..sampling.rollout import Completion, SamplingConfig, sample_completions
 from ..tasks.data import encode_prompt
 from ..tasks.registry import Task, recommended_settings

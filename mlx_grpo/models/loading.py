@@ -8,8 +8,11 @@ from pathlib import Path
 
 from mlx_lm.utils import load as mlx_lm_load
 
-from .aliases import PACKAGED_MODELS, packaged_model_path
-from .gguf import converted_folder, is_gguf
+from .aliases import PACKAGED_MODELS, ModelNotInstalled, packaged_model_path
+from .gguf import GGUFError, converted_folder, is_gguf
+
+__all__ = ["EMBEDDED_MODEL", "PACKAGED_MODELS", "GGUFError", "ModelNotInstalled", "embedded_model_path",
+           "load_policy", "model_folder", "resolve_model_path"]
 
 EMBEDDED_MODEL = "embedded"
 
