@@ -1,4 +1,4 @@
-"""The package's shape: imports flow one way (no cycles)."""
+"""The package's shape: imports flow one way (no cycles) and modules stay small."""
 
 import ast
 from pathlib import Path
@@ -71,3 +71,12 @@ def test_mlx_grpo_has_no_import_cycle():
 def test_rewards_has_no_import_cycle():
     assert _find_cycle(_import_graph("rewards")) is None
 
+
+
+MAX_LINES = 450  # a module past this does several jobs: split it by concern
+
+
+def test_no_module_passes_the_size_limit():
+    too_long = {str(p.relative_to(ROOT)): n for package in ("mlx_grpo", "rewards") for p in (ROOT / package).rglob("*.py")
+                if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not too_long, f"split these modules by concern (over {MAX_LINES} lines): {too_long}"
