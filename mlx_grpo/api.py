@@ -37,7 +37,7 @@ from .evaluation.evaluate import columns_of
 from .models.adapters import prepare_for_training, save_adapters
 from .models.loading import load_policy, resolve_model_path
 from .run import trainer as _trainer
-from .run.health import reward_range
+from .run.step_metrics import reward_range
 from .run.trainer import RunResult
 from .sampling.rollout import Completion, SamplingConfig, sample_completions
 from .tasks import registry as _tasks

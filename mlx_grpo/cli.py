@@ -123,6 +123,10 @@ _EVALUATION_OPTIONS = {
     "data": (Optional[str], typer.Option(None, help="prompts (as for train --data)")),
     "reward_file": (Optional[Path], typer.Option(None, help="Python file defining reward functions")),
     "reward": (Optional[List[str]], typer.Option(None, help="reward function name(s)")),
+    "judge": (Optional[str], typer.Option(None, help="a model that grades the answers too (as for train --judge); "
+                                                     "default: the run's judge")),
+    "judge_rubric": (Optional[str], typer.Option(None, help="the judge's rubric file or built-in name")),
+    "judge_weight": (Optional[float], typer.Option(None, help="the judge's weight in the total reward")),
 }
 
 
@@ -144,6 +148,7 @@ def _evaluation(options: dict, run_dir, model):
                                           "reward_file": str(options["reward_file"]) if options["reward_file"]
                                           else None,
                                           "reward": options["reward"] or None, "max_tokens": options["max_tokens"],
+                                          **{k: options[k] for k in ("judge", "judge_rubric", "judge_weight")},
                                           "eval_num_problems": options["n"]})
     settings = build_settings(config, options["split"], options["samples"], options["temperature"], options["seed"])
     return load_task(config), settings, config.eval_num_problems

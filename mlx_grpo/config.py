@@ -85,6 +85,9 @@ class TrainConfig:
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal from the batch
     resample_rounds: int = 0  # with dynamic_sampling: at most this many extra rollouts to refill the batch
     reward_threshold: float | None = None  # drop groups whose best reward is below this (seed 003; None: off)
+    judge: str | None = None  # a model that grades completions, an extra reward named judge (any --model source; README: A judge model as reward)
+    judge_rubric: str | None = None  # the judge's rubric: a file, or general / ocaml_quality (built in); default: the task's
+    judge_weight: float = 1.0  # weight of the judge's reward (0: logged beside the others, not trained on)
 
     # Optimisation
     fine_tune_type: str = "lora"  # lora | dora | full
@@ -125,6 +128,7 @@ class TrainConfig:
     health_truncated_frac: float = 0.5  # mean fraction of completions cut at max_tokens above this
     health_adv_factor: float = 10.0  # largest |advantage| above this multiple of the batch's reward range
     health_min_update: float = 1e-4  # updates move the weights by less than this fraction of their norm, reward flat
+    health_judge_unreadable: float = 0.2  # the judge's answers could not be read as a score more often than this
     max_nonfinite_steps: int = 3  # stop after this many steps in a row with a NaN/Inf loss or gradient (0: never)
 
 
@@ -312,6 +316,7 @@ def validate(c: TrainConfig) -> None:
     if c.reward_weights is not None:
         need(len(c.reward_weights) == len(c.reward),
              f"reward_weights has {len(c.reward_weights)} entries but {len(c.reward)} rewards are named")
+    need(c.judge_rubric is None or bool(c.judge), "--judge-rubric needs --judge MODEL (the model that grades)")
     if c.reward_file:
         need(Path(c.reward_file).is_file(), f"reward file not found: {c.reward_file}")
         need(bool(c.reward), "--reward-file needs --reward NAME (the function(s) to use from it)")
@@ -324,7 +329,8 @@ def _validate_health(c: TrainConfig, need) -> None:
     for name in ("health_spike_factor", "health_reward_drop", "health_loss_spike", "health_kl_max",
                  "health_adv_factor", "health_min_update"):
         need(getattr(c, name) >= 0, f"{name} must be >= 0, got {getattr(c, name)}")
-    for name in ("health_clip_frac", "health_zero_std", "health_entropy_drop", "health_truncated_frac"):
+    for name in ("health_clip_frac", "health_zero_std", "health_entropy_drop", "health_truncated_frac",
+                 "health_judge_unreadable"):
         need(0 <= getattr(c, name) <= 1, f"{name} must be in [0, 1], got {getattr(c, name)}")
     from .run.reporting import check_reporters  # late: it is only needed when the setting is used
 

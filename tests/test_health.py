@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from mlx_grpo.cli import app
 from mlx_grpo.run import trainer
 from mlx_grpo.run.display import TrainDisplay, metrics_table, trend
-from mlx_grpo.run.health import RULES, HealthMonitor, Thresholds, fitted_trend, relative_change
+from mlx_grpo.run.health import RULES, HealthMonitor, Thresholds, fitted_trend
+from mlx_grpo.run.step_metrics import relative_change
 
 STEPS = 60
 
@@ -95,6 +96,7 @@ CASES = {
     "advantage_blowup": set_(**{"reward/min": 0.62, "reward/max": 0.71, "advantage/min": -1.3,
                                 "advantage/max": 1.47}),
     "lr_too_low": lambda m, s: m.update({"update/rel_change": 2e-6, "reward/mean": 0.45 + 0.01 * math.sin(s)}),
+    "judge_unreadable": set_(**{"judge/unreadable_frac": 0.25, "judge/unreadable_example": "#### 7"}),
 }
 
 
@@ -323,3 +325,12 @@ def test_live_view_goes_through_a_run_without_error():
     assert "Tom has [3] shells" in text  # completions are text, not rich markup
     assert "health: step 2: completions mostly truncated: e" in text and "done" in text
     assert display.live is None
+
+
+def test_judge_unreadable_counts_from_two_steps_and_stops_at_its_threshold():
+    event = next(e for e in run(stream(CASES["judge_unreadable"])) if e["rule"] == "judge_unreadable")
+    # logged from step 30 on: at step 31 the mean of two steps, 0.25, is above 0.2
+    assert event["step"] == 31
+    assert event["evidence"] == "25% of the judge's answers over the last 2 steps were not a score; it said '#### 7'"
+    assert run(stream(set_(**{"judge/unreadable_frac": 0.15}))) == []  # below the threshold
+    assert run(stream(CASES["judge_unreadable"]), judge_unreadable=0.3) == []

@@ -54,7 +54,11 @@ def table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
         rows.append(line("accuracy", lambda m: m["accuracy"], test="accuracy"))
     rows.append(line("mean reward", lambda m: m["reward"], test="reward"))
     for part in first["reward_parts"]:
-        rows.append(line(f"  {part}", lambda m, part=part: m["reward_parts"].get(part)))
+        rows.append(line(f"  {part}", lambda m, part=part: m["reward_parts"].get(part),
+                         test="judge" if part == "judge" else None))
+    if "judge" in first["reward_parts"]:  # answers the parser could not read: no judge score, not a zero
+        unreadable = {r.name: float(np.mean([v is None for v in r.parts["judge"]])) for r in report.results}
+        rows.append(line("  judge unreadable", lambda m: unreadable[m["name"]]))
     for k in first.get("pass_at_k", {}):
         rows.append(line(f"pass@{k}", lambda m, k=k: m["pass_at_k"][k]))
     if "best_of_n_reward" in first:

@@ -244,3 +244,21 @@ def compare_paired(a, b, metric: str = "score", binary: bool | None = None, conf
         sign_test_p=sign_test(d),
         significant=p < 1 - confidence,
     )
+
+
+def compare_paired_part(a_values: list | None, b_values: list | None, samples: int, metric: str,
+                        seed: int = 0) -> PairedResult | None:
+    """compare_paired of a reward part whose values may be None (not applicable, e.g. a judge answer
+    that was not a score): per prompt, the mean of its applicable samples; a prompt where either model
+    has none is left out. None when a model lacks the part or no prompt is left."""
+    if a_values is None or b_values is None:
+        return None
+
+    def per_prompt(values):
+        x = np.array([np.nan if v is None else v for v in values], dtype=float).reshape(-1, samples)
+        counts = (~np.isnan(x)).sum(axis=1)
+        return np.where(counts > 0, np.nansum(x, axis=1) / np.maximum(counts, 1), np.nan)
+
+    a, b = per_prompt(a_values), per_prompt(b_values)
+    both = ~np.isnan(a) & ~np.isnan(b)
+    return compare_paired(a[both], b[both], metric, binary=False, seed=seed) if both.any() else None

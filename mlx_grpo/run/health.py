@@ -36,6 +36,7 @@ class Thresholds:
     truncated_frac: float = 0.5  # truncated: mean fraction of completions that hit max_tokens
     adv_factor: float = 10.0  # advantage_blowup: max |advantage| over the batch's reward range
     min_update: float = 1e-4  # lr_too_low: median ||delta W|| / ||W|| per step below this
+    judge_unreadable: float = 0.2  # judge_unreadable: share of the judge's answers that are not a score
     # Facts about the run the rules compare against (not thresholds).
     max_grad_norm: float = 1.0
     max_tokens: int | None = None
@@ -48,7 +49,8 @@ class Thresholds:
                    reward_drop=config.health_reward_drop, loss_spike=config.health_loss_spike,
                    kl_max=config.health_kl_max, entropy_drop=config.health_entropy_drop,
                    truncated_frac=config.health_truncated_frac, adv_factor=config.health_adv_factor,
-                   min_update=config.health_min_update, max_grad_norm=config.max_grad_norm,
+                   min_update=config.health_min_update, judge_unreadable=config.health_judge_unreadable,
+                   max_grad_norm=config.max_grad_norm,
                    max_tokens=config.max_tokens, lr=config.lr)
 
 
@@ -256,6 +258,15 @@ def lr_too_low(h: History) -> str | None:
             f"steps){at}, and reward/mean is not rising")
 
 
+def judge_unreadable(h: History) -> str | None:
+    fracs = h.values("judge/unreadable_frac", h.t.window)
+    if len(fracs) < 2 or np.mean(fracs) <= h.t.judge_unreadable:
+        return None  # two steps suffice to warn early: the judge itself does not change during a run
+    example = h.steps[-1].get("judge/unreadable_example")
+    said = f"; it said {example[:80]!r}" if isinstance(example, str) else ""
+    return f"{np.mean(fracs):.0%} of the judge's answers over the last {len(fracs)} steps were not a score{said}"
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -321,6 +332,11 @@ RULES: tuple[Rule, ...] = (
          "AdamW moves each weight by about lr per step whatever the gradient: raise lr (3-10x)",
          "health_min_update",
          "seed 000: lr 1e-6 made updates tiny; back at 1e-5 the run reached 70% accuracy; seed 002 stalled at 5e-7"),
+    Rule("judge_unreadable", "the judge's answers are often not a score", judge_unreadable,
+         "an unreadable answer gives that completion no judge reward: make the rubric ask for exactly "
+         "'Score: N' on one line, or use a larger instruct model as judge",
+         "health_judge_unreadable",
+         "seed 003: an AI-feedback reward with high variance, 'reward signal noise' named as a root cause"),
 )
 
 
@@ -395,23 +411,6 @@ class HealthMonitor:
             if "final" not in row:
                 self.observe(row)
         self.stop_reason = None  # the streak goes on, but only new steps can stop the run
-
-
-def relative_change(before, after) -> float:
-    """||after - before|| / ||before|| over every array of two parameter trees of the same shape."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    old, new = dict(tree_flatten(before)), dict(tree_flatten(after))
-    diff = sum((mx.sum(mx.square(new[k] - v)) for k, v in old.items()), mx.array(0.0)).item()
-    norm = sum((mx.sum(mx.square(v)) for v in old.values()), mx.array(0.0)).item()
-    return math.sqrt(diff / norm) if norm > 0 else math.inf if diff > 0 else 0.0
-
-
-def reward_range(records: list[dict]) -> dict:
-    """reward/min and reward/max of one step's completion records (advantage_blowup compares to them)."""
-    rewards = [r["reward"] for r in records if _number(r.get("reward"))]
-    return {"reward/min": min(rewards), "reward/max": max(rewards)} if rewards else {}
 
 
 class TrainingStopped(RuntimeError):

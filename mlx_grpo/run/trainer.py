@@ -32,16 +32,17 @@ from ..models.loading import load_policy, resolve_model_path
 from ..sampling import multiturn
 from ..tasks.data import screen_task
 from ..tasks.registry import Task, load_task
-from ..tasks.rewarding import part_means, with_timeout
+from ..tasks.rewarding import part_means, reward_metrics, with_timeout
 from ..update.advantages import advantage_stats, group_advantages
 from ..update.batch import MicroBatch, RolloutBatch, build_batch, groups_with_signal, micro_batch_count, micro_batches
 from ..update.logprobs import completion_logprobs
 from ..update.losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
 from . import checkpoint as ckpt
 from . import distributed as dist
-from .health import HealthMonitor, TrainingStopped, relative_change, reward_range, stop_run
+from .health import HealthMonitor, TrainingStopped, stop_run
 from .interrupt import steps_until_ctrl_c
 from .reporting import with_reporters
+from .step_metrics import relative_change, reward_range
 from .step_rollouts import collect_rollouts, step_seed
 
 # Chunk the vocabulary projection when one micro-batch's logits would exceed this many floats.
@@ -265,6 +266,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         "train/tokens_per_s": (prompt_tokens + trained_tokens) * config.num_iterations / max(update_s, 1e-9),
         "time/rollout_s": sampled.seconds,
         "time/update_s": update_s,
+        **reward_metrics(task.reward_functions),  # a judge's time/judge_s and judge/unreadable_frac
         "time/step_s": time.perf_counter() - start,
         "memory/peak_gb": mx.get_peak_memory() / 1e9,
     })

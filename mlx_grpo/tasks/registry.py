@@ -29,6 +29,8 @@ from .rewarding import RewardFn, load_reward_functions, reward_name
 BUILTIN_TASKS = {"arith": "rewards.arith", "gsm8k": "rewards.gsm8k", "web": "rewards.web_browsing",
                  "ocaml": "rewards.ocaml"}
 TASKS = (*BUILTIN_TASKS, "custom")
+# The rubric --judge uses when none is given (rewards/rubrics/); other tasks: "general".
+JUDGE_RUBRICS = {"ocaml": "ocaml_quality"}
 
 
 @dataclass
@@ -60,6 +62,21 @@ def _custom_rewards(config: TrainConfig) -> list[RewardFn]:
     try:
         return load_reward_functions(config.reward_file, config.reward)
     except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _judge(config: TrainConfig, rows: list[dict], default_rubric: str | None) -> RewardFn:
+    """The judge reward (rewards/judge.py); a rubric or judge that cannot work is a ConfigError, before training."""
+    from rewards.judge import JudgeError, load_rubric, make_judge_reward
+
+    try:
+        rubric = load_rubric(config.judge_rubric or default_rubric)
+        missing = next((c for c in rubric.columns if any(c not in r for r in rows)), None)
+        if missing:
+            raise ConfigError(f"rubric {rubric.name} names {{{missing}}}, but the data has no {missing!r} column "
+                              "in every row")
+        return make_judge_reward(config.judge, rubric, concurrency=config.decode_concurrency)
+    except JudgeError as e:
         raise ConfigError(str(e)) from None
 
 
@@ -125,6 +142,11 @@ def load_task(config: TrainConfig) -> Task:
         weights = [1.0] * len(functions)
     if config.reward_weights is not None:
         weights = list(config.reward_weights)
+    if config.judge:
+        if make_env is not None:
+            raise ConfigError(f"task {config.task!r} is scored by its environment: --judge does not apply")
+        functions = [*functions, _judge(config, train + (test or []), JUDGE_RUBRICS.get(config.task))]
+        weights = [*weights, config.judge_weight]
 
     return Task(
         name=config.task,

@@ -92,8 +92,10 @@ def with_timeout(fn: RewardFn, seconds: float | None) -> RewardFn:
     (using CPU if it is busy, holding whatever it holds) until it returns or
     the process ends. That is the price of keeping rewards in-process (no
     pickling of reward functions or dataset columns). None or 0: no limit.
+    A function that says `no_timeout = True` (the judge, whose MLX decode must
+    not be left running in a thread, and which max_tokens bounds) is left as is.
     """
-    if not seconds:
+    if not seconds or getattr(fn, "no_timeout", False):
         return fn
 
     @functools.wraps(fn)  # keeps __name__ and, through __wrapped__, the signature
@@ -226,4 +228,13 @@ def part_means(parts: dict[str, list]) -> dict[str, float | None]:
     for name, values in parts.items():
         applicable = [v for v in values if v is not None]
         out[name] = float(np.mean(applicable)) if applicable else None
+    return out
+
+
+def reward_metrics(functions: list[RewardFn]) -> dict:
+    """Metrics reward functions keep themselves (`pop_metrics`: a judge's time and unreadable answers)."""
+    out = {}
+    for fn in functions:
+        if callable(getattr(fn, "pop_metrics", None)):
+            out.update(fn.pop_metrics())
     return out
