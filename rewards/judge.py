@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlx_grpo.models.loading import load_policy, resolve_model_path
+from mlx_grpo.sampling import fixed_decode
 from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
 from mlx_grpo.tasks.data import encode_prompt
 from rewards import completion_text
@@ -191,6 +192,7 @@ class JudgeReward:
     def __init__(self, model, tokenizer, rubric: Rubric, max_tokens: int = DEFAULT_MAX_TOKENS,
                  concurrency: int = 256):
         self.model, self.tokenizer, self.rubric = model, tokenizer, rubric
+        fixed_decode.keep_compiled(model)  # it decodes between the policy's rollouts: no recompiling
         self.max_tokens, self.concurrency = max_tokens, concurrency
         self.answers: dict[bytes, tuple[float | None, str]] = {}  # judge prompt digest -> (score, answer)
         self._since = _no_counts()

@@ -77,12 +77,25 @@ def _make_step(model, pick):
 # it holds its model, so only the last model is kept (comparing two models
 # must not keep the first one's weights alive while the second decodes).
 _last = {"model": None, "steps": {}}
+# Models whose compiled steps stay for the life of the process, beside the last
+# model's: a judge decodes between two rollouts of the policy every training
+# step, and would otherwise make both recompile every time (4-6x the judge's
+# decode time with the embedded model). Its weights stay loaded anyway.
+_kept: dict[int, tuple] = {}
+
+
+def keep_compiled(model) -> None:
+    """Keep `model`'s compiled decode steps until the process ends (see _kept)."""
+    _kept.setdefault(id(model), (model, {}))
 
 
 def _compiled_step(model, sampling_key, pick):
-    if _last["model"] is not model:
-        _last["model"], _last["steps"] = model, {}
-    steps = _last["steps"]
+    if id(model) in _kept:
+        steps = _kept[id(model)][1]
+    else:
+        if _last["model"] is not model:
+            _last["model"], _last["steps"] = model, {}
+        steps = _last["steps"]
     if sampling_key not in steps:
         steps[sampling_key] = _make_step(model, pick)
     return steps[sampling_key]
