@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .config import _HINTS, FIELDS, ConfigError, build_config, field_help
+from .config import _HINTS, FIELDS, JUDGE_KEYS, ConfigError, build_config, field_help
 from .models.aliases import alias_names
 from .models.gguf_file import GGUFError
 from .tasks.data import DataError
@@ -148,7 +148,7 @@ def _evaluation(options: dict, run_dir, model):
                                           "reward_file": str(options["reward_file"]) if options["reward_file"]
                                           else None,
                                           "reward": options["reward"] or None, "max_tokens": options["max_tokens"],
-                                          **{k: options[k] for k in ("judge", "judge_rubric", "judge_weight")},
+                                          **{k: options[k] for k in JUDGE_KEYS},
                                           "eval_num_problems": options["n"]})
     settings = build_settings(config, options["split"], options["samples"], options["temperature"], options["seed"])
     return load_task(config), settings, config.eval_num_problems

@@ -133,6 +133,7 @@ class TrainConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+JUDGE_KEYS = ("judge", "judge_rubric", "judge_weight")  # a judge reward's settings: train, eval and compare share them
 _HINTS = typing.get_type_hints(TrainConfig)
 
 

@@ -231,7 +231,7 @@ def test_eval_reports_the_judge_beside_accuracy(tmp_path):
 
 
 def test_paired_judge_scores_leave_out_prompts_without_a_score():
-    from mlx_grpo.evaluation.stats import compare_paired, compare_paired_part
+    from mlx_grpo.evaluation.stats import compare_paired, compare_paired_part, paired_parts
 
     # 2 samples a prompt; the second prompt has no base score, the fourth no trained score
     base = [0.2, 0.4, None, None, 0.5, 0.5, 0.1, 0.3, 0.0, 1.0]
@@ -241,7 +241,8 @@ def test_paired_judge_scores_leave_out_prompts_without_a_score():
     assert got.n == 3 and got.difference == pytest.approx(expected.difference) == pytest.approx(0.2)
     assert got.p_value == expected.p_value and (got.wins, got.losses) == (3, 0)
     assert compare_paired_part([None, None], [0.5, 0.5], 1, "judge") is None
-    assert compare_paired_part(None, [0.5], 1, "judge") is None
+    assert paired_parts({"judge": base, "x": base}, {"judge": trained, "x": trained}, 2)["judge"] == got
+    assert paired_parts({"judge": [None]}, {"judge": [0.5]}, 1) == {} == paired_parts({}, {"judge": [0.5]}, 1)
 
 
 def test_rubrics_ship_as_package_data():

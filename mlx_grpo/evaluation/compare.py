@@ -34,22 +34,21 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from ..config import ConfigError, TrainConfig, build_config, load_yaml
+from ..config import JUDGE_KEYS, ConfigError, TrainConfig, build_config, load_yaml
 from ..models.loading import EMBEDDED_MODEL, PACKAGED_MODELS, GGUFError, ModelNotInstalled, load_policy
 from ..sampling.rollout import Completion, SamplingConfig, sample_completions
 from ..tasks.data import encode_prompt
 from ..tasks.registry import Task, recommended_settings
 from ..tasks.rewarding import part_means, reward_name, score_completions
 from .evaluate import columns_of
-from .stats import CONFIDENCE, PairedResult, compare_paired, compare_paired_part, mean_pass_at_k
+from .stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k, paired_parts
 
 SPLITS = ("test", "train")
 # An answer counts as a success for pass@k when its accuracy reward is at least this
 # (the same threshold as evaluate.evaluate_pass_at_k).
 SUCCESS = 0.5
 # Settings a run folder passes on to a comparison: what its task and prompts were.
-_TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "web_kinds", "judge",
-              "judge_rubric", "judge_weight")
+_TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "web_kinds", *JUDGE_KEYS)
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "decode_concurrency",
                   "eval_num_problems", "max_turns", "max_episode_tokens")
 
@@ -375,9 +374,7 @@ def paired_results(base: ModelResult, trained: ModelResult, seed: int = 0) -> di
                                          "accuracy", binary=binary, seed=seed)
     out["reward"] = compare_paired(base.per_prompt(base.rewards), trained.per_prompt(trained.rewards),
                                    "reward", binary=binary, seed=seed)
-    judged = compare_paired_part(base.parts.get("judge"), trained.parts.get("judge"), base.samples, "judge", seed)
-    out.update({"judge": judged} if judged is not None else {})  # a learned reward: beside the checkable ones
-    return out
+    return {**out, **paired_parts(base.parts, trained.parts, base.samples, seed)}  # a judge's score, beside these
 
 
 def compare(base: ModelSpec, trained: ModelSpec, task: Task, settings: Settings, n: int | None = None,

@@ -246,13 +246,11 @@ def compare_paired(a, b, metric: str = "score", binary: bool | None = None, conf
     )
 
 
-def compare_paired_part(a_values: list | None, b_values: list | None, samples: int, metric: str,
+def compare_paired_part(a_values: list, b_values: list, samples: int, metric: str,
                         seed: int = 0) -> PairedResult | None:
     """compare_paired of a reward part whose values may be None (not applicable, e.g. a judge answer
     that was not a score): per prompt, the mean of its applicable samples; a prompt where either model
-    has none is left out. None when a model lacks the part or no prompt is left."""
-    if a_values is None or b_values is None:
-        return None
+    has none is left out. None when no prompt is left."""
 
     def per_prompt(values):
         x = np.array([np.nan if v is None else v for v in values], dtype=float).reshape(-1, samples)
@@ -262,3 +260,15 @@ def compare_paired_part(a_values: list | None, b_values: list | None, samples: i
     a, b = per_prompt(a_values), per_prompt(b_values)
     both = ~np.isnan(a) & ~np.isnan(b)
     return compare_paired(a[both], b[both], metric, binary=False, seed=seed) if both.any() else None
+
+
+# Reward parts that compare also tests, beside accuracy and the total: a judge's score is a
+# learned reward, worth a test of its own, never the headline.
+PAIRED_PARTS = ("judge",)
+
+
+def paired_parts(a_parts: dict, b_parts: dict, samples: int, seed: int = 0) -> dict[str, PairedResult]:
+    """compare_paired_part of each of PAIRED_PARTS that both models have and that leaves any prompt."""
+    tested = {name: compare_paired_part(a_parts[name], b_parts[name], samples, name, seed)
+              for name in PAIRED_PARTS if name in a_parts and name in b_parts}
+    return {name: result for name, result in tested.items() if result is not None}
