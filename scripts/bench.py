@@ -117,8 +117,8 @@ def model_shape(path: str) -> dict:
     """hidden, layers, heads, ... from a model folder's config.json."""
     from mlx_lm.utils import load_config
 
-    from mlx_grpo.models.loading import resolve_model_path
-    local = Path(resolve_model_path(path))
+    from mlx_grpo.models.loading import model_folder
+    local = Path(model_folder(path))  # a GGUF file or alias: its converted folder
     if not local.exists():
         from mlx_lm.utils import _download
         local = Path(_download(path))

@@ -1,0 +1,94 @@
+"""Time a real GGUF model through mlx-grpo: import, greedy decoding 4-bit vs float32, export.
+
+    python scripts/bench_gguf.py                      # smollm2-135m (pip install -e ".[smollm2,gguf]")
+    python scripts/bench_gguf.py --model PATH.gguf --tokens 64 --outtypes f16,q8_0
+
+Prints one JSON object:
+  - import_s: converting the GGUF into the cached mlx-lm folder (a fresh cache), then
+    loading it (cached_load_s: the folder already there);
+  - decode: greedy tokens/s of one prompt, the model as stored (4-bit) and widened to
+    float32 (what a CPU runs faster), and whether both wrote the same text;
+  - export: per output type, the seconds to fuse random LoRA adapters (rank 8, all
+    layers) into the model and write the GGUF file, and the file's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+PROMPT = "Explain in three sentences why the sky is blue."
+
+
+def greedy_speed(model, tokenizer, tokens: int) -> dict:
+    from mlx_lm import generate
+
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    generate(model, tokenizer, prompt, max_tokens=4, verbose=False)  # warm-up
+    start = time.perf_counter()
+    text = generate(model, tokenizer, prompt, max_tokens=tokens, verbose=False)
+    seconds = time.perf_counter() - start
+    written = len(tokenizer.encode(text))
+    return {"tokens": written, "seconds": round(seconds, 2), "tok_per_s": round(written / seconds, 1), "text": text}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m", help="a .gguf file or a packaged model alias")
+    parser.add_argument("--tokens", type=int, default=100, help="greedy tokens to time")
+    parser.add_argument("--outtypes", default="f16,q8_0,q4_0", help="GGUF types to export ('' for none)")
+    args = parser.parse_args()
+
+    from mlx_grpo.blas import use_openblas
+
+    use_openblas()  # before MLX loads: the process re-executes itself with OpenBLAS preloaded
+    import mlx.core as mx
+
+    from mlx_grpo.models import export as ex
+    from mlx_grpo.models.adapters import prepare_for_training, save_adapters
+    from mlx_grpo.models.loading import load_policy, resolve_model_path
+
+    work = Path(tempfile.mkdtemp(prefix="bench-gguf-"))
+    os.environ["MLX_GRPO_CACHE"] = str(work / "cache")  # a fresh cache: the first import converts
+    source = resolve_model_path(args.model)
+    result = {"load_avg_1min": os.getloadavg()[0], "model": args.model, "file": source, "file_mb": round(Path(source).stat().st_size / 1e6, 1)}
+
+    start = time.perf_counter()
+    model, tokenizer = load_policy(args.model)
+    result["import_s"] = round(time.perf_counter() - start, 2)
+    start = time.perf_counter()
+    model, tokenizer = load_policy(args.model)
+    result["cached_load_s"] = round(time.perf_counter() - start, 2)
+
+    decode = {"stored": greedy_speed(model, tokenizer, args.tokens)}
+    ex.fuse_in_float32(model)  # no adapters yet: only widens the quantized layers
+    decode["float32"] = greedy_speed(model, tokenizer, args.tokens)
+    decode["same_text"] = decode["stored"]["text"] == decode["float32"]["text"]
+    result["decode"] = decode
+
+    exports = {}
+    outtypes = [t for t in args.outtypes.split(",") if t]
+    if outtypes:
+        model, _ = load_policy(args.model)
+        adapter_config = prepare_for_training(model, "lora", {"rank": 8})
+        for _, module in model.named_modules():
+            if hasattr(module, "lora_b"):
+                module.lora_b = mx.random.normal(module.lora_b.shape) * 0.01
+        save_adapters(model, work / "adapters", {**adapter_config, "model": source})
+        for outtype in outtypes:
+            out = work / f"export-{outtype}.gguf"
+            start = time.perf_counter()
+            ex.export(args.model, str(work / "adapters"), gguf_path=str(out), outtype=outtype)
+            exports[outtype] = {"seconds": round(time.perf_counter() - start, 1),
+                                "mb": round(out.stat().st_size / 1e6, 1)}
+            out.unlink()
+    result["export"] = exports
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
