@@ -9,6 +9,8 @@ with the same greedy completion.
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 
@@ -219,6 +221,11 @@ def cli(*args, cwd):
 def test_cli_export_and_its_errors(tmp_path, bpe, monkeypatch):
     base = gguf_base(tmp_path, bpe, "qwen2", "F32")
     adapters = make_adapters(base, tmp_path / "adapters")
+    no_base, lost_base = tmp_path / "no-base", tmp_path / "lost-base"
+    for folder, config in ((no_base, {"fine_tune_type": "lora"}), (lost_base, {"model": str(tmp_path / "gone.gguf")})):
+        shutil.copytree(adapters, folder)
+        config_path = folder / "adapter_config.json"
+        config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "model": None, **config}))
     done = cli(adapters, "--gguf", tmp_path / "out.gguf", "--outtype", "q8_0", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out.gguf").is_file() and "out.gguf" in done.stdout
@@ -227,6 +234,8 @@ def test_cli_export_and_its_errors(tmp_path, bpe, monkeypatch):
         ((adapters, "--gguf", tmp_path / "x.gguf", "--outtype", "q5_k"), "q5_k"),
         ((tmp_path / "hf", "--gguf", tmp_path / "y.gguf"), "no adapters"),
         ((tmp_path / "nowhere", "--gguf", tmp_path / "z.gguf"), "not found"),
+        ((no_base, "--gguf", tmp_path / "z.gguf"), "does not name its base model"),
+        ((lost_base, "--gguf", tmp_path / "z.gguf"), "model not found"),
     ]:
         failed = cli(*args, cwd=tmp_path)
         assert failed.returncode == 2, (args, failed.stderr)
