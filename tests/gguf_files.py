@@ -197,3 +197,65 @@ def stored_values(weights: dict[str, np.ndarray], tensor_type: str) -> dict[str,
 
 def numpy_weights(folder: Path) -> dict[str, np.ndarray]:
     return {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(folder / "model.safetensors")).items()}
+
+
+# ---------------------------------------------------------------------------
+# A reference tokenizer, written out plainly: llama.cpp's splits, then byte-level BPE by merge rank
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_START = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|"
+_LLAMA3_END = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# As in llama.cpp's src/llama-vocab.cpp (llm_tokenizer_bpe), by tokenizer.ggml.pre.
+LLAMA_CPP_SPLITS = {
+    "gpt-2": [_GPT2],
+    "smollm": [r"\p{N}", _GPT2],
+    "qwen2": [_LLAMA3_START + r"\p{N}" + _LLAMA3_END],
+    "llama-bpe": [_LLAMA3_START + r"\p{N}{1,3}" + _LLAMA3_END],
+}
+
+
+def byte_to_char() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte (printable Latin-1 bytes stand for themselves)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return {b: chr(b) if b in keep else chr(next(extra)) for b in range(256)}
+
+
+def reference_encode(text: str, tokens: list[str], merges: list[str], types: list[int], pre: str) -> list[int]:
+    import regex
+
+    ids = {t: i for i, t in enumerate(tokens)}
+    ranks = {tuple(m.split(" ", 1)): rank for rank, m in enumerate(merges)}
+    specials = sorted((t for t, kind in zip(tokens, types) if kind == 3), key=len, reverse=True)
+    chars = byte_to_char()
+    out = []
+    # Special tokens are matched first, anywhere; only the text between them is split and merged.
+    chunks = regex.split("(" + "|".join(map(regex.escape, specials)) + ")", text) if specials else [text]
+    for chunk in chunks:
+        if chunk in specials:
+            out.append(ids[chunk])
+            continue
+        pieces = [chunk] if chunk else []
+        for pattern in LLAMA_CPP_SPLITS[pre]:
+            split = []
+            for piece in pieces:
+                end = 0
+                for match in regex.finditer(pattern, piece):
+                    split += [piece[end:match.start()], match.group()]
+                    end = match.end()
+                split.append(piece[end:])
+            pieces = [p for p in split if p]
+        for piece in pieces:
+            word = "".join(chars[b] for b in piece.encode("utf-8"))
+            if pre == "llama-bpe" and word in ids:  # llama-3 takes whole words found in the vocabulary
+                out.append(ids[word])
+                continue
+            symbols = list(word)
+            while len(symbols) > 1:
+                pairs = [(ranks.get(pair, len(ranks)), i) for i, pair in enumerate(zip(symbols, symbols[1:]))]
+                rank, i = min(pairs)
+                if rank == len(ranks):
+                    break
+                symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+            out += [ids[s] for s in symbols]
+    return out

@@ -155,11 +155,17 @@ def test_truncated_file(tmp_path, tiny_file):
     assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
 
 
-def test_not_a_gguf_file(tmp_path):
+def test_not_a_gguf_file(tmp_path, tiny_file):
+    from mlx_grpo.models.loading import load_policy
+
     path = tmp_path / "model.gguf"
     path.write_text("just some text, not a model at all")
     with pytest.raises(GGUFError, match="not a GGUF file"):
         converted_folder(path)
+    with pytest.raises(GGUFError, match="not a GGUF file"):  # a model in one file is read as GGUF, whatever its name
+        load_policy(str(path.rename(tmp_path / "model.bin")))
+    model, _ = load_policy(str(tiny_file.rename(tmp_path / "tiny.bin")))
+    assert model.model_type == "llama"
 
 
 def test_unsupported_architecture(tmp_path, bpe):

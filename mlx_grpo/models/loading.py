@@ -34,7 +34,7 @@ def resolve_model_path(model: str | None) -> str:
 def model_folder(model: str | None) -> str:
     """What mlx-lm loads for a model name: a GGUF file's converted folder (see gguf.py), else the path or id."""
     path = resolve_model_path(model)
-    if is_gguf(path):
+    if is_gguf(path) or Path(path).expanduser().is_file():  # a model in one file can only be a GGUF file
         return str(converted_folder(path))
     if not Path(path).expanduser().exists() and ("/" not in path or path.startswith((".", "/", "~"))):
         raise FileNotFoundError(f"model not found: {path} (neither a folder, a .gguf file nor a Hugging Face "
