@@ -167,7 +167,7 @@ def convert(path: str | Path, folder: Path) -> None:
     config = model_config(header)
     check_tensor_types(header)
     try:
-        arrays = mx.load(str(path))
+        arrays = mx.load(str(path), format="gguf")  # whatever the file is called
     except (RuntimeError, ValueError) as e:
         raise GGUFError(f"{path}: {str(e).strip().splitlines()[0]}") from None
     weights = hf_weights(arrays, config)
