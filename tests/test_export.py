@@ -44,10 +44,10 @@ def bpe():
     return train_bpe(1000)
 
 
-def make_adapters(base: str, folder, seed: int = 3) -> str:
-    """An adapter folder for `base` whose LoRA update is far from zero (as after training)."""
+def make_adapters(base: str, folder, seed: int = 3, kind: str = "lora") -> str:
+    """An adapter folder for `base` whose LoRA/DoRA update is far from zero (as after training)."""
     model, _ = load_policy(base)
-    adapter_config = prepare_for_training(model, "lora", LORA)
+    adapter_config = prepare_for_training(model, kind, LORA)
     mx.random.seed(seed)
     for _, module in model.named_modules():
         if hasattr(module, "lora_b"):
@@ -88,11 +88,12 @@ def relative_gap(a, b):
     return np.abs(a - b).max() / np.abs(b).max()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("base_type", ["F32", "Q4_0"])
-def test_fused_model_computes_what_base_plus_adapters_did(tmp_path, bpe, arch, base_type):
+@pytest.mark.parametrize("arch,base_type,kind", [("llama", "F32", "lora"), ("llama", "Q4_0", "lora"),
+                                                 ("qwen2", "F32", "lora"), ("qwen2", "Q4_0", "lora"),
+                                                 ("llama", "F32", "dora"), ("qwen2", "Q4_0", "dora")])
+def test_fused_model_computes_what_base_plus_adapters_did(tmp_path, bpe, arch, base_type, kind):
     base = gguf_base(tmp_path, bpe, arch, base_type)
-    adapters = make_adapters(base, tmp_path / "adapters")
+    adapters = make_adapters(base, tmp_path / "adapters", kind=kind)
     unfused, _ = load_policy(base, adapters)
     fused, _, _, _ = load_fused(base, adapters)
     # The quantized reference computes its matmuls in float16 (its scales' type); the fused model in float32.
