@@ -58,7 +58,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-gguf-"))
     os.environ["MLX_GRPO_CACHE"] = str(work / "cache")  # a fresh cache: the first import converts
     source = resolve_model_path(args.model)
-    result = {"load_avg_1min": os.getloadavg()[0], "model": args.model, "file": source, "file_mb": round(Path(source).stat().st_size / 1e6, 1)}
+    result = {"load_avg_1min": os.getloadavg()[0], "model": args.model, "file": source,
+              "file_mb": round(Path(source).stat().st_size / 1e6, 1)}
 
     start = time.perf_counter()
     model, tokenizer = load_policy(args.model)

@@ -258,3 +258,11 @@ def test_smollm2_knows_the_capital_of_france():
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                            add_generation_prompt=True)
     assert "Paris" in generate(model, tokenizer, prompt, max_tokens=20, verbose=False)
+
+
+def test_an_unwritable_cache_is_one_sentence(tmp_path, tiny_file, monkeypatch):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(blocker))
+    with pytest.raises(GGUFError, match="set MLX_GRPO_CACHE to a writable folder"):
+        converted_folder(tiny_file)

@@ -112,7 +112,7 @@ def model_config(header: GGUFHeader) -> dict:
 
 
 def llama_cpp_rows_to_hf(w: mx.array, heads: int) -> mx.array:
-    """Undo llama.cpp's Q/K permutation: within each head, rows (0,2,4,..,1,3,5,..) -> (0..d/2, d/2..d).
+    """Undo llama.cpp's Q/K permutation: a head's even rows are its first half, its odd rows its second.
 
     Works on any array whose first axis is the output rows: a weight, a bias,
     or the packed weights, scales and biases of a quantized weight.
@@ -201,6 +201,11 @@ def converted_folder(path: str | Path) -> Path:
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     try:
+        try:
+            partial.mkdir(parents=True)
+        except OSError as e:
+            raise GGUFError(f"cannot write the converted model under {cache_root()} ({e.strerror or e}); "
+                            "set MLX_GRPO_CACHE to a writable folder") from None
         convert(source, partial)
         (partial / "source.json").write_text(json.dumps({"gguf": str(source), "size": stat.st_size,
                                                          "mtime_ns": stat.st_mtime_ns}), encoding="utf-8")
