@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 @dataclass
 class TrainConfig:
     # What to train, on what
-    model: str | None = None  # local folder or Hugging Face id; None: the embedded tiny model
+    model: str | None = None  # local folder, GGUF file, Hugging Face id or packaged model; None: the embedded one
     task: str = "arith"  # a built-in task, or "custom" with --data and --reward-file
     data: str | None = None  # JSONL file, folder with train.jsonl/test.jsonl, or a HF dataset name
     reward_file: str | None = None  # Python file defining reward functions
