@@ -17,16 +17,16 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from mlx_lm.utils import load as mlx_lm_load
 
 gguf = pytest.importorskip("gguf")
 
 from gguf_files import (SAMPLE_TEXTS, build_hf_model, numpy_weights, reference_encode, train_bpe,  # noqa: E402
                         write_gguf)
 
-from mlx_grpo.models.gguf import GGUFError, converted_folder  # noqa: E402
+from mlx_grpo.models.gguf import GGUFError  # noqa: E402
 from mlx_grpo.models.gguf_file import read_header  # noqa: E402
 from mlx_grpo.models.gguf_tokenizer import PRE_TOKENIZERS, build_tokenizer  # noqa: E402
+from mlx_grpo.models.loading import load_policy  # noqa: E402
 
 PRE_NAMES = ["qwen2", "smollm", "llama-bpe", "gpt-2"]
 CHAT = [{"role": "system", "content": "Answer with only the final number."},
@@ -44,8 +44,8 @@ def bpe():
     return train_bpe(1000)
 
 
-def tiny_file(folder, bpe, pre, add_bos=False):
-    config = build_hf_model(folder / "hf", "llama", len(bpe["tokens"]))
+def tiny_file(folder, bpe, pre, add_bos=False, arch="llama"):
+    config = build_hf_model(folder / "hf", arch, len(bpe["tokens"]))
     return write_gguf(folder / "tiny.gguf", config, numpy_weights(folder / "hf"), bpe, pre=pre, add_bos=add_bos)
 
 
@@ -57,7 +57,7 @@ def llama_cpp_vocab(path):
 def check_against_llama_cpp(path, add_bos=False):
     """Our tokenizer, as mlx-lm loads it from the converted folder, against llama.cpp's on `path`."""
     reference = llama_cpp_vocab(path)
-    _, tokenizer = mlx_lm_load(str(converted_folder(path)))
+    _, tokenizer = load_policy(str(path))
     for text in SAMPLE_TEXTS:
         expected = reference.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
         assert tokenizer.encode(text) == expected, text
@@ -71,20 +71,23 @@ def check_against_llama_cpp(path, add_bos=False):
 def check_against_reference(path):
     """Our tokenizer against the plain reference of gguf_files.py (runs without llama.cpp)."""
     meta = read_header(path).metadata
-    _, tokenizer = mlx_lm_load(str(converted_folder(path)))
+    _, tokenizer = load_policy(str(path))
     pieces = [meta[f"tokenizer.ggml.{key}"] for key in ("tokens", "merges", "token_type")]
     for text in SAMPLE_TEXTS:
         assert tokenizer.encode(text) == reference_encode(text, *pieces, pre=meta["tokenizer.ggml.pre"]), text
 
 
+# qwen2 files too: transformers would give a qwen2 folder Qwen's own split (and NFC), whatever the file says.
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("pre", PRE_NAMES)
-def test_tiny_bpe_tokenizes_as_llama_cpp_does(tmp_path, bpe, pre):
-    check_against_llama_cpp(tiny_file(tmp_path, bpe, pre))
+def test_tiny_bpe_tokenizes_as_llama_cpp_does(tmp_path, bpe, pre, arch):
+    check_against_llama_cpp(tiny_file(tmp_path, bpe, pre, arch=arch))
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("pre", PRE_NAMES)
-def test_tiny_bpe_tokenizes_as_the_reference_does(tmp_path, bpe, pre):
-    check_against_reference(tiny_file(tmp_path, bpe, pre))
+def test_tiny_bpe_tokenizes_as_the_reference_does(tmp_path, bpe, pre, arch):
+    check_against_reference(tiny_file(tmp_path, bpe, pre, arch=arch))
 
 
 def test_llama3_takes_whole_words_from_the_vocabulary(tmp_path, bpe):
@@ -93,7 +96,7 @@ def test_llama3_takes_whole_words_from_the_vocabulary(tmp_path, bpe):
     unreachable = {**bpe, "tokens": bpe["tokens"] + ["Ġqzxv"], "types": bpe["types"] + [1]}
     for pre, expected in (("llama-bpe", [len(bpe["tokens"])]), ("qwen2", None)):
         path = tiny_file(tmp_path / pre, unreachable, pre)
-        _, tokenizer = mlx_lm_load(str(converted_folder(path)))
+        _, tokenizer = load_policy(str(path))
         meta = read_header(path).metadata
         reference = reference_encode(" qzxv", meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.merges"],
                                      meta["tokenizer.ggml.token_type"], pre)

@@ -78,11 +78,9 @@ def fuse_in_float32(model: nn.Module) -> nn.Module:
 
 def load_fused(base: str | None, adapter: str | None):
     """(fused float32 model, tokenizer, config.json dict, the base's resolved path) of a base and its adapters."""
-    from mlx_lm.utils import load as mlx_lm_load
+    from .loading import load_with_config, resolve_model_path
 
-    from .loading import model_folder, resolve_model_path
-
-    model, tokenizer, config = mlx_lm_load(model_folder(base), adapter_path=adapter, return_config=True)
+    model, tokenizer, config = load_with_config(base, adapter)
     fuse_in_float32(model)
     mx.eval(model.parameters())
     config = {k: v for k, v in config.items() if k not in ("quantization", "quantization_config")}

@@ -12,7 +12,7 @@ from .aliases import PACKAGED_MODELS, ModelNotInstalled, packaged_model_path
 from .gguf import GGUFError, converted_folder, is_gguf
 
 __all__ = ["EMBEDDED_MODEL", "PACKAGED_MODELS", "GGUFError", "ModelNotInstalled", "embedded_model_path",
-           "load_policy", "model_folder", "resolve_model_path"]
+           "load_policy", "load_with_config", "model_folder", "resolve_model_path"]
 
 EMBEDDED_MODEL = "embedded"
 
@@ -42,10 +42,24 @@ def model_folder(model: str | None) -> str:
     return path
 
 
+def load_with_config(model: str | None = None, adapter_path: str | None = None):
+    """(model, tokenizer, config.json dict) of a model name, as load_policy loads it."""
+    folder = model_folder(model)
+    tokenizer_config = None
+    if folder != resolve_model_path(model):  # converted from GGUF: its tokenizer.json is exactly the file's
+        # Left to itself, transformers swaps in its own tokenizer class for some model types (qwen2:
+        # Qwen's split and an NFC normaliser), which need not be how the GGUF file tokenizes.
+        from transformers import PretrainedConfig
+
+        tokenizer_config = {"config": PretrainedConfig()}
+    return mlx_lm_load(folder, adapter_path=adapter_path, tokenizer_config=tokenizer_config, return_config=True)
+
+
 def load_policy(model: str | None = None, adapter_path: str | None = None):
     """Load (model, tokenizer) from a local folder, a GGUF file, an alias or a Hugging Face repo id.
 
     `model=None` loads the embedded tiny model. With `adapter_path`, the
     adapters found there are applied (mlx-lm's format).
     """
-    return mlx_lm_load(model_folder(model), adapter_path=adapter_path)
+    model, tokenizer, _ = load_with_config(model, adapter_path)
+    return model, tokenizer
