@@ -1,7 +1,16 @@
+import os
 import sys
 from pathlib import Path
 
-import pytest
+# On MLX's CUDA backend float32 matmuls default to TF32 (inputs rounded to 10 mantissa bits, about
+# 1e-3 relative), so two correct computations of one log-prob (a decode step and a forward pass, a
+# whole and a chunked gradient) differ by ~1e-3, above the float32 tolerances these tests hold. The
+# CPU and Metal backends multiply float32 in full float32; with TF32 off CUDA does too, and every
+# test keeps one standard on every backend. MLX reads this at its first matmul; subprocesses inherit it.
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
+
+import mlx.core as mx  # noqa: E402
+import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -12,3 +21,12 @@ from tiny import build_tiny_model  # noqa: E402
 def tiny_model_path(tmp_path_factory):
     """A random 2-layer Qwen2 (hidden 32) with a byte-level tokenizer."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture()
+def float64_device():
+    """float64 exists only on MLX's CPU backend: a test that needs it runs there, on a GPU machine too."""
+    device = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield mx.cpu
+    mx.set_default_device(device)

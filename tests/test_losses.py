@@ -252,7 +252,7 @@ def _loss_fn(tokens, mask, behaviour, adv, chunk=None):
     return fn
 
 
-def test_gradient_matches_finite_differences(tiny_model_path):
+def test_gradient_matches_finite_differences(tiny_model_path, float64_device):
     """Autodiff through the model and the clipped objective vs central differences.
 
     Per trainable tensor, along a direction d: (L(w + h d) - L(w - h d)) / 2h

@@ -9,6 +9,7 @@ from pathlib import Path
 from mlx_lm.utils import load as mlx_lm_load
 
 from .aliases import PACKAGED_MODELS, ModelNotInstalled, packaged_model_path
+from .cuda_fixes import apply_cuda_fixes
 from .gguf import GGUFError, converted_folder, is_gguf
 
 __all__ = ["EMBEDDED_MODEL", "PACKAGED_MODELS", "GGUFError", "ModelNotInstalled", "embedded_model_path",
@@ -52,7 +53,9 @@ def load_with_config(model: str | None = None, adapter_path: str | None = None):
         from transformers import PretrainedConfig
 
         tokenizer_config = {"config": PretrainedConfig()}
-    return mlx_lm_load(folder, adapter_path=adapter_path, tokenizer_config=tokenizer_config, return_config=True)
+    model, tokenizer, config = mlx_lm_load(folder, adapter_path=adapter_path, tokenizer_config=tokenizer_config,
+                                           return_config=True)
+    return apply_cuda_fixes(model), tokenizer, config
 
 
 def load_policy(model: str | None = None, adapter_path: str | None = None):
