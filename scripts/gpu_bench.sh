@@ -1,38 +1,21 @@
 #!/usr/bin/env bash
 # The benchmark on a CUDA machine, through MLX's CUDA backend (the mlx-cuda-13 wheel).
 #
-# The machine reaches no package index, so the wheels travel with the working
-# tree, which may carry at most 64 MiB a call; the 90 MB mlx-cuda-13 wheel is
-# cut in two (see docs/performance.md for how .gpu-wheels/ is made):
-#   call 1, carrying .gpu-wheels/a:  bash scripts/gpu_bench.sh stash
-#   call 2, carrying .gpu-wheels/b:  bash scripts/gpu_bench.sh run    (while the machine is still warm)
+# The wheels travel as scripts/gpu_check.sh describes (`gpu_check.sh wheels` here, then on the
+# GPU machine `gpu_check.sh stash` carrying .gpu-wheels/a and this script carrying .gpu-wheels/b).
+# PEER=off leaves mlx-lm-lora out (its 0.5B-shape step takes about a minute on an H100).
 # The results are JSON files in $OUT (or /tmp/gpu-bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-wheel=mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
-
-if [ "${1:-run}" = stash ]; then
-    mkdir -p .gpu-stash && cp .gpu-wheels/a/* .gpu-stash/ && ls -l .gpu-stash
-    exit 0
-fi
-
+bash scripts/gpu_check.sh install
 out="${OUT:-/tmp/gpu-bench}"
 mkdir -p "$out"
-if ! python3 -c "import mlx.core" 2>/dev/null; then
-    cat .gpu-stash/"$wheel".part-00 .gpu-wheels/b/"$wheel".part-01 > /tmp/"$wheel"
-    (cd /tmp && sha256sum -c "$OLDPWD/.gpu-wheels/b/SHA256SUMS")
-    # Into the interpreter's own site-packages: libmlx.so finds cuBLAS, cuDNN, NCCL
-    # through paths relative to it (../../nvidia/*/lib), where the image has them.
-    python3 -m pip install -q --no-index --no-deps --no-compile /tmp/"$wheel" .gpu-wheels/b/*.whl
-fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 
 # The issue's tiny workload, then a Qwen2.5-0.5B-shaped one in bfloat16.
-python3 scripts/bench.py --steps 20 --out "$out/gpu_tiny.json" > /dev/null
+python3 scripts/bench.py --steps 20 --peer "${PEER:-auto}" --out "$out/gpu_tiny.json" > /dev/null
 python3 scripts/bench.py --preset qwen0.5b --dtype bfloat16 --prompts 8 --group-size 8 --max-tokens 256 \
-    --steps 4 --out "$out/gpu_qwen05b.json" > /dev/null
+    --steps 4 --peer "${PEER:-auto}" --out "$out/gpu_qwen05b.json" > /dev/null
 python3 - "$out"/gpu_*.json <<'PY'
 import json, sys
 for path in sys.argv[1:]:
