@@ -14,7 +14,7 @@
 # still one call too many. GPU_WHEELS names another wheel folder (default .gpu-wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-wheels="${GPU_WHEELS:-.gpu-wheels}"
+wheels=$(realpath -m "${GPU_WHEELS:-.gpu-wheels}")
 stash=/tmp/gpu-stash
 mlx_version=0.32.4
 
@@ -46,7 +46,7 @@ if ! python3 -c "import mlx.core" 2>/dev/null; then
     # through paths relative to it (../../nvidia/*/lib), where the image has them.
     site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     cat "$stash"/mlxcu.tar.xz.part-00 "$wheels"/b/mlxcu.tar.xz.part-01 > /tmp/mlxcu.tar.xz
-    (cd /tmp && sha256sum -c "$OLDPWD/$wheels/b/SHA256SUMS")
+    (cd /tmp && sha256sum -c "$wheels/b/SHA256SUMS")
     tar xJf /tmp/mlxcu.tar.xz -C "$site"
     python3 -m pip install -q --no-index --no-deps --no-compile "$wheels"/b/*.whl
 fi
@@ -54,7 +54,7 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
 python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-[ "$1" = install ] && exit 0
+[ "${1:-run}" = install ] && exit 0
 
 out="${OUT:-/tmp/gpu-check}"
 mkdir -p "$out"
