@@ -104,6 +104,16 @@ def build_random_model(folder: Path, hidden, layers, heads, kv_heads, intermedia
     return folder
 
 
+def dequantized_copy(model: str, folder: Path) -> str:
+    """A float32 copy of a (quantized) model, as an mlx-lm folder: the CPU's float matmuls are far faster."""
+    from mlx_lm.convert import convert
+
+    from mlx_grpo.models.loading import model_folder
+    with contextlib.redirect_stdout(io.StringIO()):
+        convert(model_folder(model), mlx_path=str(folder), dequantize=True, dtype="float32")
+    return str(folder)
+
+
 def letter_share(prompts, completions, **columns):
     """Reward: the share of a completion's characters that are ASCII letters."""
     return [sum(c.isascii() and c.isalpha() for c in text) / max(len(text), 1) for text in completions]
@@ -193,14 +203,19 @@ def _summary(steps: list[dict], warmup: int, shape: dict, group: int, backward_f
         "step_s": med("step_s"),
         "rollout_s": med("rollout_s"),
         "update_s": med("update_s"),
+        # Per generated token: comparable when the two trainers' completions differ in length.
+        "step_s_per_1k_tokens": statistics.median(1000 * s["step_s"] / g for g, s in zip(generated, timed)),
         "rollout_tokens_per_s": statistics.median(g / s["rollout_s"] for g, s in zip(generated, timed)),
         "train_tokens_per_s": statistics.median(g / s["update_s"] for g, s in zip(generated, timed)),
         "peak_memory_gb": max(s["peak_gb"] for s in steps),
+        "rollout_peak_memory_gb": max(s["rollout_peak_gb"] for s in steps),
+        "update_peak_memory_gb": max(s["update_peak_gb"] for s in steps),
         "achieved_gflops": achieved / 1e9,
         "achieved_frac_of_peak": achieved / peak if peak else None,
         "rollout_gflops": statistics.median(r / s["rollout_s"] for (r, _), s in zip(flops, timed)) / 1e9,
         "update_gflops": statistics.median(u / s["update_s"] for (_, u), s in zip(flops, timed)) / 1e9,
         "mean_completion_tokens": float(np.mean([np.mean(s["completion_lengths"]) for s in steps])),
+        "mean_completion_tokens_per_step": [round(float(np.mean(s["completion_lengths"])), 1) for s in steps],
         "reward_first": float(np.mean(rewards[:tail])),
         "reward_last": float(np.mean(rewards[-tail:])),
         "rewards": [round(r, 4) for r in rewards],
@@ -239,21 +254,33 @@ class Ours:
                          reward_functions=[letter_share], reward_weights=[1.0], system_prompt=None,
                          accuracy_reward=None, warnings=[])
         self.step_number = 0
+        self.no_stop = args.no_stop
 
     def step(self) -> dict:
-        from mlx_grpo.run.trainer import train_step
+        from mlx_grpo.run import trainer
 
         self.step_number += 1
-        with self.patch():
-            metrics, records = train_step(self.model, self.tokenizer, self.optimizer, self.task, self.config,
-                                          self.step_number, None)
+        rollout_peak = []
+
+        def rollouts_then_peak(*a, **kw):  # the rollout's peak, then a fresh one for the update
+            result = collect(*a, **kw)
+            rollout_peak.append(mx.get_peak_memory() / 1e9)
+            mx.reset_peak_memory()
+            return result
+
+        collect = trainer.collect_rollouts
+        with self.patch(), _replaced(trainer, "collect_rollouts", rollouts_then_peak), \
+                (stops_ignored(self.tokenizer) if self.no_stop else contextlib.nullcontext()):
+            metrics, records = trainer.train_step(self.model, self.tokenizer, self.optimizer, self.task, self.config,
+                                                  self.step_number, None)
         prompts = {}
         for r in records:
             prompts.setdefault(r["prompt"], len(self._encode(r["prompt"])))
         return {
             "step_s": metrics["time/step_s"], "rollout_s": metrics["time/rollout_s"],
             "update_s": metrics["time/step_s"] - metrics["time/rollout_s"],
-            "peak_gb": metrics["memory/peak_gb"], "reward": metrics["reward/mean"],
+            "peak_gb": max(rollout_peak[0], metrics["memory/peak_gb"]), "rollout_peak_gb": rollout_peak[0],
+            "update_peak_gb": metrics["memory/peak_gb"], "reward": metrics["reward/mean"],
             "prompt_lengths": list(prompts.values()), "completion_lengths": [r["length"] for r in records],
         }
 
@@ -282,6 +309,7 @@ class Peer:
         self.optimizer = optimizer
         self.dataset = [(encode_prompt(self.tokenizer, t), [], t, "") for t in texts]
         self.folder = tempfile.mkdtemp(prefix="bench-peer-")
+        self.no_stop = args.no_stop
         self.args = grpo_trainer.GRPOTrainingArgs(
             batch_size=len(texts), iters=1, group_size=args.group_size, beta=0.0,
             max_completion_length=args.max_tokens, temperature=args.temperature, top_p=1.0, top_k=0, min_p=0.0,
@@ -300,6 +328,8 @@ class Peer:
             result = original(*a, **kw)
             times["rollout"] = time.perf_counter()
             out["lengths"] = [int(c.size) for c in result[0]]
+            out["rollout_peak"] = mx.get_peak_memory() / 1e9
+            mx.reset_peak_memory()
             return result
 
         class Report(TrainingCallback):
@@ -310,7 +340,8 @@ class Peer:
         self.trainer.generate_grpo = timed_generate
         mx.reset_peak_memory()
         try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                    (stops_ignored(self.tokenizer) if self.no_stop else contextlib.nullcontext()):
                 self.trainer.train_grpo(self.model, None, self.tokenizer, self.optimizer, self.dataset,
                                         reward_funcs=[letter_share], args=self.args, training_callback=Report(),
                                         end_answer_token="")
@@ -318,10 +349,31 @@ class Peer:
             self.trainer.generate_grpo = original
         return {
             "step_s": times["end"] - times["start"], "rollout_s": times["rollout"] - times["start"],
-            "update_s": times["end"] - times["rollout"], "peak_gb": mx.get_peak_memory() / 1e9,
+            "update_s": times["end"] - times["rollout"],
+            "peak_gb": max(out["rollout_peak"], mx.get_peak_memory() / 1e9), "rollout_peak_gb": out["rollout_peak"],
+            "update_peak_gb": mx.get_peak_memory() / 1e9,
             "reward": out["reward"], "prompt_lengths": [len(d[0]) for d in self.dataset],
             "completion_lengths": out["lengths"],
         }
+
+
+@contextlib.contextmanager
+def stops_ignored(tokenizer):
+    """Both samplers decode every completion to max_tokens: no token ends one (the same work for both).
+
+    mlx-lm-lora stops at tokenizer.eos_token_ids (and at its end_answer_token,
+    empty here); mlx-grpo at rollout._end_token_ids(tokenizer), the same ids.
+    Emptied, an end token is sampled like any other and the row goes on.
+    """
+    from mlx_grpo.sampling import rollout
+
+    saved = set(tokenizer.eos_token_ids)
+    tokenizer.eos_token_ids = set()
+    try:
+        with _replaced(rollout, "_end_token_ids", lambda tokenizer: []):
+            yield
+    finally:
+        tokenizer.eos_token_ids = saved
 
 
 # ---------------------------------------------------------------- variants (timing only)
@@ -441,6 +493,8 @@ def parse_args(argv=None):
     p.add_argument("--model", help="model folder or Hugging Face id (default: a random model of --preset)")
     p.add_argument("--preset", choices=PRESETS, default="tiny", help="shape of the random model")
     p.add_argument("--dtype", default="float32", help="random model's dtype (float32, bfloat16, float16)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="run a float32 copy of --model (quantized weights widened), made in a temporary folder")
     p.add_argument("--quantize", type=int, choices=(0, 4, 8), default=0,
                    help="random model's weights quantised to 4 or 8 bits (a QLoRA base)")
     p.add_argument("--prompts", type=int, default=2, help="prompts per step")
@@ -457,6 +511,8 @@ def parse_args(argv=None):
     p.add_argument("--decode-concurrency", type=int, default=256)
     p.add_argument("--logprob-chunk-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-stop", action="store_true",
+                   help="equal work: both trainers decode every completion to --max-tokens (end tokens do not stop)")
     p.add_argument("--synthetic-rollouts", action="store_true",
                    help="skip decoding: every completion is max_tokens random tokens (to measure the update alone)")
     p.add_argument("--variants", default="",
@@ -475,8 +531,12 @@ def run(args) -> dict:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"error: unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
-        if args.model:
+        if args.model and args.dequantize:
+            model_path = dequantized_copy(args.model, Path(tmp) / "float32")
+            shape = model_shape(model_path)
+        elif args.model:
             model_path, shape = args.model, model_shape(args.model)
         else:
             shape = PRESETS[args.preset]
@@ -515,8 +575,12 @@ def run(args) -> dict:
                          "decode_concurrency": args.decode_concurrency, "micro_batch_size": args.micro_batch_size,
                          "quantized_bits": args.quantize or None,
                          "logprob_chunk_size": args.logprob_chunk_size, "synthetic_rollouts": args.synthetic_rollouts,
+                         "no_stop": args.no_stop,
                          "prompt_tokens": prompt_tokens},
             "device": str(mx.default_device()),
+            # 1, 5 and 15-minute load averages at the start and end (a shared machine: other work slows both)
+            "load_average": {"start": [round(x, 2) for x in load_start],
+                             "end": [round(x, 2) for x in os.getloadavg()]},
             "blas": loaded_blas(),
             "matmul_peak_gflops": peak / 1e9,
         }
@@ -524,10 +588,38 @@ def run(args) -> dict:
             out[name] = _summary(steps, args.warmup, shape, args.group_size, 2.0, peak,
                                  decoded=not (args.synthetic_rollouts and name != "mlx_lm_lora"))
         if "mlx_grpo" in out and "mlx_lm_lora" in out:
-            out["speedup"] = out["mlx_lm_lora"]["step_s"] / out["mlx_grpo"]["step_s"]
+            ours, peer = out["mlx_grpo"], out["mlx_lm_lora"]
+            out["speedup"] = peer["step_s"] / ours["step_s"]
+            # Step times compare equal work only when the completions are about as long.
+            out["speedup_per_token"] = peer["step_s_per_1k_tokens"] / ours["step_s_per_1k_tokens"]
+            out["update_speedup_per_token"] = ours["train_tokens_per_s"] / peer["train_tokens_per_s"]
+            out["completion_length_ratio"] = peer["mean_completion_tokens"] / ours["mean_completion_tokens"]
+            out["memory_ratio"] = ours["peak_memory_gb"] / peer["peak_memory_gb"]
         for name in variants:  # how much slower ours gets without each measure
             out[name]["step_s_vs_ours"] = out[name]["step_s"] / out["mlx_grpo"]["step_s"]
     return out
+
+
+TABLE_COLUMNS = [  # (heading, key in a trainer's summary, format)
+    ("step s", "step_s", ".2f"), ("rollout s", "rollout_s", ".2f"), ("update s", "update_s", ".2f"),
+    ("tokens/completion", "mean_completion_tokens", ".1f"), ("step s / 1k tokens", "step_s_per_1k_tokens", ".2f"),
+    ("rollout tok/s", "rollout_tokens_per_s", ".0f"), ("update tok/s", "train_tokens_per_s", ".0f"),
+    ("peak GB", "peak_memory_gb", ".2f"), ("rollout / update peak GB", None, None),
+]
+
+
+def table(out: dict) -> str:
+    """The trainers' figures as a Markdown table."""
+    lines = ["| trainer | " + " | ".join(h for h, _, _ in TABLE_COLUMNS) + " |",
+             "|---" * (len(TABLE_COLUMNS) + 1) + "|"]
+    for name, figures in out.items():
+        if not (isinstance(figures, dict) and "step_s" in figures):
+            continue
+        cells = [format(figures[key], fmt) if key else
+                 f"{figures['rollout_peak_memory_gb']:.2f} / {figures['update_peak_memory_gb']:.2f}"
+                 for _, key, fmt in TABLE_COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -539,6 +631,7 @@ def main(argv=None):
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(text)
+    print(table(out), file=sys.stderr)  # stdout stays one JSON object
 
 
 if __name__ == "__main__":

@@ -115,3 +115,51 @@ def test_every_variant_runs_and_samples_what_ours_samples(capsys):
     for name in bench.VARIANTS:
         assert printed[name]["step_s_vs_ours"] > 0
         assert printed[name]["rewards"][0] == pytest.approx(printed["mlx_grpo"]["rewards"][0], abs=1e-9), name
+
+
+def test_no_stop_decodes_every_completion_to_max_tokens_in_both_samplers(tmp_path):
+    """The end token is made the one greedy decoding emits first: both samplers stop at once,
+    and under stops_ignored both run to max_tokens, and the tokenizer gets its end tokens back."""
+    from mlx_grpo.models.loading import load_policy
+    from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
+
+    folder = bench.build_random_model(tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32,
+                                      vocab=300)
+    model, tokenizer = load_policy(str(folder))
+    prompt = tokenizer.encode("hello there")
+    greedy = SamplingConfig(temperature=0.0, max_tokens=5)
+    tokenizer.eos_token_ids = {sample_completions(model, tokenizer, [prompt], 1, greedy)[0].tokens[0]}
+
+    def ours():
+        return [len(c.tokens) for c in sample_completions(model, tokenizer, [prompt], 2, greedy)]
+
+    assert ours() == [1, 1]
+    with bench.stops_ignored(tokenizer):
+        assert ours() == [5, 5]
+    assert ours() == [1, 1] and len(tokenizer.eos_token_ids) == 1
+
+    pytest.importorskip("mlx_lm_lora")
+    from mlx_lm_lora.trainer.grpo_trainer import generate_grpo
+
+    def theirs():
+        completions, _, _ = generate_grpo(model, tokenizer, [prompt], 5, 2, 1, end_token="", temperature=0.0,
+                                          top_p=1.0, top_k=0, min_p=0.0)
+        return [c.size for c in completions]
+
+    assert theirs() == [1, 1]
+    with bench.stops_ignored(tokenizer):
+        assert theirs() == [5, 5]
+
+
+def test_per_token_figures_and_the_table(capsys):
+    bench.main([*SMALL, "--peer", "off", "--no-stop"])
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    ours = printed["mlx_grpo"]
+    assert ours["mean_completion_tokens"] == 6.0 and printed["workload"]["no_stop"]
+    # one timed step of 2 prompts x 2 completions x 6 tokens
+    assert ours["step_s_per_1k_tokens"] == pytest.approx(1000 * ours["step_s"] / 24)
+    assert ours["train_tokens_per_s"] == pytest.approx(24 / ours["update_s"])
+    assert ours["peak_memory_gb"] == max(ours["rollout_peak_memory_gb"], ours["update_peak_memory_gb"]) > 0
+    assert len(printed["load_average"]["start"]) == 3
+    assert f"| mlx_grpo | {ours['step_s']:.2f} |" in captured.err
