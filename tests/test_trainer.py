@@ -108,3 +108,52 @@ def test_batch_rows_cover_each_epoch_once_in_a_seeded_order():
     assert sorted(seen) == sorted(r["prompt"] for r in rows)  # one full pass, no repeats
     assert seen == [r["prompt"] for step in range(1, 6) for r in batch_rows(rows, step, 2, seed=3)]
     assert seen != [r["prompt"] for step in range(1, 6) for r in batch_rows(rows, step, 2, seed=4)]
+
+
+def test_activation_estimate_and_budget_by_hand():
+    from types import SimpleNamespace
+
+    from mlx_grpo.update import batch as batching
+
+    smollm2 = SimpleNamespace(args=SimpleNamespace(hidden_size=576, num_hidden_layers=30, vocab_size=49152))
+    assert batching.activation_bytes_per_position(smollm2) == 4 * (24 * 576 * 30 + 4 * 49152) == 2_445_312
+    # 768 MiB over 64 positions of 2,445,312 bytes: 5 rows; the configured 16 only when it fits.
+    assert batching.memory_bound_size(16, smollm2, 64) == 805_306_368 // (2_445_312 * 64) == 5
+    assert batching.memory_bound_size(4, smollm2, 64) == 4
+    assert batching.memory_bound_size(16, smollm2, 10**6) == 1  # never below one row
+    assert batching.memory_bound_size(16, SimpleNamespace(), 64) == 16  # shape unknown: as configured
+
+
+def test_train_step_cuts_micro_batches_to_the_cpu_budget_and_trains_the_same(tiny_model_path, monkeypatch):
+    """Under a one-position budget every micro-batch is one row; the step's weights are those of whole
+    groups (micro-batching is exact). bnpo, whose objective depends on the micro-batch, is never cut."""
+    from mlx_grpo.run import trainer
+    from mlx_grpo.tasks.registry import Task
+    from mlx_grpo.update import batch as batching
+
+    task = Task(name="t", train_rows=[{"prompt": "ab"}, {"prompt": "cd"}], eval_rows=[],
+                reward_functions=[lambda prompts, completions, **kw: [len(c) / 10 for c in completions]],
+                reward_weights=[1.0], system_prompt=None, accuracy_reward=None, warnings=[])
+    sizes = []
+    cut = trainer.micro_batches
+    monkeypatch.setattr(trainer, "micro_batches", lambda b, size: sizes.append(size) or cut(b, size))
+
+    def one_step(loss, budget):
+        monkeypatch.setattr(batching, "CPU_ACTIVATION_BUDGET", budget)
+        config = build_config({"group_size": 4, "batch_size": 2, "max_tokens": 6, "loss": loss, "kl_every": 0,
+                               "micro_batch_size": 16, "seed": 1})
+        model, tokenizer = load_policy(str(tiny_model_path))
+        mx.random.seed(0)
+        prepare_for_training(model, "lora", {"rank": 4})
+        trainer.train_step(model, tokenizer, optim.SGD(learning_rate=1.0), task, config, 1, None)
+        return dict(tree_flatten(model.trainable_parameters()))
+
+    whole = one_step("grpo", 2**40)
+    per_position = batching.activation_bytes_per_position(load_policy(str(tiny_model_path))[0])
+    rows = one_step("grpo", per_position)
+    assert sizes == [16, 1]
+    for name in whole:
+        np.testing.assert_allclose(np.array(rows[name]), np.array(whole[name]), atol=1e-6, err_msg=name)
+    assert any(np.abs(np.array(v)).max() > 0 for k, v in whole.items() if "lora_b" in k)  # it did train
+    one_step("bnpo", per_position)
+    assert sizes[-1] == 16

@@ -34,7 +34,8 @@ from ..tasks.data import screen_task
 from ..tasks.registry import Task, load_task
 from ..tasks.rewarding import part_means, reward_metrics, with_timeout
 from ..update.advantages import advantage_stats, group_advantages
-from ..update.batch import MicroBatch, RolloutBatch, build_batch, groups_with_signal, micro_batch_count, micro_batches
+from ..update.batch import (MicroBatch, RolloutBatch, build_batch, groups_with_signal, memory_bound_size,
+                            micro_batch_count, micro_batches)
 from ..update.logprobs import completion_logprobs
 from ..update.losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
 from . import checkpoint as ckpt
@@ -75,11 +76,11 @@ def make_optimizer(config: TrainConfig) -> optim.Optimizer:
     return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
 
 
-def _chunk_size(config: TrainConfig, model, batch: RolloutBatch) -> int | None:
+def _chunk_size(config: TrainConfig, model, batch: RolloutBatch, size: int) -> int | None:
     if config.logprob_chunk_size:
         return config.logprob_chunk_size
     vocab = model.model.embed_tokens.weight.shape[0] if hasattr(model, "model") else 0
-    floats = min(config.micro_batch_size, len(batch.advantages)) * batch.completions.shape[1] * vocab
+    floats = min(size, len(batch.advantages)) * batch.completions.shape[1] * vocab
     return 128 if floats > _CHUNK_LOGITS_ABOVE else None
 
 
@@ -220,19 +221,22 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         batch = build_batch(completions, advantages, g)
         if config.mask_truncated:  # cut-off completions contribute no token to the loss
             batch.mask[[c.finish_reason == "length" for c in completions]] = 0.0
-        chunk = _chunk_size(config, model, batch)
+        # bnpo normalises per micro-batch, so its size is part of the objective; the others are exact at any size.
+        size = (config.micro_batch_size if config.loss == "bnpo" else
+                memory_bound_size(config.micro_batch_size, model, batch.completions.shape[1]))
+        chunk = _chunk_size(config, model, batch, size)
         # The reference costs a forward pass: every step when the loss needs it,
         # every kl_every steps when it is only watched.
         watch_kl = config.beta == 0 and config.kl_every > 0 and (step % config.kl_every == 0 or step == 1)
         # A zero-advantage group adds nothing to the loss unless a KL or entropy term
         # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
         skip_silent = config.beta == 0 and config.entropy_coef == 0 and config.loss != "bnpo"
-        parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, config.micro_batch_size)
+        parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, size)
         sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
-                           num_micro_batches=micro_batch_count(len(batch.prompts), g, config.micro_batch_size),
+                           num_micro_batches=micro_batch_count(len(batch.prompts), g, size),
                            max_tokens=config.max_episode_tokens if task.make_env else config.max_tokens)
         if watch_kl:  # over every group, silent ones included
-            all_parts = micro_batches(batch, config.micro_batch_size) if skip_silent else parts
+            all_parts = micro_batches(batch, size) if skip_silent else parts
             mine = [all_parts[i] for i in dist.shard(len(all_parts))]
             metrics["kl"] = _kl_to_reference(mine, reference_logprobs(model, config, mine, ref_params, chunk))
         parts = [parts[i] for i in dist.shard(len(parts))]  # data-parallel: this rank's micro-batches
