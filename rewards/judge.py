@@ -18,9 +18,12 @@ again; each judge model is loaded once a process.
 Rubrics are text with `{prompt}`, `{completion}` and any data column by name
 (`{answer}`). Only what the rubric names reaches the judge: it never sees the
 reference answer unless the rubric asks for that column. `{{` and `}}` are
-literal braces; other braces stay as written. An optional first line
-`scale: 1-10` states the scale (1-10 when absent). Built-in rubrics live in
-rewards/rubrics/ and are named without ".txt".
+literal braces; other braces stay as written. Optional first lines:
+`scale: 1-10` states the scale (1-10 when absent); `answer starts: Score:`
+writes the start of the judge's answer for it, so that it continues with the
+number (a 135M instruct model asked for "Score: N" writes prose first; told
+that its answer starts "Score:", it writes a number). Built-in rubrics live
+in rewards/rubrics/ and are named without ".txt".
 
 An answer the parser cannot read is None (not applicable: the completion gets
 no judge reward), never a guessed number; the share of those is a metric.
@@ -49,6 +52,7 @@ DEFAULT_MAX_TOKENS = 16
 
 _FIELD = re.compile(r"\{\{|\}\}|\{([A-Za-z_]\w*)\}")
 _SCALE_LINE = re.compile(r"scale:\s*(-?\d+(?:\.\d+)?)\s*(?:-|to)\s*(-?\d+(?:\.\d+)?)", re.I | re.A)
+_ANSWER_LINE = re.compile(r"answer starts:[ \t]?(.*)", re.I)
 _NUMBER = r"(-?\d+(?:\.\d+)?)"
 _OUT_OF = rf"(?:\s*(?:/|out\s+of)\s*{_NUMBER})?"
 _KEYWORD_SCORE = re.compile(rf"\b(?:score|rating|grade)\b[\s:=*]*(?:(?:is|of)\s+)?{_NUMBER}{_OUT_OF}", re.I | re.A)
@@ -64,6 +68,7 @@ class Rubric:
     template: str
     scale: tuple[float, float] = DEFAULT_SCALE
     name: str = "rubric"
+    answer_start: str = ""  # written as the start of the judge's answer; it continues from there
 
     @property
     def fields(self) -> list[str]:
@@ -78,14 +83,20 @@ class Rubric:
 
 def parse_rubric(text: str, name: str = "rubric") -> Rubric:
     """A rubric from its text; JudgeError when it cannot work."""
-    first, _, rest = text.partition("\n")
-    scale = DEFAULT_SCALE
-    stated = _SCALE_LINE.fullmatch(first.strip())
-    if stated:
-        scale, text = (float(stated.group(1)), float(stated.group(2))), rest
-        if not scale[0] < scale[1]:
-            raise JudgeError(f"rubric {name}: the scale's low end must be below its high end, got {first.strip()!r}")
-    rubric = Rubric(text.strip() + "\n", scale, name)
+    scale, answer_start = DEFAULT_SCALE, ""
+    while True:  # the optional lines at the top
+        first, _, rest = text.partition("\n")
+        if stated := _SCALE_LINE.fullmatch(first.strip()):
+            scale = (float(stated.group(1)), float(stated.group(2)))
+            if not scale[0] < scale[1]:
+                raise JudgeError(f"rubric {name}: the scale's low end must be below its high end, "
+                                 f"got {first.strip()!r}")
+        elif start := _ANSWER_LINE.fullmatch(first.strip()):
+            answer_start = start.group(1)
+        else:
+            break
+        text = rest
+    rubric = Rubric(text.strip() + "\n", scale, name, answer_start)
     if "completion" not in rubric.fields:
         raise JudgeError(f"rubric {name} has no {{completion}}: the judge would not see what it grades")
     return rubric
@@ -217,12 +228,14 @@ class JudgeReward:
 
     def generate(self, texts: list[str]) -> list[str]:
         """The judge's greedy answers to filled-in rubrics: one batched decode."""
-        prompts = [encode_prompt(self.tokenizer, t) for t in texts]
+        start = self.rubric.answer_start
+        written = list(self.tokenizer.encode(start, add_special_tokens=False)) if start else []
+        prompts = [encode_prompt(self.tokenizer, t) + written for t in texts]
         self.model.eval()
         completions = sample_completions(self.model, self.tokenizer, prompts, 1,
                                          SamplingConfig(temperature=0.0, max_tokens=self.max_tokens),
                                          self.concurrency, seed=0)
-        return [c.text for c in completions]
+        return [start + c.text for c in completions]
 
     def pop_metrics(self) -> dict:
         """What the judge did since the last call: time, unreadable answers, prompts decoded."""
