@@ -63,11 +63,34 @@ def test_rubric_scale_line_and_fields():
     assert parse_rubric("Grade {completion}").scale == (1.0, 10.0)
 
 
+def test_rubric_may_write_the_start_of_the_answer():
+    rubric = parse_rubric("answer starts: Score:\nscale: 0-4\nGrade {completion}.")
+    assert rubric.answer_start == "Score:" and rubric.scale == (0.0, 4.0) and rubric.template == "Grade {completion}.\n"
+    assert parse_rubric("Grade {completion}.").answer_start == ""
+
+
+def test_the_written_start_ends_each_judge_prompt_and_begins_each_answer(monkeypatch):
+    judge = make_judge_reward("embedded", parse_rubric("answer starts: Score:\nGrade {completion}."))
+    start = judge.tokenizer.encode("Score:", add_special_tokens=False)
+    seen = []
+    real = judge_module.sample_completions
+
+    def capture(model, tokenizer, prompts, *args, **kwargs):
+        seen.extend(prompts)
+        return real(model, tokenizer, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(judge_module, "sample_completions", capture)
+    judge(["p", "p"], ["#### 7", "#### 8"])
+    assert len(seen) == 2 and all(p[-len(start):] == start for p in seen)
+    assert all(answer.startswith("Score:") for _, answer in judge.answers.values())
+
+
 def test_builtin_rubrics_load_and_need_only_prompt_and_completion():
     assert {"general", "ocaml_quality"} <= set(builtin_rubrics())
     for name in builtin_rubrics():
         rubric = load_rubric(name)
         assert rubric.columns == [] and "completion" in rubric.fields and rubric.scale == (1.0, 10.0)
+        assert rubric.answer_start == "Score:" and not rubric.template.startswith(("scale", "answer"))
 
 
 def test_judge_sees_no_column_the_rubric_does_not_name():
