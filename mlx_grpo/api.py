@@ -206,7 +206,7 @@ class Trainer:
         c = self.config
         mx.random.seed(c.seed)
         self.task = load_task(c)
-        self.model, self.tokenizer = load_policy(c.model)
+        self.model, self.tokenizer = load_policy(c.model, keep_quantized=c.keep_quantized)
         # As train() does: bad rows screened out, reward calls bounded in time.
         screen_task(self.task, self.tokenizer, self.model, c.max_tokens, c.max_prompt_tokens, c.on_bad_data)
         self.task.reward_functions = [with_timeout(fn, c.reward_timeout) for fn in self.task.reward_functions]

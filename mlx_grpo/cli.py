@@ -127,6 +127,8 @@ _EVALUATION_OPTIONS = {
                                                      "default: the run's judge")),
     "judge_rubric": (Optional[str], typer.Option(None, help="the judge's rubric file or built-in name")),
     "judge_weight": (Optional[float], typer.Option(None, help="the judge's weight in the total reward")),
+    "system_prompt": (Optional[str], typer.Option(None, help="system prompt (as for train; \"\" for none); "
+                                                             "default: the run's, else the task's for this model")),
 }
 
 
@@ -149,7 +151,8 @@ def _evaluation(options: dict, run_dir, model):
                                           else None,
                                           "reward": options["reward"] or None, "max_tokens": options["max_tokens"],
                                           **{k: options[k] for k in JUDGE_KEYS},
-                                          "eval_num_problems": options["n"]})
+                                          "eval_num_problems": options["n"],
+                                          "system_prompt": options["system_prompt"]})
     settings = build_settings(config, options["split"], options["samples"], options["temperature"], options["seed"])
     return load_task(config), settings, config.eval_num_problems
 

@@ -95,6 +95,7 @@ class TrainConfig:
     lora_scale: float = 20.0  # LoRA output scale (mlx-lm's convention, not alpha)
     lora_dropout: float = 0.0  # dropout on the LoRA input
     lora_layers: int = -1  # how many of the last blocks get adapters; -1: all
+    keep_quantized: bool = False  # keep a quantized base quantized on the CPU (default there: a float32 copy when it fits in memory, much faster); Metal/CUDA always keep it
     lr: float = 1e-5  # peak learning rate (AdamW)
     warmup_steps: int = 10  # linear warmup, in optimizer updates
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio

@@ -26,9 +26,10 @@ def test_precedence_defaults_task_file_flags(tmp_path):
     assert c.epsilon_low == TrainConfig.epsilon_low  # nobody set it
 
 
-def test_task_recommendations_only_tuned_for_the_embedded_model():
-    assert "lr" in recommended_settings("arith", None)
-    assert "lr" not in recommended_settings("arith", "Qwen/Qwen2.5-0.5B-Instruct")
+def test_task_recommendations_depend_on_the_model():
+    embedded, chat = recommended_settings("arith", None), recommended_settings("arith", "Qwen/Qwen2.5-0.5B-Instruct")
+    assert embedded["lr"] == 1e-4 and "system_prompt" not in embedded
+    assert chat["lr"] == 3e-5 and chat["system_prompt"]  # the chat recipe (tests/test_chat_tasks.py)
 
 
 def test_data_or_reward_file_without_task_means_custom(tmp_path):

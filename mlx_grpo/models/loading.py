@@ -11,6 +11,7 @@ from mlx_lm.utils import load as mlx_lm_load
 from .aliases import PACKAGED_MODELS, ModelNotInstalled, packaged_model_path
 from .cuda_fixes import apply_cuda_fixes
 from .gguf import GGUFError, converted_folder, is_gguf
+from .quantized import prepare_base
 
 __all__ = ["EMBEDDED_MODEL", "PACKAGED_MODELS", "GGUFError", "ModelNotInstalled", "embedded_model_path",
            "load_policy", "load_with_config", "model_folder", "resolve_model_path"]
@@ -58,11 +59,15 @@ def load_with_config(model: str | None = None, adapter_path: str | None = None):
     return apply_cuda_fixes(model), tokenizer, config
 
 
-def load_policy(model: str | None = None, adapter_path: str | None = None):
+def load_policy(model: str | None = None, adapter_path: str | None = None, keep_quantized: bool = False):
     """Load (model, tokenizer) from a local folder, a GGUF file, an alias or a Hugging Face repo id.
 
     `model=None` loads the embedded tiny model. With `adapter_path`, the
-    adapters found there are applied (mlx-lm's format).
+    adapters found there are applied (mlx-lm's format). A quantized model is
+    run on a float32 copy on the CPU backend when it fits (see quantized.py),
+    unless `keep_quantized`.
     """
-    model, tokenizer, _ = load_with_config(model, adapter_path)
-    return model, tokenizer
+    policy, tokenizer, _ = load_with_config(model, adapter_path)
+    if not keep_quantized:
+        prepare_base(policy)
+    return policy, tokenizer

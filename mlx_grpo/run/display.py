@@ -124,6 +124,8 @@ class TrainDisplay:
         c = d["config"]
         self.console.print(f"[bold]mlx-grpo[/] task [cyan]{c.task}[/] model [cyan]{c.model or 'embedded tiny-arith'}[/] "
                            f"-> {d['run_dir']}", soft_wrap=True)
+        for note in d.get("notes", []):
+            self.console.print(note, soft_wrap=True, highlight=False, markup=False)
         for w in d["warnings"]:
             self.console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
         if d["resumed_from"]:

@@ -25,10 +25,11 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
-from ..config import TrainConfig, dump_yaml
+from ..config import ConfigError, TrainConfig, dump_yaml
 from ..evaluation.evaluate import evaluate_accuracy, evaluate_pass_at_k
 from ..models.adapters import adapters_disabled, prepare_for_training, save_adapters, weights_swapped
 from ..models.loading import load_policy, resolve_model_path
+from ..models.quantized import prepare_base, quantized_modules
 from ..sampling import multiturn
 from ..tasks.data import screen_task
 from ..tasks.registry import Task, load_task
@@ -333,7 +334,11 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     task = load_task(config)  # first: a bad data file or reward is reported before a slow model load
     if main:
         ckpt.ensure_writable(run_dir)  # ... and so is an output folder that cannot be written
-    model, tokenizer = load_policy(config.model)
+    model, tokenizer = load_policy(config.model, keep_quantized=True)
+    weights_note = prepare_base(model, config.keep_quantized)  # a float32 copy of a quantized base on the CPU
+    if config.fine_tune_type == "full" and quantized_modules(model):
+        raise ConfigError("fine_tune_type full needs float weights, but the base stays quantized "
+                          f"({weights_note}); train adapters (lora or dora) instead")
     screen_task(task, tokenizer, model, config.max_tokens, config.max_prompt_tokens, config.on_bad_data)
     task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
     if task.accuracy_reward is not None:
@@ -372,7 +377,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     if main:
         ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
-                   "warnings": task.warnings})
+                   "warnings": task.warnings, "notes": [weights_note] if weights_note else []})
 
     before = state.get("eval_before")
     if before is None and not resumed:

@@ -13,12 +13,23 @@ A built-in task is a module in `rewards` (registered in BUILTIN_TASKS) that defi
     load_rows(split: str, config: TrainConfig) -> list[dict] | None   "train" / "test";
                                        None: read --data with the generic loader
     recommended_settings(model: str | None) -> dict                   below YAML and flags
+
+and, where a chat model needs to be told something else than the embedded
+model (which was trained on the task's own format and gets no instructions),
+the chat variant used for every other model (see `is_chat_model`):
+
+    CHAT_SYSTEM_PROMPT: str        the answer form the chat scorer reads
+    CHAT_REWARDS, chat_accuracy_reward   as above, scoring that form
+
+A task's recommended_settings gives chat models CHAT_SYSTEM_PROMPT as their
+`system_prompt` setting, so a run's config.yaml records the prompt it trained with.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError, TrainConfig
@@ -47,6 +58,20 @@ class Task:
     # A multi-turn task: row -> Environment (environment.py), which scores the episode; None: single-turn.
     make_env: Callable | None = None
     curriculum: Curriculum | None = None  # adaptive task selection (curriculum.py), when on
+
+
+def is_chat_model(model: str | None) -> bool:
+    """Whether a model gets a task's chat variant: every model but the embedded tiny one.
+
+    The embedded model was trained on the arith task's own format ("#### N"
+    lines) with no instructions; any other model is taken for a pretrained
+    chat model, which has to be told the answer form the task scores.
+    """
+    from ..models.loading import EMBEDDED_MODEL, embedded_model_path
+
+    if model in (None, "", EMBEDDED_MODEL):
+        return False
+    return Path(model).expanduser().resolve() != embedded_model_path().resolve()
 
 
 def recommended_settings(task: str, model: str | None) -> dict:
@@ -103,9 +128,12 @@ def load_task(config: TrainConfig) -> Task:
             raise  # the task's own complete message (e.g. a missing toolchain and how to install it)
         except (OSError, ValueError) as e:
             raise ConfigError(f"task {config.task!r}: could not load its data ({e})") from None
-        functions = [fn for fn, _ in module.REWARDS]
-        weights = [w for _, w in module.REWARDS]
-        system_prompt, accuracy = module.SYSTEM_PROMPT, module.accuracy_reward
+        chat = is_chat_model(config.model) and hasattr(module, "CHAT_SYSTEM_PROMPT")
+        rewards = module.CHAT_REWARDS if chat else module.REWARDS
+        functions = [fn for fn, _ in rewards]
+        weights = [w for _, w in rewards]
+        system_prompt = module.CHAT_SYSTEM_PROMPT if chat else module.SYSTEM_PROMPT
+        accuracy = module.chat_accuracy_reward if chat else module.accuracy_reward
         make_env = getattr(module, "make_env", None)
     else:
         train = test = None

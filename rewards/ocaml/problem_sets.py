@@ -69,6 +69,8 @@ def recommended_settings(model: str | None) -> dict:
     001 found 0.8 kept enough spread within groups. Nothing for the embedded
     tiny model, which knows no OCaml (the task runs on it, to check the wiring).
     """
-    if model is None:
+    from mlx_grpo.tasks.registry import is_chat_model
+
+    if not is_chat_model(model):
         return {}
     return {"max_tokens": 384, "temperature": 0.8}
