@@ -358,8 +358,7 @@ def _header(task: Task, rows: list[dict], settings: Settings) -> dict:
         "top_k": settings.sampling.top_k,
         "min_p": settings.sampling.min_p,
         "max_tokens": settings.sampling.max_tokens,
-        "seed": settings.seed,
-        "system_prompt": task.system_prompt,
+        "seed": settings.seed, "system_prompt": task.system_prompt,
         "confidence": CONFIDENCE,
         "warnings": list(task.warnings),
     }

