@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import mlx.core as mx
 import numpy as np
@@ -214,12 +212,15 @@ def test_llama_cpp_runs_the_exported_file(tmp_path, bpe, arch):
 # The command line
 
 
-def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "mlx_grpo", "export", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+def cli(*args):
+    from typer.testing import CliRunner
+
+    from mlx_grpo.cli import app
+
+    return CliRunner().invoke(app, ["export", *map(str, args)], env={"COLUMNS": "400"})
 
 
-def test_cli_export_and_its_errors(tmp_path, bpe, monkeypatch):
+def test_cli_export_and_its_errors(tmp_path, bpe):
     base = gguf_base(tmp_path, bpe, "qwen2", "F32")
     adapters = make_adapters(base, tmp_path / "adapters")
     no_base, lost_base = tmp_path / "no-base", tmp_path / "lost-base"
@@ -227,9 +228,9 @@ def test_cli_export_and_its_errors(tmp_path, bpe, monkeypatch):
         shutil.copytree(adapters, folder)
         config_path = folder / "adapter_config.json"
         config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "model": None, **config}))
-    done = cli(adapters, "--gguf", tmp_path / "out.gguf", "--outtype", "q8_0", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "out.gguf").is_file() and "out.gguf" in done.stdout
+    done = cli(adapters, "--gguf", tmp_path / "out.gguf", "--outtype", "q8_0")
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "out.gguf").is_file() and "out.gguf" in done.output
     for args, message in [
         ((adapters, "--gguf", tmp_path / "out.gguf"), "exists"),
         ((adapters, "--gguf", tmp_path / "x.gguf", "--outtype", "q5_k"), "q5_k"),
@@ -238,12 +239,12 @@ def test_cli_export_and_its_errors(tmp_path, bpe, monkeypatch):
         ((no_base, "--gguf", tmp_path / "z.gguf"), "does not name its base model"),
         ((lost_base, "--gguf", tmp_path / "z.gguf"), "model not found"),
     ]:
-        failed = cli(*args, cwd=tmp_path)
-        assert failed.returncode == 2, (args, failed.stderr)
-        assert message in failed.stderr and "Traceback" not in failed.stderr
-        assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr
-    done = cli(adapters, "--gguf", tmp_path / "out.gguf", "--force", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+        failed = cli(*args)
+        assert failed.exit_code == 2, (args, failed.output)
+        assert message in failed.output and "Traceback" not in failed.output
+        assert len(failed.output.strip().splitlines()) == 1, failed.output
+    done = cli(adapters, "--gguf", tmp_path / "out.gguf", "--force")
+    assert done.exit_code == 0, done.output
 
 
 def test_export_needs_an_output(tmp_path):
