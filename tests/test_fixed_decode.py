@@ -127,6 +127,19 @@ def test_adapters_merge_for_sampling_only_in_float32(adapted, tiny_model_path):
         assert isinstance(half.layers[0].self_attn.q_proj, LoRALinear)  # bfloat16 would round the adapter away
 
 
+def test_adapters_are_not_merged_when_the_copy_would_be_large(adapted, monkeypatch):
+    from mlx_grpo.models import adapters
+
+    model, _ = adapted
+    copy_bytes = sum(m.linear.weight.nbytes for _, m in model.named_modules() if isinstance(m, LoRALinear))
+    monkeypatch.setattr(adapters, "MERGE_LIMIT_BYTES", copy_bytes)
+    with adapters_merged(model):
+        assert not isinstance(model.layers[0].self_attn.q_proj, LoRALinear)  # at the limit: merged
+    monkeypatch.setattr(adapters, "MERGE_LIMIT_BYTES", copy_bytes - 1)
+    with adapters_merged(model):
+        assert isinstance(model.layers[0].self_attn.q_proj, LoRALinear)
+
+
 def test_only_the_last_sampling_model_is_kept_alive(tiny_model_path):
     import gc
     import weakref

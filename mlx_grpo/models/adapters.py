@@ -66,18 +66,28 @@ def adapters_disabled(model: nn.Module):
                                     for name, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)])
 
 
+# Merged weights are a second copy of every adapted weight while sampling: worth it
+# below this size, where decode steps are bound by the number of operations. Above it
+# the matmuls dominate (SmolLM2-135M: the copy is 425 MB, the two small adapter
+# matmuls a few percent of a decode step) and the copy would set the step's peak memory.
+MERGE_LIMIT_BYTES = 64 * 2**20
+
+
 def adapters_merged(model: nn.Module):
-    """Run LoRA layers as single linears, W + scale * B A, while sampling.
+    """Run LoRA layers as single linears, W + scale * B A, while sampling (small models).
 
     One matmul per layer instead of three (and their elementwise glue): decode
     steps of small models are bound by the number of operations. Only float32,
     unquantized bases are merged: in bfloat16 the merged sum would round away
     most of a small adapter, and the sampling policy would drift from the
-    trained one. Used in eval mode only (no LoRA dropout).
+    trained one. Nothing is merged when the copy would pass MERGE_LIMIT_BYTES.
+    Used in eval mode only (no LoRA dropout).
     """
-    return _modules_swapped(model, [(name, m.fuse()) for name, m in model.named_modules()
-                                    if type(m) is LoRALinear and type(m.linear) is nn.Linear
-                                    and m.linear.weight.dtype == mx.float32])
+    layers = [(name, m) for name, m in model.named_modules()
+              if type(m) is LoRALinear and type(m.linear) is nn.Linear and m.linear.weight.dtype == mx.float32]
+    if sum(m.linear.weight.nbytes for _, m in layers) > MERGE_LIMIT_BYTES:
+        layers = []
+    return _modules_swapped(model, [(name, m.fuse()) for name, m in layers])
 
 
 @contextmanager
