@@ -254,7 +254,7 @@ class Trainer:
         sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
                            num_micro_batches=micro_batch_count(len(rows), g, settings.micro_batch_size),
                            max_tokens=c.max_tokens)
-        chunk = _trainer._chunk_size(settings, self.model, batch)
+        chunk = _trainer._chunk_size(settings, self.model, batch, settings.micro_batch_size)
         ref = (_trainer.reference_logprobs(self.model, settings, parts, self.ref_params, chunk)
                if c.beta > 0 else None)
         self.model.train()

@@ -80,12 +80,24 @@ def dequantize_to_float32(model: nn.Module) -> None:
     mx.eval(model.parameters())
 
 
-def prepare_base(model: nn.Module, keep_quantized: bool = False, memory: int | None = None) -> str | None:
+def prepare_base(model: nn.Module, keep_quantized: bool = False, memory: int | None = None,
+                 fine_tune_type: str = "lora") -> str | None:
     """Dequantise a quantized base on the CPU when its float32 copy fits; says what was done.
 
     Returns one line for the run's log (None for a model that is not
-    quantized). `memory`: bytes available (default: measured now).
+    quantized). `memory`: bytes available (default: measured now). Full
+    fine-tuning needs float weights: a base that stays quantized is refused.
     """
+    note = _float_copy_if_cpu(model, keep_quantized, memory)
+    if fine_tune_type == "full" and quantized_modules(model):
+        from ..config import ConfigError  # late: the config module imports this package
+
+        raise ConfigError(f"fine_tune_type full needs float weights, but the {note}; train adapters "
+                          "(lora or dora) instead")
+    return note
+
+
+def _float_copy_if_cpu(model: nn.Module, keep_quantized: bool, memory: int | None) -> str | None:
     if not quantized_modules(model):
         return None
     bits = describe_bits(model)

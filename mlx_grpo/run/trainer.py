@@ -25,11 +25,11 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
-from ..config import ConfigError, TrainConfig, dump_yaml
+from ..config import TrainConfig, dump_yaml
 from ..evaluation.evaluate import evaluate_accuracy, evaluate_pass_at_k
 from ..models.adapters import adapters_disabled, prepare_for_training, save_adapters, weights_swapped
 from ..models.loading import load_policy, resolve_model_path
-from ..models.quantized import prepare_base, quantized_modules
+from ..models.quantized import prepare_base
 from ..sampling import multiturn
 from ..tasks.data import screen_task
 from ..tasks.registry import Task, load_task
@@ -335,18 +335,14 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     if main:
         ckpt.ensure_writable(run_dir)  # ... and so is an output folder that cannot be written
     model, tokenizer = load_policy(config.model, keep_quantized=True)
-    weights_note = prepare_base(model, config.keep_quantized)  # a float32 copy of a quantized base on the CPU
-    if config.fine_tune_type == "full" and quantized_modules(model):
-        raise ConfigError("fine_tune_type full needs float weights, but the base stays quantized "
-                          f"({weights_note}); train adapters (lora or dora) instead")
+    weights_note = prepare_base(model, config.keep_quantized, fine_tune_type=config.fine_tune_type)
     screen_task(task, tokenizer, model, config.max_tokens, config.max_prompt_tokens, config.on_bad_data)
     task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
     if task.accuracy_reward is not None:
         task.accuracy_reward = with_timeout(task.accuracy_reward, config.reward_timeout)
     adapter_config = prepare_for_training(model, config.fine_tune_type, {
-        "rank": config.lora_rank, "scale": config.lora_scale,
-        "dropout": config.lora_dropout, "num_layers": config.lora_layers,
-    })
+        "rank": config.lora_rank, "scale": config.lora_scale, "dropout": config.lora_dropout,
+        "num_layers": config.lora_layers})
     adapter_config["model"] = resolve_model_path(config.model)
     # The reference is the base model: adapters switched off (LoRA/DoRA), or a
     # frozen copy of the starting weights (full fine-tuning, or when it is refreshed).
