@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 
@@ -25,6 +26,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from mlx_grpo.api import load_task, make_config
+from mlx_grpo.blas import loaded_blas, use_openblas
 from mlx_grpo.evaluation.evaluate import columns_of
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--judge-max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     parser.add_argument("--bits", type=int, default=0, help="quantize the judge to this many bits (0: as loaded)")
     args = parser.parse_args(argv)
+    if argv is None:
+        use_openblas()  # re-executes this script with OpenBLAS preloaded, when there is one (as mlx-grpo does)
 
     settings = {"task": args.task, "batch_size": args.batch_size, "group_size": args.group_size}
     if args.policy != "embedded":
@@ -113,6 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
         "judge_s": float(np.median([s["judge_s"] for s in timed])),
         "judge_peak_extra_gb": float(max(s["judge_peak_extra_gb"] for s in steps)),
         "machine": f"{platform.machine()} {platform.processor() or ''} {mx.default_device()}".strip(),
+        "blas": loaded_blas(), "load_average": os.getloadavg()[0],
     }
     summary["judge_over_rollout"] = summary["judge_s"] / summary["rollout_s"]
     print(json.dumps(summary))

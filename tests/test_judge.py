@@ -277,3 +277,25 @@ def test_rubrics_ship_as_package_data():
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["rewards"]
     for name in builtin_rubrics():
         assert any(fnmatch.fnmatch(f"rubrics/{name}.txt", p) for p in patterns), name
+
+
+def test_bench_judge_reports_time_against_the_rollout_and_memory(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    from mlx.utils import tree_flatten
+
+    from mlx_grpo.models.loading import load_policy
+
+    spec = importlib.util.spec_from_file_location("bench_judge", Path(__file__).resolve().parents[1] / "scripts"
+                                                  / "bench_judge.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    summary = bench.main(["--steps", "2", "--batch-size", "2", "--group-size", "2", "--max-tokens", "8"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[-1] == summary and [s["step"] for s in lines[:-1]] == [1, 2]
+    assert summary["rollout_s"] == lines[1]["rollout_s"] and summary["judge_s"] == lines[1]["judge_s"]  # step 1 compiles
+    assert summary["judge_over_rollout"] == pytest.approx(summary["judge_s"] / summary["rollout_s"])
+    embedded, _ = load_policy(None)
+    assert summary["judge_weights_gb"] == sum(v.nbytes for _, v in tree_flatten(embedded.parameters())) / 1e9
+    assert all(0 <= s["unreadable_frac"] <= 1 and s["completion_tokens"] > 0 for s in lines[:-1])
