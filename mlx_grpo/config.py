@@ -101,7 +101,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # global gradient-norm clip; the norm before clipping is logged
-    micro_batch_size: int = 16  # sequences per forward/backward (on a CPU fewer when their activations would pass ~768 MiB; not for bnpo); gradients are accumulated; below group_size a group is cut into pieces (less memory, its prompt runs once a piece)
+    micro_batch_size: int = 16  # sequences per forward/backward (on a CPU fewer when their activations would pass ~384 MiB; not for bnpo); gradients are accumulated; below group_size a group is cut into pieces (less memory, its prompt runs once a piece)
     logprob_chunk_size: int | None = None  # positions per vocabulary-projection chunk; None: automatic
 
     # Bookkeeping

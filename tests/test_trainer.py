@@ -117,9 +117,9 @@ def test_activation_estimate_and_budget_by_hand():
 
     smollm2 = SimpleNamespace(args=SimpleNamespace(hidden_size=576, num_hidden_layers=30, vocab_size=49152))
     assert batching.activation_bytes_per_position(smollm2) == 4 * (24 * 576 * 30 + 4 * 49152) == 2_445_312
-    # 768 MiB over 64 positions of 2,445,312 bytes: 5 rows; the configured 16 only when it fits.
-    assert batching.memory_bound_size(16, smollm2, 64) == 805_306_368 // (2_445_312 * 64) == 5
-    assert batching.memory_bound_size(4, smollm2, 64) == 4
+    # 384 MiB over 48 positions of 2,445,312 bytes: 3 rows; the configured 16 only when it fits.
+    assert batching.memory_bound_size(16, smollm2, 48) == 402_653_184 // (2_445_312 * 48) == 3
+    assert batching.memory_bound_size(2, smollm2, 48) == 2
     assert batching.memory_bound_size(16, smollm2, 10**6) == 1  # never below one row
     assert batching.memory_bound_size(16, SimpleNamespace(), 64) == 16  # shape unknown: as configured
 
