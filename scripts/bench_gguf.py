@@ -64,13 +64,13 @@ def main() -> None:
               "file_mb": round(Path(source).stat().st_size / 1e6, 1)}
 
     start = time.perf_counter()
-    model, tokenizer = load_policy(args.model)
+    model, tokenizer = load_policy(args.model, keep_quantized=True)
     result["import_s"] = round(time.perf_counter() - start, 2)
     start = time.perf_counter()
-    model, tokenizer = load_policy(args.model)
+    model, tokenizer = load_policy(args.model, keep_quantized=True)
     result["cached_load_s"] = round(time.perf_counter() - start, 2)
 
-    widened, _ = load_policy(args.model)
+    widened, _ = load_policy(args.model, keep_quantized=True)
     ex.fuse_in_float32(widened)  # no adapters: only widens the quantized layers
     # Turn about, so that both see the same machine load (this CPU is shared).
     runs = {"stored": [], "float32": []}
@@ -89,7 +89,7 @@ def main() -> None:
     exports = {}
     outtypes = [t for t in args.outtypes.split(",") if t]
     if outtypes:
-        model, _ = load_policy(args.model)
+        model, _ = load_policy(args.model, keep_quantized=True)
         adapter_config = prepare_for_training(model, "lora", {"rank": 8})
         for _, module in model.named_modules():
             if hasattr(module, "lora_b"):

@@ -44,7 +44,7 @@ def bpe():
 
 def make_adapters(base: str, folder, seed: int = 3, kind: str = "lora") -> str:
     """An adapter folder for `base` whose LoRA/DoRA update is far from zero (as after training)."""
-    model, _ = load_policy(base)
+    model, _ = load_policy(base, keep_quantized=True)
     adapter_config = prepare_for_training(model, kind, LORA)
     mx.random.seed(seed)
     for _, module in model.named_modules():
@@ -92,12 +92,12 @@ def relative_gap(a, b):
 def test_fused_model_computes_what_base_plus_adapters_did(tmp_path, bpe, arch, base_type, kind):
     base = gguf_base(tmp_path, bpe, arch, base_type)
     adapters = make_adapters(base, tmp_path / "adapters", kind=kind)
-    unfused, _ = load_policy(base, adapters)
+    unfused, _ = load_policy(base, adapters, keep_quantized=True)
     fused, _, _, _ = load_fused(base, adapters)
     # The quantized reference computes its matmuls in float16 (its scales' type); the fused model in float32.
     assert relative_gap(logits(fused), logits(unfused)) < (1e-4 if base_type == "F32" else 2e-3)
     assert all(p.dtype == mx.float32 for _, p in tree_flatten(fused.parameters()))
-    base_only, _ = load_policy(base)
+    base_only, _ = load_policy(base, keep_quantized=True)
     assert relative_gap(logits(base_only), logits(unfused)) > 1e-2  # the adapters matter
 
 
@@ -184,9 +184,9 @@ def test_mlx_folder_export(tmp_path, bpe):
     adapters = make_adapters(base, tmp_path / "adapters")
     folder = export(base, adapters, mlx_path=str(tmp_path / "fused"))[0]
     model, tokenizer = mlx_lm_load(str(folder))
-    unfused, _ = load_policy(base, adapters)
+    unfused, _ = load_policy(base, adapters, keep_quantized=True)
     assert relative_gap(logits(model), logits(unfused)) < 2e-3  # float16 matmuls in the quantized reference
-    assert tokenizer.encode("Hello 123") == load_policy(base)[1].encode("Hello 123")
+    assert tokenizer.encode("Hello 123") == load_policy(base, keep_quantized=True)[1].encode("Hello 123")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

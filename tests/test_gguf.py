@@ -253,7 +253,7 @@ def test_smollm2_knows_the_capital_of_france():
 
     from mlx_grpo.models.loading import load_policy
 
-    model, tokenizer = load_policy("smollm2-135m")
+    model, tokenizer = load_policy("smollm2-135m", keep_quantized=True)
     assert type(model.layers[0].mlp.up_proj).__name__ == "QuantizedLinear"
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                            add_generation_prompt=True)
