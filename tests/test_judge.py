@@ -204,6 +204,7 @@ def _fail_line(result):
     (["--judge", "embedded", "--judge-rubric", "RUBRIC_WITHOUT_COMPLETION"], "has no {completion}"),
     (["--judge", "embedded", "--judge-rubric", "RUBRIC_NAMING_A_MISSING_COLUMN"], "no 'verdict' column"),
     (["--judge-rubric", "general"], "needs --judge"),
+    (["--task", "web", "--judge", "embedded"], "--judge does not apply"),
 ])
 def test_bad_judge_settings_stop_before_training(tmp_path, extra, fragment):
     (tmp_path / "no_completion.txt").write_text("Rate {prompt}.")
