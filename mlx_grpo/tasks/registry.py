@@ -69,8 +69,8 @@ def is_chat_model(model: str | None) -> bool:
     """
     from ..models.loading import EMBEDDED_MODEL, embedded_model_path
 
-    if model in (None, "", EMBEDDED_MODEL):
-        return False
+    if not isinstance(model, str) or model in ("", EMBEDDED_MODEL):
+        return False  # no model named (a value of the wrong type is config validation's to refuse)
     return Path(model).expanduser().resolve() != embedded_model_path().resolve()
 
 
