@@ -27,12 +27,14 @@ from rewards.judge import (JudgeError, builtin_rubrics, judge_prompts, load_rubr
     ("7/10\nIt handles the empty list.", 6 / 9),
     ("  5.5 ", 4.5 / 9),
     ("Score: 6. Score: 6/10", 5 / 9),  # two scores that agree
+    ("Score: 10\n\nThe response is correct, but it is not helpful,", 1.0),  # SmolLM2-135M's, verbatim
     # unreadable: None, never a guess
     ("", None),
     ("   \n  ", None),
     ("I think it is quite good", None),
     ("3 + 4 = 7\n#### 7", None),  # numbers, but no score
     ("#### 8", None),
+    ("Score: N", None),  # SmolLM2-135M's when the rubric said 'Reply with "Score: N"'
     ("Score: 11", None),  # off the scale
     ("Score: 0", None),
     ("Score: -3", None),
