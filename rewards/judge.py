@@ -231,11 +231,20 @@ class JudgeReward:
         start = self.rubric.answer_start
         written = list(self.tokenizer.encode(start, add_special_tokens=False)) if start else []
         prompts = [encode_prompt(self.tokenizer, t) + written for t in texts]
-        self.model.eval()
-        completions = sample_completions(self.model, self.tokenizer, prompts, 1,
-                                         SamplingConfig(temperature=0.0, max_tokens=self.max_tokens),
-                                         self.concurrency, seed=0)
-        return [start + c.text for c in completions]
+        # Past its context a model's answer means nothing: such a prompt is not decoded, and its
+        # answer (no score in it) reads as None, with the reason in judge/unreadable_example.
+        context = getattr(getattr(self.model, "args", None), "max_position_embeddings", None)
+        answers = [f"(not judged: {len(p)} prompt tokens and {self.max_tokens} to answer pass the judge's "
+                   f"context of {context})" for p in prompts]
+        fits = [i for i, p in enumerate(prompts) if not context or len(p) + self.max_tokens <= context]
+        if fits:
+            self.model.eval()
+            completions = sample_completions(self.model, self.tokenizer, [prompts[i] for i in fits], 1,
+                                             SamplingConfig(temperature=0.0, max_tokens=self.max_tokens),
+                                             self.concurrency, seed=0)
+            for i, c in zip(fits, completions):
+                answers[i] = start + c.text
+        return answers
 
     def pop_metrics(self) -> dict:
         """What the judge did since the last call: time, unreadable answers, prompts decoded."""

@@ -222,9 +222,11 @@ def test_bad_judge_settings_stop_before_training(tmp_path, extra, fragment):
 
 def test_train_with_the_embedded_model_as_policy_and_judge(tmp_path, monkeypatch):
     sampler = CountingSampler(monkeypatch)
-    out = tmp_path / "run"
+    out, rubric = tmp_path / "run", tmp_path / "short.txt"
+    rubric.write_text("Grade {completion}")  # the built-in ones do not fit the embedded model's 256 positions
     result = CliRunner().invoke(app, [
-        "train", "--judge", "embedded", "--judge-weight", "0.5", "--steps", "2", "--batch-size", "2",
+        "train", "--judge", "embedded", "--judge-rubric", str(rubric), "--judge-weight", "0.5", "--steps", "2",
+        "--batch-size", "2",
         "--group-size", "2", "--max-tokens", "16", "--eval-num-problems", "2", "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert len(sampler.calls) == 2  # one judge decode a step
@@ -242,9 +244,10 @@ def test_train_with_the_embedded_model_as_policy_and_judge(tmp_path, monkeypatch
 
 
 def test_eval_reports_the_judge_beside_accuracy(tmp_path):
-    out = tmp_path / "eval"
-    result = CliRunner().invoke(app, ["eval", "--model", "embedded", "--judge", "embedded", "--n", "6",
-                                      "--output", str(out)])
+    out, rubric = tmp_path / "eval", tmp_path / "short.txt"
+    rubric.write_text("Grade {completion}")
+    result = CliRunner().invoke(app, ["eval", "--model", "embedded", "--judge", "embedded", "--judge-rubric",
+                                      str(rubric), "--n", "6", "--output", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())["models"]["model"]
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
@@ -302,3 +305,13 @@ def test_bench_judge_reports_time_against_the_rollout_and_memory(capsys):
     embedded, _ = load_policy(None)
     assert summary["judge_weights_gb"] == sum(v.nbytes for _, v in tree_flatten(embedded.parameters())) / 1e9
     assert all(0 <= s["unreadable_frac"] <= 1 and s["completion_tokens"] > 0 for s in lines[:-1])
+
+
+def test_a_judge_prompt_past_the_judges_context_is_not_judged(monkeypatch):
+    sampler = CountingSampler(monkeypatch)
+    judge = make_judge_reward("embedded", "Grade {completion}")  # the embedded model's context: 256 positions
+    scores = judge(["p", "p"], ["#### 7", "seven " * 300])
+    assert sampler.calls == [1] and scores[1] is None  # only the short one was decoded
+    short, long = [answer for _, answer in judge.answers.values()]
+    assert "pass the judge's context of 256" in long and "not judged" not in short
+    assert parse_score(short) == scores[0]
