@@ -163,3 +163,19 @@ def test_per_token_figures_and_the_table(capsys):
     assert ours["peak_memory_gb"] == max(ours["rollout_peak_memory_gb"], ours["update_peak_memory_gb"]) > 0
     assert len(printed["load_average"]["start"]) == 3
     assert f"| mlx_grpo | {ours['step_s']:.2f} |" in captured.err
+
+
+def test_dequantized_copy_computes_what_the_quantized_model_does(tmp_path):
+    import mlx.core as mx
+
+    from mlx_grpo.models.loading import load_policy
+
+    quantized = bench.build_random_model(tmp_path / "q", hidden=64, layers=1, heads=2, kv_heads=1, intermediate=128,
+                                         vocab=300, bits=4)
+    widened = bench.dequantized_copy(str(quantized), tmp_path / "f")
+    assert "quantization" not in json.loads((Path(widened) / "config.json").read_text())
+    assert {v.dtype for v in mx.load(str(Path(widened) / "model.safetensors")).values()} == {mx.float32}
+    tokens = mx.array([[5, 17, 42, 7]])
+    q_logits = load_policy(str(quantized))[0](tokens)
+    f_logits = load_policy(widened)[0](tokens)
+    assert mx.allclose(q_logits, f_logits, atol=1e-4).item()
