@@ -176,15 +176,19 @@ def parse_score(answer, scale: tuple[float, float] = DEFAULT_SCALE) -> float | N
     return (v - low) / (high - low) if low <= v <= high else None
 
 
-_LOADED: dict[str, tuple] = {}
+_LOADED: dict[tuple, tuple] = {}
 
 
-def load_judge(model: str | None):
-    """(model, tokenizer) of a judge, loaded once a process; any model source load_policy takes."""
-    key = resolve_model_path(model)
+def load_judge(model: str | None, keep_quantized: bool = False):
+    """(model, tokenizer) of a judge, loaded once a process; any model source load_policy takes.
+
+    A quantized judge runs on a float32 copy on the CPU when that fits, as a policy
+    does (models/quantized.py: MLX's quantized matmul is slow there), unless keep_quantized.
+    """
+    key = (resolve_model_path(model), keep_quantized)
     if key not in _LOADED:
         try:
-            judge, tokenizer = load_policy(model)
+            judge, tokenizer = load_policy(model, keep_quantized=keep_quantized)
         except Exception as e:  # a missing folder, a corrupt file, an unknown alias: one line
             first = (str(e).strip().splitlines() or [""])[0]
             raise JudgeError(f"judge {model} could not be loaded: {type(e).__name__}: {first}") from None
@@ -263,7 +267,7 @@ def _no_counts() -> dict:
 
 
 def make_judge_reward(model, rubric: Rubric | str | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
-                      concurrency: int = 256) -> JudgeReward:
+                      concurrency: int = 256, keep_quantized: bool = False) -> JudgeReward:
     """A reward function named `judge` that asks `model` to grade each completion by `rubric`.
 
     model: any model source load_policy takes (a folder, a GGUF file, an alias,
@@ -273,5 +277,5 @@ def make_judge_reward(model, rubric: Rubric | str | None = None, max_tokens: int
     """
     if not isinstance(rubric, Rubric):
         rubric = parse_rubric(rubric) if rubric and "{completion}" in rubric else load_rubric(rubric)
-    judge, tokenizer = model if isinstance(model, tuple) else load_judge(model)
+    judge, tokenizer = model if isinstance(model, tuple) else load_judge(model, keep_quantized)
     return JudgeReward(judge, tokenizer, rubric, max_tokens, concurrency)

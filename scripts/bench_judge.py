@@ -2,6 +2,7 @@
 
     python scripts/bench_judge.py                                   # embedded policy and judge, arith
     python scripts/bench_judge.py --policy smollm2-135m --judge smollm2-135m --task gsm8k --max-tokens 128
+    python scripts/bench_judge.py --judge smollm2-135m --keep-quantized   # the 4-bit GGUF judge as it is
     python scripts/bench_judge.py --judge smollm2-135m --bits 4     # the judge quantized to 4 bits on load
 
 Each step the policy samples batch_size x group_size completions (rollout_s, the
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=None, help="policy completion limit; default: the task's")
     parser.add_argument("--judge-max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     parser.add_argument("--bits", type=int, default=0, help="quantize the judge to this many bits (0: as loaded)")
+    parser.add_argument("--keep-quantized", action="store_true",
+                        help="keep a quantized judge quantized on the CPU (default: a float32 copy when it fits)")
     args = parser.parse_args(argv)
     if argv is None:
         use_openblas()  # re-executes this script with OpenBLAS preloaded, when there is one (as mlx-grpo does)
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     mx.eval(policy.parameters())
     before = mx.get_active_memory()
-    judge_model, judge_tokenizer = load_policy(args.judge)
+    judge_model, judge_tokenizer = load_policy(args.judge, keep_quantized=args.keep_quantized)
     if args.bits:
         quantize(judge_model, args.bits)
     mx.eval(judge_model.parameters())
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     timed = steps[1:] or steps  # the first step compiles the decode loops
     summary = {
         "policy": args.policy, "judge": args.judge, "bits": args.bits or None, "task": args.task,
+        "keep_quantized": args.keep_quantized,
         "batch_size": args.batch_size, "group_size": args.group_size, "max_tokens": config.max_tokens,
         "judge_weights_gb": weight_bytes(judge_model) / 1e9, "judge_loaded_gb": judge_loaded / 1e9,
         "policy_weights_gb": weight_bytes(policy) / 1e9,

@@ -100,7 +100,8 @@ def _judge(config: TrainConfig, rows: list[dict], default_rubric: str | None) ->
         if missing:
             raise ConfigError(f"rubric {rubric.name} names {{{missing}}}, but the data has no {missing!r} column "
                               "in every row")
-        return make_judge_reward(config.judge, rubric, concurrency=config.decode_concurrency)
+        return make_judge_reward(config.judge, rubric, concurrency=config.decode_concurrency,
+                                 keep_quantized=config.keep_quantized)
     except JudgeError as e:
         raise ConfigError(str(e)) from None
 
