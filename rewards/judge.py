@@ -21,12 +21,14 @@ reference answer unless the rubric asks for that column. `{{` and `}}` are
 literal braces; other braces stay as written. Optional first lines:
 `scale: 1-10` states the scale (1-10 when absent); `answer starts: Score:`
 writes the start of the judge's answer for it, so that it continues with the
-number (a 135M instruct model asked for "Score: N" writes prose first; told
-that its answer starts "Score:", it writes a number). Built-in rubrics live
-in rewards/rubrics/ and are named without ".txt".
+number (SmolLM2-135M asked for "Score: N" wrote prose first; told that its
+answer starts "Score:", it wrote a number, once the rubric no longer showed
+it the letter N to copy). Built-in rubrics live in rewards/rubrics/ and are
+named without ".txt".
 
 An answer the parser cannot read is None (not applicable: the completion gets
-no judge reward), never a guessed number; the share of those is a metric.
+no judge reward), never a guessed number; so is a judge prompt longer than the
+judge's context, which is not decoded. The share of those is a metric.
 """
 
 from __future__ import annotations
