@@ -30,3 +30,9 @@ def float64_device():
     mx.set_default_device(mx.cpu)
     yield mx.cpu
     mx.set_default_device(device)
+
+
+@pytest.fixture
+def gguf_cache(tmp_path, monkeypatch):
+    """A fresh folder for converted GGUF models, so no test reads another's (or the user's) cache."""
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))

@@ -32,9 +32,8 @@ PROMPT = [5, 17, 200, 33, 90, 250, 7, 64]
 LORA = {"rank": 4, "scale": 2.0, "dropout": 0.0, "num_layers": -1}
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))
+# Converted GGUF folders go to a fresh cache per test (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("gguf_cache")
 
 
 @pytest.fixture(scope="module")

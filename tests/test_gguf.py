@@ -27,9 +27,8 @@ from mlx_grpo.models.gguf import GGUFError, converted_folder  # noqa: E402
 TOKENS = [[5, 17, 200, 33, 1, 90, 250, 7, 64, 3, 128, 41]]
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))
+# Converted GGUF folders go to a fresh cache per test (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("gguf_cache")
 
 
 @pytest.fixture(scope="module")

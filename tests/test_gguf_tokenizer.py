@@ -34,9 +34,8 @@ CHAT = [{"role": "system", "content": "Answer with only the final number."},
         {"role": "assistant", "content": "9"}, {"role": "user", "content": "And with 1,024 apples?"}]
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))
+# Converted GGUF folders go to a fresh cache per test (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("gguf_cache")
 
 
 @pytest.fixture(scope="module")
