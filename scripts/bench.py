@@ -416,6 +416,13 @@ def without_merged_adapters():
     return _replaced(rollout, "adapters_merged", contextlib.nullcontext)
 
 
+def with_merged_adapters_any_size():
+    """LoRA merged into the weights while sampling at any model size (the product merges below MERGE_LIMIT_BYTES)."""
+    from mlx_grpo.models import adapters
+
+    return _replaced(adapters, "MERGE_LIMIT_BYTES", float("inf"))
+
+
 def without_shared_prompt_forward():
     """The update runs [prompt | completion] per sequence instead of each prompt once per group.
 
@@ -471,6 +478,7 @@ VARIANTS = {
     "no_shared_prefill": ({}, without_shared_prefill),
     "generator_decode": ({}, with_generator_decode),
     "unmerged_adapters": ({}, without_merged_adapters),
+    "merged_adapters_any_size": ({}, with_merged_adapters_any_size),
     "no_shared_prompt_forward": ({}, without_shared_prompt_forward),
     "logprob_chunk_32": ({"logprob_chunk_size": 32}, None),
     "micro_batch_4": ({"micro_batch_size": 4}, None),

@@ -143,7 +143,11 @@ def test_unwritable_output_folder_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="output folder .* is not writable"):
         ckpt.ensure_writable(blocker / "run")
     ckpt.ensure_writable(tmp_path / "new" / "run")
-    assert list((tmp_path / "new" / "run").iterdir()) == []  # the probe file is gone
+    assert not (tmp_path / "new").exists()  # the probe and the folders made for it are gone
+    ckpt.atomic_write_text(tmp_path / "new" / "run" / "config.yaml", "x")  # the first real write makes them
+    ckpt.ensure_writable(tmp_path / "new" / "run")
+    assert [p.name for p in (tmp_path / "new" / "run").iterdir()] == ["config.yaml"]
+    (tmp_path / "new" / "run" / "config.yaml").unlink()
     # a killed run's half-written temporaries are cleared; real files stay
     (tmp_path / "new" / "run" / ".adapters.tmp-123.safetensors").write_bytes(b"half")
     (tmp_path / "new" / "run" / "metrics.jsonl").write_text("")

@@ -233,6 +233,7 @@ def test_cli_says_what_is_wrong_with_a_model_in_one_line(tmp_path, tiny_file, mo
         assert fragment in result.output and "Traceback" not in result.output, (args, result.output)
         errors = [line for line in result.output.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and fragment in errors[0], (args, result.output)  # (compare's progress: stdout)
+    assert not any((tmp_path / name).exists() for name in "abc")  # a run that never started leaves no folder
 
 
 def test_help_lists_the_packaged_models():

@@ -73,6 +73,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # a new run's folder is made by its first write
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -103,11 +104,15 @@ def atomic_save_safetensors(path: Path, arrays: dict) -> None:
 
 
 def ensure_writable(run_dir: Path) -> None:
-    """Create the run folder and prove a file can be written there, before any work is done.
+    """Prove a file can be written in the run folder, before any work is done.
 
-    Temporary files a killed run left behind (".NAME.tmp-PID") are removed.
+    Folders made for the proof are removed again (the first real write makes
+    them), so a run that fails to start (a model that cannot load) leaves no
+    empty run folder behind. Temporary files a killed run left behind
+    (".NAME.tmp-PID") are removed.
     """
     run_dir = Path(run_dir)
+    made = [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]  # deepest first
     probe = run_dir / f".write-test-{os.getpid()}"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -116,6 +121,11 @@ def ensure_writable(run_dir: Path) -> None:
         raise CheckpointError(f"output folder {run_dir} is not writable: {_reason(e)}") from None
     finally:
         _remove(probe)
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
     for stale in run_dir.glob(".*.tmp-*"):
         _remove(stale)
 
