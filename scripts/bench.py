@@ -424,20 +424,29 @@ def with_merged_adapters_any_size():
 
 
 def without_shared_prompt_forward():
-    """The update runs [prompt | completion] per sequence instead of each prompt once per group.
+    """The update runs every sequence's own copy of its prompt, instead of each prompt once per group."""
+    import dataclasses
 
-    Timing only: left padding is not masked here (the bench's prompts have equal lengths, so none is needed).
-    """
+    import mlx.nn as nn
+
     from mlx_grpo.run import trainer
-    from mlx_grpo.update.logprobs import token_logprobs
+    from mlx_grpo.update.logprobs import prompt_pass
 
-    def per_sequence(model, prompts, left_padding, completions, group_size, temperature=1.0, chunk_size=None, *_):
-        width = prompts.shape[1]
-        full = mx.concatenate([mx.repeat(prompts, group_size, axis=0), completions], axis=1)
-        logp, entropy = token_logprobs(model, full, temperature, chunk_size)
-        return logp[:, width - 1:], entropy[:, width - 1:]
+    def per_sequence(model, parts, refs, after_prompt, loss_of):
+        for i, mb in enumerate(parts):
+            g = mb.group_size
+            rows = dataclasses.replace(mb, prompts=mx.repeat(mb.prompts, g, axis=0),
+                                       left_padding=mx.repeat(mb.left_padding, g), group_size=1, piece_of=None)
 
-    return _replaced(trainer, "completion_logprobs", per_sequence)
+            def loss_fn(model, rows=rows, ref=refs[i] if refs else None):
+                logp, entropy = after_prompt(model, prompt_pass(model, rows.prompts, rows.left_padding), rows)
+                return loss_of(logp, entropy, rows, ref)
+
+            (loss, stats), grads = nn.value_and_grad(model, loss_fn)(model)
+            mx.eval(loss, stats, grads)
+            yield loss, stats, grads
+
+    return _replaced(trainer, "micro_batch_gradients", per_sequence)
 
 
 def synthetic_rollouts():

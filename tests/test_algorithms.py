@@ -17,9 +17,14 @@ from test_trainer import _completions
 from mlx_grpo.config import build_config
 from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import load_policy
-from mlx_grpo.run.trainer import _logprobs, refreshed_reference, train, update
+from mlx_grpo.run.trainer import refreshed_reference, train, update
 from mlx_grpo.update.batch import build_batch, micro_batches
+from mlx_grpo.update.logprobs import completion_logprobs
 from mlx_grpo.update.losses import BatchShape
+
+
+def _completion_logprobs(model, mb, config):
+    return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, mb.group_size, config.temperature)
 
 
 def test_runaway_penalty_multiplies_and_keeps_the_ranking():
@@ -58,7 +63,7 @@ def _on_policy_parts(model, config, seed=3):
     advantages = rng.normal(0, 1, 12)
     parts = micro_batches(build_batch(comps, advantages, 3), 6)
     for mb in parts:
-        mb.behaviour_logp = mx.stop_gradient(_logprobs(model, mb, config, None)[0])
+        mb.behaviour_logp = mx.stop_gradient(_completion_logprobs(model, mb, config)[0])
     sizes = BatchShape(12, int(sum(mb.mask.sum().item() for mb in parts)), len(parts), config.max_tokens)
     return parts, sizes
 
@@ -103,7 +108,7 @@ def test_one_iteration_is_reinforce_and_more_iterations_clip(tiny_model_path):
     def reinforce(model):
         total = 0.0
         for mb in parts:
-            logp, _ = _logprobs(model, mb, config, None)
+            logp, _ = _completion_logprobs(model, mb, config)
             seq_mean = (logp * mb.mask).sum(axis=1) / mb.mask.sum(axis=1)
             total = total + (-mb.advantages * seq_mean).sum() / 12
         return total

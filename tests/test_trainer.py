@@ -77,12 +77,18 @@ def test_groups_cut_into_pieces_cover_every_row_once():
 
 
 def test_pieces_of_groups_train_exactly_like_whole_groups(tiny_model_path):
-    """Cutting a group into pieces (less memory) runs its prompt again but changes no number."""
+    """Cutting a group into pieces (less memory) changes no number.
+
+    The pieces share one prompt pass; the gradient that reaches the weights
+    through the prompt's keys and values is summed over the pieces (gradients.py).
+    """
     rng = np.random.default_rng(3)
     comps = _completions(rng, 2, 4)
     batch = build_batch(comps, rng.normal(size=8), 4)
-    for loss in ("grpo", "dapo"):
-        config = build_config({"group_size": 4, "loss": loss, "steps": 5})
+    assert [p.piece_of for p in micro_batches(batch, 3)] == [0, 0, 1, 1]
+    assert [p.piece_of for p in micro_batches(batch, 16)] == [None]
+    for loss, extra in (("grpo", {}), ("dapo", {}), ("grpo", {"entropy_coef": 0.1})):
+        config = build_config({"group_size": 4, "loss": loss, "steps": 5, **extra})
         results = []
         for size in (16, 3, 1):
             parts = micro_batches(batch, size)

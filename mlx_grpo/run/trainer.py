@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
@@ -37,7 +36,8 @@ from ..tasks.rewarding import part_means, reward_metrics, with_timeout
 from ..update.advantages import advantage_stats, group_advantages
 from ..update.batch import (MicroBatch, RolloutBatch, build_batch, groups_with_signal, memory_bound_size,
                             micro_batch_count, micro_batches)
-from ..update.logprobs import completion_logprobs
+from ..update.gradients import micro_batch_gradients
+from ..update.logprobs import logprobs_after_prompt, prompt_pass
 from ..update.losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
 from . import checkpoint as ckpt
 from . import distributed as dist
@@ -85,11 +85,6 @@ def _chunk_size(config: TrainConfig, model, batch: RolloutBatch, size: int) -> i
     return 128 if floats > _CHUNK_LOGITS_ABOVE else None
 
 
-def _logprobs(model, mb: MicroBatch, config: TrainConfig, chunk, entropy_grad=False):
-    return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, mb.group_size,
-                               config.temperature, chunk, entropy_grad)
-
-
 def loss_settings(config: TrainConfig) -> LossSettings:
     return LossSettings(loss_type=config.loss, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
                         delta=config.delta, beta=config.beta, sapo_tau_pos=config.sapo_tau_pos,
@@ -101,8 +96,12 @@ def reference_logprobs(model, config: TrainConfig, parts: list[MicroBatch], ref_
     out = []
     context = weights_swapped(model, ref_params) if ref_params is not None else adapters_disabled(model)
     with context:
+        state, group = None, None
         for mb in parts:
-            logp, _ = _logprobs(model, mb, config, chunk)
+            if mb.piece_of is None or mb.piece_of != group:  # the pieces of a group share its prompt pass
+                state, group = prompt_pass(model, mb.prompts, mb.left_padding), mb.piece_of
+            logp, _ = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
+                                            config.temperature, chunk)
             mx.eval(logp)
             out.append(mx.stop_gradient(logp))
     return out
@@ -118,8 +117,11 @@ def update(model, optimizer, config: TrainConfig, sizes: BatchShape, parts: list
 
     settings = loss_settings(config)
 
-    def loss_fn(model, mb: MicroBatch, ref):
-        logp, entropy = _logprobs(model, mb, config, chunk, entropy_grad=config.entropy_coef > 0)
+    def after_prompt(model, state, mb: MicroBatch):
+        return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
+                                     config.temperature, chunk, entropy_grad=config.entropy_coef > 0)
+
+    def loss_of(logp, entropy, mb: MicroBatch, ref):
         keep = (top_entropy_mask(entropy, mb.mask, config.entropy_top_quantile)
                 if config.entropy_top_quantile < 1 else None)
         loss, stats = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, settings,
@@ -127,7 +129,6 @@ def update(model, optimizer, config: TrainConfig, sizes: BatchShape, parts: list
         stats["entropy"] = (mx.stop_gradient(entropy) * mb.mask).sum()
         return loss, stats
 
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
     totals: dict[str, float] = {}
     losses, norms, clipped, skipped = [], [], [], 0
     start_weights = model.trainable_parameters()  # for the update size (health rule lr_too_low)
@@ -136,11 +137,9 @@ def update(model, optimizer, config: TrainConfig, sizes: BatchShape, parts: list
         # (as it would on an all-zero batch), keeping the schedule and moments in order.
         grads = tree_map(mx.zeros_like, model.trainable_parameters()) if not parts else None
         sums = {"loss": 0.0}
-        for i, mb in enumerate(parts):
-            ref = ref_logps[i] if ref_logps else None
-            (loss, stats), g = loss_and_grad(model, mb, ref)
+        for loss, stats, g in micro_batch_gradients(model, parts, ref_logps, after_prompt, loss_of):
             grads = g if grads is None else tree_map(mx.add, grads, g)
-            mx.eval(grads, loss, stats)
+            mx.eval(grads)
             sums["loss"] += loss.item()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v.item()

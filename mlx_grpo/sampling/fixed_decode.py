@@ -165,6 +165,9 @@ def decode(model, prompts, max_tokens, sampling_key, pick, random_keys, end_ids)
             # Queue the next step before reading this one: building and running overlap.
             pending = step(chosen, keys, values, mx.array(prefix + t + 1, dtype=mx.int32), left_padding,
                            random_keys(batch, t + 1))
+            # Drop our references: the step then writes the new slot into these buffers in place
+            # instead of copying every layer's buffers (13% of a 256-token SmolLM2 rollout).
+            del keys, values
             mx.async_eval(pending)
         for r, token, lp in zip(batch, chosen.tolist(), chosen_logprobs.tolist()):
             if finish[r] is not None:

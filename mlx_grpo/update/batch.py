@@ -47,6 +47,7 @@ class MicroBatch:
     behaviour_logp: mx.array
     advantages: mx.array
     group_size: int  # completions per prompt here: the group's, or fewer when a group is cut into pieces
+    piece_of: int | None = None  # the group this is a piece of (its pieces are consecutive); None: whole groups
 
 
 def build_batch(completions, advantages, group_size: int) -> RolloutBatch:
@@ -130,18 +131,18 @@ def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
     """Whole groups, about `size` sequences each, each padded only as far as it needs.
 
     With `size` below the group size each group is cut into pieces of at most
-    `size` sequences, and each piece runs its prompt again: the update's memory
-    then follows `size`, whatever the group size, for one extra prompt pass a piece.
+    `size` sequences (marked with `piece_of`): the update's memory then follows
+    `size`, whatever the group size, and the pieces share one prompt pass (gradients.py).
     """
     g, n = batch.group_size, len(batch.prompts)
     if size >= g:  # (groups, rows of their completions, completions per prompt)
         per = size // g
-        spans = [(range(i, min(i + per, n)), slice(i * g, min(i + per, n) * g), g) for i in range(0, n, per)]
+        spans = [(range(i, min(i + per, n)), slice(i * g, min(i + per, n) * g), g, None) for i in range(0, n, per)]
     else:
-        spans = [(range(i, i + 1), slice(i * g + start, i * g + stop), stop - start)
+        spans = [(range(i, i + 1), slice(i * g + start, i * g + stop), stop - start, i)
                  for i in range(n) for start, stop in _pieces(g, size)]
     out = []
-    for groups, rows, group_size in spans:
+    for groups, rows, group_size, piece_of in spans:
         prompts = [batch.prompts[i] for i in groups]
         # The last masked-in column (multi-turn masks have zeros inside, not only at the end).
         used = np.flatnonzero(batch.mask[rows].any(axis=0))
@@ -155,6 +156,6 @@ def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
         out.append(MicroBatch(
             mx.array(padded), mx.array([longest - len(p) for p in prompts]),
             mx.array(batch.completions[rows, :width]), mx.array(batch.mask[rows, :width]),
-            mx.array(batch.behaviour_logp[rows, :width]), mx.array(batch.advantages[rows]), group_size,
+            mx.array(batch.behaviour_logp[rows, :width]), mx.array(batch.advantages[rows]), group_size, piece_of,
         ))
     return out

@@ -153,6 +153,38 @@ class SharedPromptCache:
         return self.keys, self.values
 
 
+def prompt_pass(model: nn.Module, prompts: mx.array, left_padding: mx.array):
+    """The prompts through the model once: (keys per layer, values per layer, last position's output).
+
+    The last output is the hidden state that scores each completion's first
+    token (or its logits, for a model whose head cannot be chunked).
+    """
+    cache = [SharedPromptCache(left_padding, 1) for _ in range(len(model.layers))]
+    forward = model.model if _output_head(model) is not None else model
+    last = forward(prompts, cache=cache)[:, -1:]
+    return [c.keys for c in cache], [c.values for c in cache], last
+
+
+def logprobs_after_prompt(model: nn.Module, state, left_padding: mx.array, completions: mx.array, group_size: int,
+                          temperature: float = 1.0, chunk_size: int | None = None, entropy_grad: bool = False):
+    """Log-prob and entropy of every completion token, given its prompt's `prompt_pass` state."""
+    keys, values, last = state
+    head = _output_head(model)
+    cache = []
+    for k, v in zip(keys, values):
+        layer = SharedPromptCache(left_padding, group_size)
+        layer.keys, layer.values, layer.offset = k, v, k.shape[2]
+        cache.append(layer)
+    forward = model.model if head is not None else model  # hidden states, or logits
+    first = mx.repeat(last, group_size, axis=0)
+    if completions.shape[1] > 1:
+        rest = forward(completions[:, :-1], cache=cache)
+        first = mx.concatenate([first, rest], axis=1)
+    if head is not None:
+        return _project(head, first, completions, temperature, chunk_size, entropy_grad)
+    return _logprobs_and_entropy(first, completions, temperature, entropy_grad)
+
+
 def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.array, completions: mx.array,
                         group_size: int, temperature: float = 1.0, chunk_size: int | None = None,
                         entropy_grad: bool = False):
@@ -162,14 +194,6 @@ def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.ar
     completions: (P * group_size, K) right-padded; rows i*G .. i*G+G-1 continue prompt i.
     Returns two (P * group_size, K) arrays: [r, j] scores completions[r, j].
     """
-    head = _output_head(model)
-    layers = len(model.layers)
-    cache = [SharedPromptCache(left_padding, group_size) for _ in range(layers)]
-    forward = model.model if head is not None else model  # hidden states, or logits
-    first = mx.repeat(forward(prompts, cache=cache)[:, -1:], group_size, axis=0)
-    if completions.shape[1] > 1:
-        rest = forward(completions[:, :-1], cache=cache)
-        first = mx.concatenate([first, rest], axis=1)
-    if head is not None:
-        return _project(head, first, completions, temperature, chunk_size, entropy_grad)
-    return _logprobs_and_entropy(first, completions, temperature, entropy_grad)
+    state = prompt_pass(model, prompts, left_padding)
+    return logprobs_after_prompt(model, state, left_padding, completions, group_size, temperature, chunk_size,
+                                 entropy_grad)

@@ -1,0 +1,101 @@
+"""The loss's gradient, one micro-batch at a time, each prompt run once.
+
+A micro-batch of whole groups runs its prompts, then their completions, and is
+differentiated as one function of the weights.
+
+A group cut into pieces (`batch.micro_batches`, to bound a CPU update's memory)
+shares one prompt across its pieces. Running that prompt again in every piece
+costs as many token passes as the piece's own completions when prompts are
+long and pieces small (GSM8K: ~170-token prompts, pieces of one 200-token
+completion). So the prompt runs once, outside the pieces:
+
+    state = prompt_pass(weights)                     keys, values, last hidden state
+    piece k: loss_k(weights, state)                  gradients dL_k/dweights and dL_k/dstate
+    prompt:  sum_k dL_k/dweights  +  (sum_k dL_k/dstate) . dstate/dweights
+
+The last term is one backward pass through the prompt, taken as the gradient of
+sum(state * stop_gradient(summed state gradient)). By the chain rule the total
+is exactly the gradient of running the prompt inside every piece
+(tests/test_trainer.py checks it against whole groups).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .batch import MicroBatch
+from .logprobs import prompt_pass
+
+# (model, prompt_pass state, micro-batch) -> (log-probs, entropy) of its completion tokens
+AfterPrompt = Callable[[nn.Module, tuple, MicroBatch], tuple[mx.array, mx.array]]
+# (log-probs, entropy, micro-batch, reference log-probs or None) -> (loss, stats)
+LossOf = Callable[[mx.array, mx.array, MicroBatch, mx.array | None], tuple[mx.array, dict]]
+
+
+def micro_batch_gradients(model: nn.Module, parts: list[MicroBatch], refs: list | None, after_prompt: AfterPrompt,
+                          loss_of: LossOf) -> Iterator[tuple[mx.array, dict, dict]]:
+    """(loss, stats, gradients) for each micro-batch, evaluated; each cut group adds one (0, {}, prompt's share)."""
+    start = 0
+    while start < len(parts):
+        end = start + 1
+        group = parts[start].piece_of
+        while group is not None and end < len(parts) and parts[end].piece_of == group:
+            end += 1
+        chunk_refs = refs[start:end] if refs else [None] * (end - start)
+        if end - start == 1:
+            yield _whole(model, parts[start], chunk_refs[0], after_prompt, loss_of)
+        else:
+            yield from _pieces(model, parts[start:end], chunk_refs, after_prompt, loss_of)
+        start = end
+
+
+def _whole(model, mb: MicroBatch, ref, after_prompt: AfterPrompt, loss_of: LossOf):
+    def loss_fn(model):
+        state = prompt_pass(model, mb.prompts, mb.left_padding)
+        logp, entropy = after_prompt(model, state, mb)
+        return loss_of(logp, entropy, mb, ref)
+
+    (loss, stats), grads = nn.value_and_grad(model, loss_fn)(model)
+    mx.eval(loss, stats, grads)
+    return loss, stats, grads
+
+
+def _flat_state(state) -> list[mx.array]:
+    keys, values, last = state
+    return [*keys, *values, last]
+
+
+def _state_of(flat: list[mx.array]):
+    layers = (len(flat) - 1) // 2
+    return flat[:layers], flat[layers:2 * layers], flat[-1]
+
+
+def _pieces(model, pieces: list[MicroBatch], refs: list, after_prompt: AfterPrompt, loss_of: LossOf):
+    first = pieces[0]
+    state = _flat_state(prompt_pass(model, first.prompts, first.left_padding))
+    mx.eval(state)
+    state_grads = None
+    for mb, ref in zip(pieces, refs):
+        def piece_loss(params, flat_state, mb=mb, ref=ref):
+            model.update(tree_unflatten(list(params.items())))
+            logp, entropy = after_prompt(model, _state_of(flat_state), mb)
+            return loss_of(logp, entropy, mb, ref)
+
+        params = dict(tree_flatten(model.trainable_parameters()))
+        (loss, stats), (grads, grads_of_state) = mx.value_and_grad(piece_loss, argnums=(0, 1))(params, state)
+        model.update(tree_unflatten(list(params.items())))  # the weights themselves, not the traced copies
+        state_grads = grads_of_state if state_grads is None else [a + b for a, b in zip(state_grads, grads_of_state)]
+        mx.eval(loss, stats, grads, state_grads)
+        yield loss, stats, tree_unflatten(list(grads.items()))
+
+    def through_prompt(model):  # its gradient is the summed state gradient carried back through the prompt
+        again = _flat_state(prompt_pass(model, first.prompts, first.left_padding))
+        return sum((s * g).sum() for s, g in zip(again, state_grads))
+
+    _, grads = nn.value_and_grad(model, through_prompt)(model)
+    mx.eval(grads)
+    yield mx.array(0.0), {}, grads
