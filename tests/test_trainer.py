@@ -108,6 +108,26 @@ def test_pieces_of_groups_train_exactly_like_whole_groups(tiny_model_path):
             assert abs(metrics["loss"] - m_whole["loss"]) < 1e-5
 
 
+def test_pieces_run_their_prompt_once_unless_dropout_is_on(tiny_model_path, monkeypatch):
+    from mlx_grpo.update import gradients
+
+    rng = np.random.default_rng(3)
+    batch = build_batch(_completions(rng, 2, 4), rng.normal(size=8), 4)
+    parts = micro_batches(batch, 1)  # 2 groups x 4 pieces of one row
+    config = build_config({"group_size": 4, "steps": 5})
+    sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.max_tokens)
+    calls = []
+    counted = gradients.prompt_pass
+    monkeypatch.setattr(gradients, "prompt_pass", lambda *a: calls.append(1) or counted(*a))
+    for dropout, passes in ((0.0, 2 * 2), (0.5, 8)):  # once for the state + once back, per group; or once a piece
+        calls.clear()
+        model, _ = load_policy(str(tiny_model_path))
+        prepare_for_training(model, "lora", {"rank": 4, "dropout": dropout})
+        model.train()
+        update(model, optim.SGD(learning_rate=0.1), config, sizes, parts, None, None)
+        assert len(calls) == passes, dropout
+
+
 def test_batch_rows_cover_each_epoch_once_in_a_seeded_order():
     rows = [{"prompt": str(i)} for i in range(10)]
     seen = [r["prompt"] for step in range(1, 6) for r in batch_rows(rows, step, 2, seed=3)]

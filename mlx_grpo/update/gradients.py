@@ -16,7 +16,9 @@ completion). So the prompt runs once, outside the pieces:
 The last term is one backward pass through the prompt, taken as the gradient of
 sum(state * stop_gradient(summed state gradient)). By the chain rule the total
 is exactly the gradient of running the prompt inside every piece
-(tests/test_trainer.py checks it against whole groups).
+(tests/test_trainer.py checks it against whole groups). With dropout active
+(lora_dropout > 0) the two prompt passes would draw different masks, so then
+every piece runs its own prompt, as a whole micro-batch does.
 """
 
 from __future__ import annotations
@@ -46,11 +48,16 @@ def micro_batch_gradients(model: nn.Module, parts: list[MicroBatch], refs: list 
         while group is not None and end < len(parts) and parts[end].piece_of == group:
             end += 1
         chunk_refs = refs[start:end] if refs else [None] * (end - start)
-        if end - start == 1:
-            yield _whole(model, parts[start], chunk_refs[0], after_prompt, loss_of)
+        if end - start == 1 or _dropout_active(model):
+            for mb, ref in zip(parts[start:end], chunk_refs):
+                yield _whole(model, mb, ref, after_prompt, loss_of)
         else:
             yield from _pieces(model, parts[start:end], chunk_refs, after_prompt, loss_of)
         start = end
+
+
+def _dropout_active(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Dropout) and m.training and getattr(m, "_p_1", 1.0) < 1 for m in model.modules())
 
 
 def _whole(model, mb: MicroBatch, ref, after_prompt: AfterPrompt, loss_of: LossOf):
