@@ -66,7 +66,7 @@ class TrainConfig:
     epsilon_low: float = 0.2  # ratio clipped below at 1 - epsilon_low
     epsilon_high: float = 0.2  # ratio clipped above at 1 + epsilon_high (clip-higher: > epsilon_low)
     beta: float = 0.0  # KL(k3) weight to the reference model
-    kl_every: int = 10  # with beta = 0, measure KL to the reference every N steps (0: never)
+    kl_every: int = 10  # with beta = 0, measure KL to the reference every N steps (0: never; full fine-tuning keeps a copy of the starting weights for it)
     scale_rewards: str = "none"  # none | group | batch
     scale_eps: float = 1e-4  # added to the std when scaling advantages
     delta: float | None = None  # two-sided cap on the unclipped ratio, PPO-clip losses (None: off; > 1 + epsilon_high)

@@ -141,6 +141,16 @@ OPTION_SETS = {
 }
 
 
+@pytest.mark.parametrize("fine_tune_type", ["lora", "full"])
+def test_kl_watch_sees_the_policy_leave_the_starting_weights(fine_tune_type, tmp_path, custom_run):  # noqa: F811
+    result = train(custom_run(tmp_path / "run", fine_tune_type=fine_tune_type, kl_every=1, steps=3, lr=3e-2))
+    kls = [m["kl"] for m in result.history]
+    assert kls[0] == 0.0  # step 1 samples from the starting weights: the reference itself
+    # Full fine-tuning has no adapters to switch off: without a kept copy of the starting
+    # weights its "reference" was the policy itself, and this read ~0 at every step.
+    assert kls[-1] > 1e-4, kls
+
+
 @pytest.mark.parametrize("name", OPTION_SETS)
 def test_options_train_and_resume_bitwise(name, tmp_path, custom_run):  # noqa: F811
     options = OPTION_SETS[name]

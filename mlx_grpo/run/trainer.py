@@ -114,7 +114,6 @@ def update(model, optimizer, config: TrainConfig, sizes: BatchShape, parts: list
     `sizes` describes the whole batch (normalisation); `parts` may leave out
     groups that contribute nothing (see groups_with_signal).
     """
-
     settings = loss_settings(config)
 
     def after_prompt(model, state, mb: MicroBatch):
@@ -216,7 +215,8 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
 
     update_start = time.perf_counter()
     model.train()
-    metrics = {"step": step, "kl": None}  # None: not measured this step
+    # None: not measured this step. Step 1 samples from the starting weights, the reference itself: KL 0.
+    metrics = {"step": step, "kl": 0.0 if step == 1 and config.kl_every > 0 else None}
     if completions:
         batch = build_batch(completions, advantages, g)
         if config.mask_truncated:  # cut-off completions contribute no token to the loss
@@ -227,7 +227,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         chunk = _chunk_size(config, model, batch, size)
         # The reference costs a forward pass: every step when the loss needs it,
         # every kl_every steps when it is only watched.
-        watch_kl = config.beta == 0 and config.kl_every > 0 and (step % config.kl_every == 0 or step == 1)
+        watch_kl = config.beta == 0 and config.kl_every > 0 and step % config.kl_every == 0
         # A zero-advantage group adds nothing to the loss unless a KL or entropy term
         # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
         skip_silent = config.beta == 0 and config.entropy_coef == 0 and config.loss != "bnpo"
@@ -345,7 +345,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     adapter_config["model"] = resolve_model_path(config.model)
     # The reference is the base model: adapters switched off (LoRA/DoRA), or a
     # frozen copy of the starting weights (full fine-tuning, or when it is refreshed).
-    keep_reference = config.ref_refresh_every > 0 or (config.beta > 0 and config.fine_tune_type == "full")
+    watch_full = config.fine_tune_type == "full" and (config.beta > 0 or config.kl_every > 0)
+    keep_reference = config.ref_refresh_every > 0 or watch_full
     ref_params = tree_map(lambda x: x, model.trainable_parameters()) if keep_reference else None
     optimizer = make_optimizer(config)
 
