@@ -10,7 +10,7 @@ from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.run.trainer import make_optimizer, update
 from mlx_grpo.sampling.rollout import Completion
-from mlx_grpo.update.batch import batch_rows, build_batch, groups_with_signal, micro_batch_count, micro_batches
+from mlx_grpo.update.batch import batch_rows, build_batch, groups_with_signal, micro_batch_count, micro_batches, prompt_runs
 from mlx_grpo.update.losses import BatchShape
 
 
@@ -87,6 +87,8 @@ def test_pieces_of_groups_train_exactly_like_whole_groups(tiny_model_path):
     batch = build_batch(comps, rng.normal(size=8), 4)
     assert [p.piece_of for p in micro_batches(batch, 3)] == [0, 0, 1, 1]
     assert [p.piece_of for p in micro_batches(batch, 16)] == [None]
+    assert prompt_runs(micro_batches(batch, 3)) == [range(0, 2), range(2, 4)]
+    assert prompt_runs(micro_batches(batch, 4)) == [range(0, 1), range(1, 2)]  # whole groups: one each
     for loss, extra in (("grpo", {}), ("dapo", {}), ("grpo", {"entropy_coef": 0.1})):
         config = build_config({"group_size": 4, "loss": loss, "steps": 5, **extra})
         results = []

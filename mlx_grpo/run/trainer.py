@@ -35,7 +35,7 @@ from ..tasks.registry import Task, load_task
 from ..tasks.rewarding import part_means, reward_metrics, with_timeout
 from ..update.advantages import advantage_stats, group_advantages
 from ..update.batch import (MicroBatch, RolloutBatch, build_batch, groups_with_signal, memory_bound_size,
-                            micro_batch_count, micro_batches)
+                            micro_batch_count, micro_batches, prompt_runs)
 from ..update.gradients import micro_batch_gradients
 from ..update.logprobs import logprobs_after_prompt, prompt_pass
 from ..update.losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
@@ -96,14 +96,13 @@ def reference_logprobs(model, config: TrainConfig, parts: list[MicroBatch], ref_
     out = []
     context = weights_swapped(model, ref_params) if ref_params is not None else adapters_disabled(model)
     with context:
-        state, group = None, None
-        for mb in parts:
-            if mb.piece_of is None or mb.piece_of != group:  # the pieces of a group share its prompt pass
-                state, group = prompt_pass(model, mb.prompts, mb.left_padding), mb.piece_of
-            logp, _ = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
-                                            config.temperature, chunk)
-            mx.eval(logp)
-            out.append(mx.stop_gradient(logp))
+        for run in prompt_runs(parts):  # the pieces of a group share its prompt pass
+            state = prompt_pass(model, parts[run[0]].prompts, parts[run[0]].left_padding)
+            for mb in (parts[i] for i in run):
+                logp, _ = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
+                                                config.temperature, chunk)
+                mx.eval(logp)
+                out.append(mx.stop_gradient(logp))
     return out
 
 
@@ -345,8 +344,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     adapter_config["model"] = resolve_model_path(config.model)
     # The reference is the base model: adapters switched off (LoRA/DoRA), or a
     # frozen copy of the starting weights (full fine-tuning, or when it is refreshed).
-    watch_full = config.fine_tune_type == "full" and (config.beta > 0 or config.kl_every > 0)
-    keep_reference = config.ref_refresh_every > 0 or watch_full
+    full_needs_reference = config.fine_tune_type == "full" and (config.beta > 0 or config.kl_every > 0)
+    keep_reference = config.ref_refresh_every > 0 or full_needs_reference
     ref_params = tree_map(lambda x: x, model.trainable_parameters()) if keep_reference else None
     optimizer = make_optimizer(config)
 

@@ -50,6 +50,18 @@ class MicroBatch:
     piece_of: int | None = None  # the group this is a piece of (its pieces are consecutive); None: whole groups
 
 
+def prompt_runs(parts: list[MicroBatch]) -> list[range]:
+    """Indices of `parts` in runs that share one prompt pass: each cut group's pieces, else one micro-batch."""
+    runs, start = [], 0
+    while start < len(parts):
+        end, group = start + 1, parts[start].piece_of
+        while group is not None and end < len(parts) and parts[end].piece_of == group:
+            end += 1
+        runs.append(range(start, end))
+        start = end
+    return runs
+
+
 def build_batch(completions, advantages, group_size: int) -> RolloutBatch:
     n = len(completions)
     width = max(len(c.tokens) for c in completions)

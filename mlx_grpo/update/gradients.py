@@ -27,9 +27,8 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
 
-from .batch import MicroBatch
+from .batch import MicroBatch, prompt_runs
 from .logprobs import prompt_pass
 
 # (model, prompt_pass state, micro-batch) -> (log-probs, entropy) of its completion tokens
@@ -41,19 +40,13 @@ LossOf = Callable[[mx.array, mx.array, MicroBatch, mx.array | None], tuple[mx.ar
 def micro_batch_gradients(model: nn.Module, parts: list[MicroBatch], refs: list | None, after_prompt: AfterPrompt,
                           loss_of: LossOf) -> Iterator[tuple[mx.array, dict, dict]]:
     """(loss, stats, gradients) for each micro-batch, evaluated; each cut group adds one (0, {}, prompt's share)."""
-    start = 0
-    while start < len(parts):
-        end = start + 1
-        group = parts[start].piece_of
-        while group is not None and end < len(parts) and parts[end].piece_of == group:
-            end += 1
-        chunk_refs = refs[start:end] if refs else [None] * (end - start)
-        if end - start == 1 or _dropout_active(model):
-            for mb, ref in zip(parts[start:end], chunk_refs):
-                yield _whole(model, mb, ref, after_prompt, loss_of)
+    for run in prompt_runs(parts):
+        run_refs = [refs[i] for i in run] if refs else [None] * len(run)
+        if len(run) == 1 or _dropout_active(model):
+            for i, ref in zip(run, run_refs):
+                yield _whole(model, parts[i], ref, after_prompt, loss_of)
         else:
-            yield from _pieces(model, parts[start:end], chunk_refs, after_prompt, loss_of)
-        start = end
+            yield from _pieces(model, [parts[i] for i in run], run_refs, after_prompt, loss_of)
 
 
 def _dropout_active(model: nn.Module) -> bool:
@@ -88,16 +81,16 @@ def _pieces(model, pieces: list[MicroBatch], refs: list, after_prompt: AfterProm
     state_grads = None
     for mb, ref in zip(pieces, refs):
         def piece_loss(params, flat_state, mb=mb, ref=ref):
-            model.update(tree_unflatten(list(params.items())))
+            model.update(params)
             logp, entropy = after_prompt(model, _state_of(flat_state), mb)
             return loss_of(logp, entropy, mb, ref)
 
-        params = dict(tree_flatten(model.trainable_parameters()))
+        params = model.trainable_parameters()
         (loss, stats), (grads, grads_of_state) = mx.value_and_grad(piece_loss, argnums=(0, 1))(params, state)
-        model.update(tree_unflatten(list(params.items())))  # the weights themselves, not the traced copies
+        model.update(params)  # the weights themselves, not the traced copies
         state_grads = grads_of_state if state_grads is None else [a + b for a, b in zip(state_grads, grads_of_state)]
         mx.eval(loss, stats, grads, state_grads)
-        yield loss, stats, tree_unflatten(list(grads.items()))
+        yield loss, stats, grads
 
     def through_prompt(model):  # its gradient is the summed state gradient carried back through the prompt
         again = _flat_state(prompt_pass(model, first.prompts, first.left_padding))
