@@ -423,6 +423,13 @@ def with_merged_adapters_any_size():
     return _replaced(adapters, "MERGE_LIMIT_BYTES", float("inf"))
 
 
+def with_mlx_exp():
+    """MLX's own exp, log-sum-exp and SiLU on the CPU instead of models/cpu_math.py's."""
+    from mlx_grpo.models import cpu_math
+
+    return _replaced(cpu_math, "on_cpu", lambda: False)
+
+
 def without_shared_prompt_forward():
     """The update runs every sequence's own copy of its prompt, instead of each prompt once per group."""
     import dataclasses
@@ -489,6 +496,7 @@ VARIANTS = {
     "unmerged_adapters": ({}, without_merged_adapters),
     "merged_adapters_any_size": ({}, with_merged_adapters_any_size),
     "no_shared_prompt_forward": ({}, without_shared_prompt_forward),
+    "mlx_exp": ({}, with_mlx_exp),
     "logprob_chunk_32": ({"logprob_chunk_size": 32}, None),
     "micro_batch_4": ({"micro_batch_size": 4}, None),
 }

@@ -9,6 +9,7 @@ from pathlib import Path
 from mlx_lm.utils import load as mlx_lm_load
 
 from .aliases import PACKAGED_MODELS, ModelNotInstalled, packaged_model_path
+from .cpu_math import use_fast_swiglu
 from .cuda_fixes import apply_cuda_fixes
 from .gguf import GGUFError, converted_folder, is_gguf
 from .quantized import prepare_base
@@ -56,6 +57,7 @@ def load_with_config(model: str | None = None, adapter_path: str | None = None):
         tokenizer_config = {"config": PretrainedConfig()}
     model, tokenizer, config = mlx_lm_load(folder, adapter_path=adapter_path, tokenizer_config=tokenizer_config,
                                            return_config=True)
+    use_fast_swiglu(model)
     return apply_cuda_fixes(model), tokenizer, config
 
 

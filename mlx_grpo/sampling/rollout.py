@@ -29,6 +29,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from ..models import cpu_math
 from ..models.adapters import adapters_merged
 from ..update.logprobs import _output_head
 from . import fixed_decode
@@ -58,18 +59,17 @@ def _end_token_ids(tokenizer) -> list[int]:
     return sorted({int(i) for i in ids if i is not None})
 
 
-def tempered_logprobs(logprobs: mx.array, tokens: mx.array, temperature: float) -> mx.array:
-    """log softmax(logits / T)[token] per row, from log softmax(logits) (rows, vocab).
+def tempered_logprobs(logits: mx.array, tokens: mx.array, temperature: float) -> mx.array:
+    """log softmax(logits / T)[token] per row (rows, vocab); greedy decoding (T = 0) reports T = 1.
 
-    log softmax is shift-invariant, so dividing normalised log-probs by T and
-    renormalising equals log softmax(logits / T). Greedy decoding (T = 0)
-    reports log-probs at T = 1.
+    `logits` may be shifted per row by any constant (normalised log-probs are
+    logits too): log softmax is shift-invariant.
     """
-    logprobs = logprobs.astype(mx.float32)
+    logits = logits.astype(mx.float32)
     if temperature not in (0.0, 1.0):
-        logprobs = logprobs / temperature
-        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
-    return mx.take_along_axis(logprobs, tokens[:, None], axis=-1).squeeze(-1)
+        logits = logits / temperature
+    chosen = mx.take_along_axis(logits, tokens[:, None], axis=-1).squeeze(-1)
+    return chosen - cpu_math.logsumexp(logits, axis=-1)
 
 
 def _prefilled_cache(model, prompt: list[int]):
@@ -133,16 +133,23 @@ def draw_tokens(logits: mx.array, keys: mx.array, sampling: SamplingConfig) -> t
     forward pass computes.
     """
     logits = logits.astype(mx.float32)
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    tokens = _sample(logprobs, keys, sampling)
-    return tokens, tempered_logprobs(logprobs, tokens, sampling.temperature)
+    if _filters_on(sampling):  # the filters read log-probs at temperature 1
+        tokens = _sample(logits - cpu_math.logsumexp(logits, axis=-1, keepdims=True), keys, sampling)
+    else:  # a row's normaliser does not move its argmax: one log-sum-exp a step, not two
+        tokens = _sample(logits, keys, sampling)
+    return tokens, tempered_logprobs(logits, tokens, sampling.temperature)
+
+
+def _filters_on(sampling: SamplingConfig) -> bool:
+    return 0 < sampling.top_p < 1 or sampling.min_p != 0 or sampling.top_k > 0
 
 
 def _sample(logprobs: mx.array, keys: mx.array, sampling: SamplingConfig) -> mx.array:
-    """Tokens from normalised log-probs (rows, vocab), row i drawn with keys[i] alone.
+    """Tokens from log-probs (rows, vocab), row i drawn with keys[i] alone.
 
     Filters (top-p, min-p, top-k) follow mlx-lm's make_sampler, in its order,
-    on the log-probs at temperature 1.
+    on the log-probs at temperature 1, so with a filter on they must be
+    normalised; without one, logits shifted by any constant per row do.
     """
     if 0 < sampling.top_p < 1:
         logprobs = apply_top_p(logprobs, sampling.top_p)
@@ -165,7 +172,7 @@ def greedy_tokens(logits: mx.array) -> tuple[mx.array, mx.array]:
     """The most likely token of each row, and its log-prob at temperature 1."""
     logits = logits.astype(mx.float32)
     tokens = mx.argmax(logits, axis=-1)
-    return tokens, tempered_logprobs(logits - mx.logsumexp(logits, axis=-1, keepdims=True), tokens, 1.0)
+    return tokens, tempered_logprobs(logits, tokens, 1.0)
 
 
 def _greedy(logprobs: mx.array) -> mx.array:
