@@ -133,30 +133,33 @@ def draw_tokens(logits: mx.array, keys: mx.array, sampling: SamplingConfig) -> t
     forward pass computes.
     """
     logits = logits.astype(mx.float32)
-    if _filters_on(sampling):  # the filters read log-probs at temperature 1
+    if _filters(sampling):  # the filters read log-probs at temperature 1
         tokens = _sample(logits - cpu_math.logsumexp(logits, axis=-1, keepdims=True), keys, sampling)
     else:  # a row's normaliser does not move its argmax: one log-sum-exp a step, not two
         tokens = _sample(logits, keys, sampling)
     return tokens, tempered_logprobs(logits, tokens, sampling.temperature)
 
 
-def _filters_on(sampling: SamplingConfig) -> bool:
-    return 0 < sampling.top_p < 1 or sampling.min_p != 0 or sampling.top_k > 0
+def _filters(sampling: SamplingConfig) -> list:
+    """The filters that are on, as mlx-lm's make_sampler applies them (top-p, min-p, top-k, in its order)."""
+    filters = []
+    if 0 < sampling.top_p < 1:
+        filters.append(lambda logprobs: apply_top_p(logprobs, sampling.top_p))
+    if sampling.min_p != 0:
+        filters.append(lambda logprobs: apply_min_p(logprobs, sampling.min_p))
+    if sampling.top_k > 0:
+        filters.append(lambda logprobs: apply_top_k(logprobs, sampling.top_k))
+    return filters
 
 
 def _sample(logprobs: mx.array, keys: mx.array, sampling: SamplingConfig) -> mx.array:
     """Tokens from log-probs (rows, vocab), row i drawn with keys[i] alone.
 
-    Filters (top-p, min-p, top-k) follow mlx-lm's make_sampler, in its order,
-    on the log-probs at temperature 1, so with a filter on they must be
-    normalised; without one, logits shifted by any constant per row do.
+    The filters read log-probs at temperature 1, so with a filter on they must
+    be normalised; without one, logits shifted by any constant per row do.
     """
-    if 0 < sampling.top_p < 1:
-        logprobs = apply_top_p(logprobs, sampling.top_p)
-    if sampling.min_p != 0:
-        logprobs = apply_min_p(logprobs, sampling.min_p)
-    if sampling.top_k > 0:
-        logprobs = apply_top_k(logprobs, sampling.top_k)
+    for apply_filter in _filters(sampling):
+        logprobs = apply_filter(logprobs)
     # argmax(logits / T + Gumbel noise) is a sample from softmax(logits / T).
     # Inverse-CDF sampling would be cheaper (one random number a row instead of
     # one per vocabulary entry) but a rounding-level change in the logits moves
