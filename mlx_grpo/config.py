@@ -40,6 +40,8 @@ class TrainConfig:
     reward_weights: list[float] | None = None  # one per reward; default 1.0 each
     reward_timeout: float = 60.0  # seconds a reward call may take; then its examples count as failed (0: no limit)
     system_prompt: str | None = None  # overrides the task's system prompt
+    prompt_format: str | None = None  # plain-text frame for a model with no chat template (a base model): "{prompt}" marks the prompt
+    stop: list[str] = field(default_factory=list)  # a completion also ends at a token whose text starts with one of these (e.g. "\n")
     on_bad_data: str = "skip"  # skip | error: what bad rows (malformed JSON, no prompt, too long, ...) do
     max_prompt_tokens: int | None = None  # longer prompts are bad rows; None: the model's context minus max_tokens
 
@@ -157,6 +159,10 @@ def _coerce(name: str, value):
     try:
         if origin is list:
             (item,) = typing.get_args(base)
+            if name == "stop" and isinstance(value, str):
+                value = [value]  # one stop string (a comma or a space may be part of it)
+            if name == "stop":  # typed on a command line, "\n" is two characters: a newline is meant
+                value = [v.replace("\\n", "\n").replace("\\t", "\t") if isinstance(v, str) else v for v in value]
             if isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]
             if not isinstance(value, (list, tuple)):
@@ -311,6 +317,9 @@ def validate(c: TrainConfig) -> None:
     need(c.lora_layers == -1 or c.lora_layers >= 1, f"lora_layers must be -1 (all) or at least 1, got {c.lora_layers}")
     need(c.on_bad_data in ("skip", "error"), f"on_bad_data must be skip or error; got {c.on_bad_data!r}")
     need(c.max_prompt_tokens is None or c.max_prompt_tokens >= 1, "max_prompt_tokens must be >= 1")
+    need(c.prompt_format is None or "{prompt}" in c.prompt_format,
+         "prompt_format must contain {prompt}, where the prompt goes")
+    need(all(isinstance(s, str) and s for s in c.stop), "stop strings must be non-empty")
     need(c.reward_timeout >= 0, f"reward_timeout must be >= 0 (0: no limit), got {c.reward_timeout}")
     need(not c.keep_best or 0 < c.eval_steps < c.steps,
          f"keep_best needs 0 < eval_steps < steps (it keeps the best checkpoint evaluated during training); "

@@ -26,6 +26,14 @@ SYSTEM_PROMPT: str | None = None
 # for a "#### N" line instead made SmolLM2-135M write long chains cut at max_tokens
 # (accuracy 0.000); asking for the number alone gave 0.33 before training.
 CHAT_SYSTEM_PROMPT = "Answer with only the final number."
+# A base model (no chat template, e.g. gemma3-270m) gets no instructions: two worked
+# examples (train-split problems) show the form, and the answer ends at its newline.
+# It is scored as a chat model is (last_number_reward on that one line).
+BASE_PROMPT_FORMAT = (
+    "Question: Ben has 3 cards. He buys 2 more. How many cards does he have now?\nAnswer: 5\n\n"
+    "Question: Ben has 2 bags with 6 cards in each bag. How many cards does he have?\nAnswer: 12\n\n"
+    "Question: {prompt}\nAnswer:"
+)
 
 # (name, subject pronoun at the start of a sentence, the same inside a sentence)
 NAMES = [
@@ -292,8 +300,12 @@ def recommended_settings(model: str | None) -> dict:
     answers inside groups, and lr 3e-5 with 6 prompts x 8 took held-out accuracy
     from 0.33 to 0.62 in 15 steps (docs/real-models.md).
     """
-    from mlx_grpo.tasks.registry import is_chat_model
+    from mlx_grpo.tasks.registry import is_base_model, is_chat_model
 
+    if is_base_model(model):
+        return {"system_prompt": "", "prompt_format": BASE_PROMPT_FORMAT, "stop": ["\n"], "max_tokens": 8,
+                "temperature": 1.0, "lr": 3e-5, "batch_size": 6, "group_size": 8, "warmup_steps": 2,
+                "eval_num_problems": 100}
     if is_chat_model(model):
         return {"system_prompt": CHAT_SYSTEM_PROMPT, "max_tokens": 48, "temperature": 0.8, "lr": 3e-5,
                 "batch_size": 6, "group_size": 8, "warmup_steps": 2, "eval_num_problems": 100}

@@ -37,7 +37,7 @@ import numpy as np
 from ..config import JUDGE_KEYS, ConfigError, TrainConfig, build_config, load_yaml
 from ..models.loading import EMBEDDED_MODEL, PACKAGED_MODELS, GGUFError, ModelNotInstalled, load_policy
 from ..sampling.rollout import Completion, SamplingConfig, sample_completions
-from ..tasks.data import encode_prompt
+from ..tasks.data import task_prompts
 from ..tasks.registry import Task, recommended_settings
 from ..tasks.rewarding import part_means, reward_name, score_completions
 from .evaluate import columns_of
@@ -48,7 +48,8 @@ SPLITS = ("test", "train")
 # (the same threshold as evaluate.evaluate_pass_at_k).
 SUCCESS = 0.5
 # Settings a run folder passes on to a comparison: what its task and prompts were.
-_TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "web_kinds", *JUDGE_KEYS)
+_TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "prompt_format", "stop",
+              "web_kinds", *JUDGE_KEYS)
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "decode_concurrency",
                   "eval_num_problems", "max_turns", "max_episode_tokens")
 
@@ -225,7 +226,7 @@ def generate(model, tokenizer, task: Task, rows: list[dict], settings: Settings,
             episodes += played
             answers += [Answer.of_episode(ep) for ep in played]
         else:
-            prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in part]
+            prompts = task_prompts(tokenizer, task, part)
             answers += [Answer.of_completion(c) for c in
                         sample_completions(model, tokenizer, prompts, k, settings.sampling, settings.concurrency)]
         seconds += time.perf_counter() - begin

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from ..sampling.rollout import SamplingConfig, sample_completions
-from ..tasks.data import encode_prompt
+from ..tasks.data import task_prompts
 from ..tasks.rewarding import score_completions
 from .stats import mean_pass_at_k
 
@@ -23,7 +23,7 @@ def _answers_and_scores(model, tokenizer, task, k: int, sampling: SamplingConfig
     rows = task.eval_rows
     was_training = model.training
     model.eval()
-    prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
+    prompts = task_prompts(tokenizer, task, rows)
     completions = sample_completions(model, tokenizer, prompts, k, sampling, concurrency)
     scores = score_completions(
         [task.accuracy_reward], [1.0], [r["prompt"] for r in rows for _ in range(k)], [c.text for c in completions],

@@ -25,7 +25,7 @@ from ..evaluation.evaluate import columns_of
 from ..sampling import multiturn
 from ..sampling.rollout import SamplingConfig, sample_completions
 from ..tasks.curriculum import group_success
-from ..tasks.data import encode_prompt
+from ..tasks.data import task_prompts
 from ..tasks.registry import Task
 from ..tasks.rewarding import Scores, score_completions
 from ..tasks.shaping import groups_to_keep, shape_rewards
@@ -83,7 +83,7 @@ def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: Tr
         if seed is not None:  # its turns draw their seeds from MLX's generator: one stream per share of prompts
             mx.random.seed(int(np.random.SeedSequence([seed, first]).generate_state(1)[0]))
         return multiturn.rollout_and_score(model, tokenizer, task, rows, config)
-    prompts = [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows]
+    prompts = task_prompts(tokenizer, task, rows)
     model.eval()
     start = time.perf_counter()
     completions = sample_completions(

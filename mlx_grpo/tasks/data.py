@@ -193,16 +193,55 @@ def prompt_messages(prompt, system_prompt: str | None) -> list[dict]:
     return messages
 
 
-def encode_prompt(tokenizer, prompt, system_prompt: str | None = None) -> list[int]:
-    """Token ids of the prompt: through the chat template when there is one."""
+def encode_prompt(tokenizer, prompt, system_prompt: str | None = None, prompt_format: str | None = None) -> list[int]:
+    """Token ids of the prompt: through the chat template when there is one, else as plain text.
+
+    Plain text is `prompt_format` with the prompt where "{prompt}" stands (a
+    base model's frame: worked examples, then the question), after the system
+    prompt when there is one.
+    """
     if getattr(tokenizer, "chat_template", None):
         return list(tokenizer.apply_chat_template(
             prompt_messages(prompt, system_prompt), add_generation_prompt=True, tokenize=True
         ))
     text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+    if prompt_format:
+        text = prompt_format.replace("{prompt}", text)
     if system_prompt:
         text = f"{system_prompt}\n\n{text}"
     return list(tokenizer.encode(text))
+
+
+def task_prompts(tokenizer, task, rows: list[dict]) -> list[list[int]]:
+    """The token ids of rows' prompts as the task frames them; the task's stop strings end completions."""
+    use_stop_strings(tokenizer, getattr(task, "stop", []))
+    frame = getattr(task, "prompt_format", None)
+    return [encode_prompt(tokenizer, r["prompt"], task.system_prompt, frame) for r in rows]
+
+
+def stop_token_ids(tokenizer, stop: list[str]) -> set[int]:
+    """Ids of the tokens whose text starts with a stop string.
+
+    Matched a token at a time, so that the text before the stop is never cut
+    out of the answer: a token with text before a newline ("7\n") does not stop
+    the completion, and the next token that starts a new line does.
+    """
+    if not stop:
+        return set()
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    texts = hf.batch_decode([[i] for i in range(len(hf))])
+    return {i for i, text in enumerate(texts) if text.startswith(tuple(stop))}
+
+
+def use_stop_strings(tokenizer, stop: list[str]) -> None:
+    """Add the stop strings' tokens to the tokenizer's end tokens (once per tokenizer and list)."""
+    if not stop or getattr(tokenizer, "_mlx_grpo_stop", None) == list(stop):
+        return
+    ids = stop_token_ids(tokenizer, stop)
+    if not ids:
+        raise DataError(f"no token of this tokenizer starts with any of the stop strings {stop!r}")
+    tokenizer.eos_token_ids = set(tokenizer.eos_token_ids) | ids
+    tokenizer._mlx_grpo_stop = list(stop)
 
 
 def required_columns(functions) -> dict[str, str]:
@@ -237,7 +276,8 @@ def prompt_token_limit(model, max_tokens: int, max_prompt_tokens: int | None) ->
     return context - max_tokens
 
 
-def _too_long(tokenizer, prompt, system_prompt: str | None, limit: int, overhead: int) -> int | None:
+def _too_long(tokenizer, prompt, system_prompt: str | None, limit: int, overhead: int,
+              prompt_format: str | None = None) -> int | None:
     """The prompt's token count if it is over `limit`, else None.
 
     Tokenizing every prompt of a large dataset is slow, so a text prompt is
@@ -248,26 +288,28 @@ def _too_long(tokenizer, prompt, system_prompt: str | None, limit: int, overhead
     if not isinstance(prompt, (str, list)):
         return None  # rows of a multi-turn task may have no prompt of their own
     if isinstance(prompt, str):
-        size = len(prompt.encode("utf-8")) + len((system_prompt or "").encode("utf-8"))
+        size = len(prompt.encode("utf-8")) + len((system_prompt or "").encode("utf-8")) + len(prompt_format or "")
         if size + overhead + 4 <= limit:
             return None
-    n = len(encode_prompt(tokenizer, prompt, system_prompt))
+    n = len(encode_prompt(tokenizer, prompt, system_prompt, prompt_format))
     return n if n > limit else None
 
 
 def screen_rows(rows: list[dict], tokenizer, system_prompt: str | None, needed: dict[str, str],
-                limit: int | None, on_bad: str, source: str) -> tuple[list[dict], str | None]:
+                limit: int | None, on_bad: str, source: str,
+                prompt_format: str | None = None) -> tuple[list[dict], str | None]:
     """Rows the run can use: every column the rewards need, a prompt that fits the context.
 
     Returns (rows, warning); on_bad="error" raises DataError at the first bad row.
     Rows are numbered from 1 in the order they were loaded.
     """
     report = LoadReport(source=source, on_bad=on_bad)
-    overhead = len(encode_prompt(tokenizer, "", system_prompt)) if limit else 0
+    overhead = len(encode_prompt(tokenizer, "", system_prompt, prompt_format)) if limit else 0
     kept = []
     for number, row in enumerate(rows, start=1):
         missing = [c for c in needed if c not in row]
-        n = _too_long(tokenizer, row.get("prompt"), system_prompt, limit, overhead) if limit and not missing else None
+        n = (_too_long(tokenizer, row.get("prompt"), system_prompt, limit, overhead, prompt_format)
+             if limit and not missing else None)
         if missing:
             report.skip(number, f"no {missing[0]!r} column (reward {needed[missing[0]]} needs it)", "row")
         elif n is not None:
@@ -286,11 +328,11 @@ def screen_task(task, tokenizer, model, max_tokens: int, max_prompt_tokens: int 
     needed = required_columns(task.reward_functions)
     limit = prompt_token_limit(model, max_tokens, max_prompt_tokens)
     task.train_rows, note = screen_rows(task.train_rows, tokenizer, task.system_prompt, needed, limit, on_bad,
-                                        f"{task.name} training data")
+                                        f"{task.name} training data", getattr(task, "prompt_format", None))
     task.warnings += [note] if note else []
     if not task.train_rows:
         raise DataError(f"{task.name}: no usable training rows ({note})")
     eval_needed = required_columns([task.accuracy_reward]) if task.accuracy_reward else {}
     task.eval_rows, note = screen_rows(task.eval_rows, tokenizer, task.system_prompt, eval_needed, limit, on_bad,
-                                       f"{task.name} evaluation data")
+                                       f"{task.name} evaluation data", getattr(task, "prompt_format", None))
     task.warnings += [note] if note else []

@@ -23,12 +23,18 @@ the chat variant used for every other model (see `is_chat_model`):
 
 A task's recommended_settings gives chat models CHAT_SYSTEM_PROMPT as their
 `system_prompt` setting, so a run's config.yaml records the prompt it trained with.
+
+A base model (one whose files carry no chat template, see `is_base_model`) is
+scored as a chat model but has no template to carry instructions: a task may
+recommend it a plain-text `prompt_format` (a few worked examples, then the
+prompt) and `stop` strings that end the answer, since a base model rarely
+writes an end-of-text token. RL from such a start is the "zero" setting.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -58,6 +64,9 @@ class Task:
     # A multi-turn task: row -> Environment (environment.py), which scores the episode; None: single-turn.
     make_env: Callable | None = None
     curriculum: Curriculum | None = None  # adaptive task selection (curriculum.py), when on
+    # Without a chat template: the plain-text frame of each prompt ("{prompt}" marks it), and where answers end.
+    prompt_format: str | None = None
+    stop: list[str] = field(default_factory=list)
 
 
 def is_chat_model(model: str | None) -> bool:
@@ -72,6 +81,13 @@ def is_chat_model(model: str | None) -> bool:
     if not isinstance(model, str) or model in ("", EMBEDDED_MODEL):
         return False  # no model named (a value of the wrong type is config validation's to refuse)
     return Path(model).expanduser().resolve() != embedded_model_path().resolve()
+
+
+def is_base_model(model: str | None) -> bool:
+    """A pretrained model whose files carry no chat template (read from the file, before the model loads)."""
+    from ..models.model_info import has_chat_template
+
+    return is_chat_model(model) and not has_chat_template(model)
 
 
 def recommended_settings(task: str, model: str | None) -> dict:
@@ -188,4 +204,6 @@ def load_task(config: TrainConfig) -> Task:
         warnings=warnings,
         make_env=make_env,
         curriculum=Curriculum.from_config(config),
+        prompt_format=config.prompt_format,
+        stop=list(config.stop),
     )
