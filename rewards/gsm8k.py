@@ -46,6 +46,20 @@ SYSTEM_PROMPT: str | None = (
     "where N is just the number (no units, no $ sign)."
 )
 
+# A base model (no chat template, e.g. gemma3-270m) gets two worked train-split
+# solutions in GSM8K's own form instead of instructions; its answer ends at the
+# blank line before it would start the next question.
+BASE_PROMPT_FORMAT = (
+    "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?\n"
+    "Answer: Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether in April and May.\n"
+    "#### 72\n\n"
+    "Question: Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
+    "How much did she earn?\n"
+    "Answer: Weng earns 12/60 = $0.2 per minute.\nWorking 50 minutes, she earned 0.2 x 50 = $10.\n#### 10\n\n"
+    "Question: {prompt}\nAnswer:"
+)
+
 # GSM8K gold answers are integers: the tolerance only forgives float noise and a
 # rounded repeating decimal (0.3333 for 1/3); it never lets an off-by-one through.
 ANSWER_TOLERANCE = 1e-4
@@ -391,4 +405,9 @@ def recommended_settings(model: str | None) -> dict:
     room without letting runaway completions eat the step. 200 eval problems
     keep a greedy eval to a minute or two on a Mac (the whole test split is 1,319).
     """
+    from mlx_grpo.tasks.registry import is_base_model
+
+    if is_base_model(model):
+        return {"system_prompt": "", "prompt_format": BASE_PROMPT_FORMAT, "stop": ["\n\n"], "max_tokens": 256,
+                "eval_num_problems": 200}
     return {"max_tokens": 512, "eval_num_problems": 200}
