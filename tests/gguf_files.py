@@ -1,14 +1,17 @@
 """Tiny GGUF files for tests, written with the `gguf` package (llama.cpp's own writer).
 
-Written independently of mlx_grpo/models/: llama.cpp's tensor names, its Q/K
-row permutation for llama files, its metadata keys and the quantizers of the
-`gguf` package are spelled out here again, so that an import that gets any of
-them wrong disagrees with these files.
+Written independently of mlx_grpo/models/: the tensor names come from the
+`gguf` package's own Hugging Face -> llama.cpp table (tensor_mapping.py, what
+llama.cpp's converter uses); its Q/K row permutation for llama files, Gemma's
+norms stored plus one, the metadata keys each architecture's converter writes
+and the quantizers of the `gguf` package are spelled out here again, so that an
+import that gets any of them wrong disagrees with these files.
 
-The models are random llama or qwen2 models in Hugging Face layout, with a
-small byte-level BPE trained here on varied text (words, digits, code,
-whitespace runs, accented and non-Latin letters), so that tokenization has
-real merges to get right.
+The models are random models built with mlx-lm's own classes (llama, mistral,
+qwen2, qwen3, gemma3_text, phi3) in Hugging Face layout, with a small
+byte-level BPE trained here on varied text (words, digits, code, whitespace
+runs, accented and non-Latin letters), so that tokenization has real merges to
+get right (a gemma file with a BPE is still a gemma file to llama.cpp).
 """
 
 from __future__ import annotations
@@ -46,12 +49,19 @@ SAMPLE_TEXTS = [
     " ",
     "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n",
 ]
-# llama.cpp's names for the Hugging Face tensors of one layer.
-LAYER_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+# Model type -> (mlx-lm's module, llama.cpp's general.architecture, config of a tiny model beyond the common one).
+# The extras make each architecture's peculiarities matter: head sizes other than hidden/heads, a sliding
+# window shorter than the test prompts with a global layer among the local ones, rope on part of each head.
+MODEL_TYPES = {
+    "llama": ("llama", "llama", {}),
+    "mistral": ("llama", "llama", {"sliding_window": None}),  # llama.cpp's converter writes Mistral as llama
+    "qwen2": ("qwen2", "qwen2", {}),
+    "qwen3": ("qwen3", "qwen3", {"head_dim": 32}),
+    "gemma3_text": ("gemma3_text", "gemma3", {"head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": 4,
+                                              "sliding_window_pattern": 6, "rope_local_base_freq": 10000.0,
+                                              "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                                              "num_hidden_layers": 6}),
+    "phi3": ("phi3", "phi3", {"partial_rotary_factor": 0.5, "original_max_position_embeddings": 512}),
 }
 
 
@@ -84,25 +94,44 @@ def write_hf_tokenizer(folder: Path, bpe: dict) -> None:
         "pad_token": SPECIALS[2], "chat_template": CHAT_TEMPLATE}))
 
 
-def build_hf_model(folder: Path, arch: str, vocab: int, hidden: int = 64, layers: int = 2, heads: int = 4,
-                   kv_heads: int = 2, intermediate: int = 128, tied: bool = True, seed: int = 0) -> dict:
-    """A random llama or qwen2 in Hugging Face layout (config.json + model.safetensors); returns its config."""
-    from mlx_lm.models import llama, qwen2
+def model_class(model_type: str):
+    """mlx-lm's module for a model type (mistral runs as llama there)."""
+    import importlib
 
-    config = {"model_type": arch, "hidden_size": hidden, "num_hidden_layers": layers,
+    return importlib.import_module(f"mlx_lm.models.{MODEL_TYPES[model_type][0]}")
+
+
+def build_hf_model(folder: Path, arch: str, vocab: int, hidden: int = 64, layers: int | None = None, heads: int = 4,
+                   kv_heads: int = 2, intermediate: int = 128, tied: bool = True, seed: int = 0, **extra) -> dict:
+    """A random model of mlx-lm model type `arch` in Hugging Face layout (config.json + model.safetensors)."""
+    config = {"model_type": arch, "hidden_size": hidden, "num_hidden_layers": 2,
               "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
               "rms_norm_eps": 1e-5, "vocab_size": vocab, "tie_word_embeddings": tied, "rope_theta": 10000.0,
-              "max_position_embeddings": 512, "eos_token_id": 2, "bos_token_id": 1}
-    module = {"llama": llama, "qwen2": qwen2}[arch]
+              "max_position_embeddings": 512, "eos_token_id": 2, "bos_token_id": 1,
+              **MODEL_TYPES[arch][2], **extra}
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+    module = model_class(arch)
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
-    # Norm weights away from 1 and biases away from 0, so that a misplaced one shows.
+    # Norm weights away from their start and biases away from 0, so that a misplaced one shows.
     params = {k: (v + mx.random.normal(v.shape) * 0.2 if v.ndim == 1 else v)
-              for k, v in tree_flatten(model.parameters())}
+              for k, v in tree_flatten(model.parameters()) if not (tied and k == "lm_head.weight")}
     folder.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(folder / "model.safetensors"), params)
     (folder / "config.json").write_text(json.dumps(config))
     return config
+
+
+def hf_model(weights: dict, config: dict, **overrides):
+    """An mlx-lm model of `config` holding `weights` (NumPy or MLX, Hugging Face names)."""
+    module = model_class(config["model_type"])
+    model = module.Model(module.ModelArgs.from_dict({**config, **overrides}))
+    weights = {k: mx.array(v) for k, v in weights.items()}
+    if hasattr(model, "sanitize"):  # gemma3 learns here that its embeddings are tied
+        weights = model.sanitize(weights)
+    model.load_weights(list(weights.items()))
+    return model
 
 
 def llama_cpp_order(w: np.ndarray, heads: int) -> np.ndarray:
@@ -112,26 +141,54 @@ def llama_cpp_order(w: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-def gguf_name(name: str) -> str:
-    """llama.cpp's name of a Hugging Face tensor."""
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if name in top:
-        return top[name]
-    _, _, layer, rest = name.split(".", 3)
-    module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{LAYER_NAMES[module]}.{kind}"
+def gguf_name(name: str, model_type: str = "llama") -> str:
+    """llama.cpp's name of a Hugging Face tensor, from the `gguf` package's converter table."""
+    import gguf
+
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[MODEL_TYPES[model_type][1]]
+    found = gguf.get_tensor_name_map(arch, 64).get_name(name, try_suffixes=(".weight", ".bias"))
+    assert found, f"{name} has no llama.cpp name in {model_type}"
+    return found
 
 
 def gguf_tensors(weights: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray]:
-    """Hugging Face tensors under llama.cpp's names, llama Q/K rows permuted as llama.cpp stores them."""
+    """Hugging Face tensors as llama.cpp's converter stores them: its names, llama's Q/K rows permuted
+    (Mistral's too: it is converted as llama), Gemma's norm weights plus one (Gemma's RMSNorm scales by 1 + w)."""
+    model_type = config["model_type"]
     out = {}
     for name, w in weights.items():
-        if config["model_type"] == "llama" and (".q_proj." in name or ".k_proj." in name):
+        if model_type in ("llama", "mistral") and (".q_proj." in name or ".k_proj." in name):
             w = llama_cpp_order(w, config["num_attention_heads"] if ".q_proj." in name
                                 else config["num_key_value_heads"])
-        out[gguf_name(name)] = w
+        if model_type == "gemma3_text" and name.endswith("norm.weight"):
+            w = w + 1.0
+        out[gguf_name(name, model_type)] = w
     return out
+
+
+def _architecture_metadata(writer, config: dict, prefix: str) -> None:
+    """The keys llama.cpp's converter writes for each architecture (convert_hf_to_gguf.py), named prefix.*."""
+    arch = MODEL_TYPES[config["model_type"]][1]
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    for key, value in (("context_length", config["max_position_embeddings"]), ("embedding_length", hidden),
+                       ("block_count", config["num_hidden_layers"]),
+                       ("feed_forward_length", config["intermediate_size"]), ("attention.head_count", heads),
+                       ("attention.head_count_kv", config["num_key_value_heads"])):
+        writer.add_uint32(f"{prefix}.{key}", value)
+    writer.add_float32(f"{prefix}.rope.freq_base", config["rope_theta"])
+    writer.add_float32(f"{prefix}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    if arch == "phi3":  # rope on part of each head; llama.cpp ignores phi3's sliding window
+        writer.add_uint32(f"{prefix}.rope.dimension_count", int(config["partial_rotary_factor"] * hidden) // heads)
+        writer.add_uint32(f"{prefix}.rope.scaling.original_context_length", config["original_max_position_embeddings"])
+        writer.add_uint32(f"{prefix}.attention.sliding_window", 0)
+    elif arch in ("llama", "qwen2"):
+        writer.add_uint32(f"{prefix}.rope.dimension_count", head_dim)
+    if "head_dim" in config:  # qwen3 and gemma3 (no rope.dimension_count: llama.cpp takes the key length)
+        writer.add_uint32(f"{prefix}.attention.key_length", head_dim)
+        writer.add_uint32(f"{prefix}.attention.value_length", head_dim)
+    if arch == "gemma3" and config["sliding_window_pattern"] != 1:
+        writer.add_uint32(f"{prefix}.attention.sliding_window", config["sliding_window"])
 
 
 def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: dict, pre: str = "qwen2",
@@ -144,18 +201,10 @@ def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: di
     """
     import gguf
 
-    arch = arch or config["model_type"]
+    arch = arch or MODEL_TYPES[config["model_type"]][1]
     qtype = gguf.GGMLQuantizationType[tensor_type]
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_uint32(f"{arch}.context_length", config["max_position_embeddings"])
-    writer.add_uint32(f"{arch}.embedding_length", config["hidden_size"])
-    writer.add_uint32(f"{arch}.block_count", config["num_hidden_layers"])
-    writer.add_uint32(f"{arch}.feed_forward_length", config["intermediate_size"])
-    writer.add_uint32(f"{arch}.attention.head_count", config["num_attention_heads"])
-    writer.add_uint32(f"{arch}.attention.head_count_kv", config["num_key_value_heads"])
-    writer.add_uint32(f"{arch}.rope.dimension_count", config["hidden_size"] // config["num_attention_heads"])
-    writer.add_float32(f"{arch}.rope.freq_base", config["rope_theta"])
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    _architecture_metadata(writer, config, arch)
     writer.add_uint32("general.file_type", 0)
     writer.add_string("tokenizer.ggml.model", "gpt2")
     writer.add_string("tokenizer.ggml.pre", pre)

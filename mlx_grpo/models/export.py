@@ -7,15 +7,18 @@ and only then is the result written at the chosen type. So the adapters are
 not rounded through the base's quantization grid and back.
 
 The GGUF file is what llama.cpp's own converter writes for a Hugging Face
-llama or qwen2 model: its tensor names, its Q/K row order for llama, the
-architecture metadata, and the tokenizer with its chat template (copied from
-the base's GGUF file, or rebuilt from a folder model's tokenizer). f16 by
+llama, mistral, qwen2, qwen3, gemma3 (text) or phi3 model: its tensor names
+and stored conventions (gguf_arch.py: llama's Q/K row order, gemma's norms
+plus one), the architecture metadata, and the tokenizer with its chat
+template (copied from the base's GGUF file, or rebuilt from a folder model's
+tokenizer). f16 by
 default; q8_0 and q4_0 are quantized with the `gguf` package's own NumPy
 quantizers (blocks of 32 along each row), which is what llama.cpp reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -25,20 +28,13 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .gguf import hf_rows_to_llama_cpp
-from .gguf_file import GGUFError, read_header
+from . import gguf_arch
+from .gguf_file import read_header
 from .gguf_tokenizer import metadata_from_hf
 
 OUTTYPES = ("f16", "q8_0", "q4_0")
 # llama.cpp's general.file_type of each output type (its LlamaFileType).
 _FILE_TYPES = {"f16": 1, "q8_0": 7, "q4_0": 2}
-_GGUF_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-_TOP_LEVEL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
 class ExportError(ValueError):
@@ -112,53 +108,26 @@ def write_mlx(model: nn.Module, tokenizer, config: dict, folder: Path, force: bo
     return folder
 
 
-def gguf_tensor_name(name: str) -> str:
+def gguf_tensor_name(name: str, arch: str = "llama") -> str:
     """`model.layers.3.self_attn.q_proj.weight` -> `blk.3.attn_q.weight`."""
-    stem, _, kind = name.rpartition(".")
-    if stem in _TOP_LEVEL:
-        return f"{_TOP_LEVEL[stem]}.{kind}"
-    parts = stem.split(".", 3)
-    if stem.startswith("model.layers.") and parts[3] in _GGUF_NAMES:
-        return f"blk.{parts[2]}.{_GGUF_NAMES[parts[3]]}.{kind}"
-    raise GGUFError(f"tensor {name} has no llama.cpp name")
+    return gguf_arch.gguf_name(name, arch)
+
+
+def model_settings(model: nn.Module, config: dict) -> dict:
+    """config.json with the defaults mlx-lm's model filled in (what the model computes, e.g. gemma3's window)."""
+    args = getattr(model, "args", None)
+    return {**config, **dataclasses.asdict(args)} if dataclasses.is_dataclass(args) else dict(config)
 
 
 def gguf_tensors(model: nn.Module, config: dict) -> dict[str, np.ndarray]:
-    """float32 NumPy tensors under llama.cpp's names, llama Q/K rows in llama.cpp's order."""
+    """float32 NumPy tensors under llama.cpp's names and in its conventions (gguf_arch.to_gguf)."""
     out = {}
     for name, w in tree_flatten(model.parameters()):
         if name == "lm_head.weight" and config.get("tie_word_embeddings", True):
             continue
-        if config["model_type"] == "llama" and (".q_proj." in name or ".k_proj." in name):
-            heads = config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
-            w = hf_rows_to_llama_cpp(w, heads)
-        out[gguf_tensor_name(name)] = np.array(w.astype(mx.float32))
+        gguf_name, w = gguf_arch.to_gguf(name, w.astype(mx.float32), config)
+        out[gguf_name] = np.array(w)
     return out
-
-
-def _architecture_metadata(writer, config: dict) -> None:
-    arch = config["model_type"]
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    rope_scaling = config.get("rope_scaling")
-    if rope_scaling and rope_scaling.get("type", rope_scaling.get("rope_type")) != "linear":
-        raise GGUFError(f"rope scaling {rope_scaling} cannot be exported (only linear)")
-    writer.add_context_length(int(config.get("max_position_embeddings") or 4096))
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(config.get("num_key_value_heads") or heads)
-    writer.add_rope_dimension_count(head_dim)
-    if head_dim != config["hidden_size"] // heads:
-        writer.add_key_length(head_dim)
-        writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
-    writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
-    writer.add_vocab_size(config["vocab_size"])
-    if rope_scaling:
-        writer.add_string(f"{arch}.rope.scaling.type", "linear")
-        writer.add_float32(f"{arch}.rope.scaling.factor", float(rope_scaling["factor"]))
 
 
 def _tokenizer_metadata(writer, meta: dict) -> None:
@@ -191,8 +160,8 @@ def write_gguf(model: nn.Module, tokenizer, config: dict, base_path: str, path: 
         raise ExportError("writing GGUF needs the gguf package: pip install -e \".[gguf]\"") from None
     if outtype not in OUTTYPES:
         raise ExportError(f"--outtype {outtype}: not one of {', '.join(OUTTYPES)}")
-    if config["model_type"] not in ("llama", "qwen2"):
-        raise ExportError(f"model type {config['model_type']!r} cannot be exported to GGUF (llama and qwen2 can)")
+    config = model_settings(model, config)
+    arch = gguf_arch.check_exportable(config).name  # before anything is written
     path = Path(path)
     _check_output(path, force)
     if Path(base_path).expanduser().is_file():  # a GGUF base: its own tokenizer metadata, verbatim
@@ -202,12 +171,12 @@ def write_gguf(model: nn.Module, tokenizer, config: dict, base_path: str, path: 
     qtype = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
              "q4_0": gguf.GGMLQuantizationType.Q4_0}[outtype]
     partial = path.with_name(f".{path.name}.partial")
-    writer = gguf.GGUFWriter(str(partial), config["model_type"])
+    writer = gguf.GGUFWriter(str(partial), arch)
     writer.add_name(name or path.stem)
     writer.add_file_type(_FILE_TYPES[outtype])
     if outtype != "f16":
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _architecture_metadata(writer, config)
+    gguf_arch.write_metadata(writer, config)
     _tokenizer_metadata(writer, meta)
     for tensor_name, w in gguf_tensors(model, config).items():
         if w.ndim == 1:  # norms and biases stay float32, as llama.cpp keeps them

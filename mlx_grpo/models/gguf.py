@@ -10,12 +10,11 @@ Quantized tensors stay quantized: `mx.load` reads Q4_0, Q4_1 and Q8_0 blocks
 as MLX affine quantization in groups of 32 (packed weights, scales, biases),
 exactly. Any other tensor type is refused by name rather than widened.
 
-llama.cpp stores the query and key rows of llama-architecture files permuted:
-its rope rotates interleaved pairs of a head, Hugging Face's (and mlx-lm's
-default) the two halves. The rows are put back in Hugging Face order here, so
-the folder is a plain HF-layout llama and adapters trained on it suit the
-original model. Qwen2 files are stored unpermuted (llama.cpp runs Qwen2 with
-half-split rope).
+Architectures: llama (Mistral's files included), qwen2, qwen3, gemma3 and phi3.
+Tensor names follow each architecture's table in gguf_arch.py, and what
+llama.cpp stores differently from Hugging Face (llama's permuted query and key
+rows, gemma's norms plus one) is undone there, so the folder is a plain
+HF-layout model and adapters trained on it suit the original model.
 """
 
 from __future__ import annotations
@@ -29,24 +28,16 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .gguf_arch import (ARCHITECTURES, hf_name, hf_rows_to_llama_cpp, hf_weights,  # noqa: F401 (public here too)
+                        llama_cpp_rows_to_hf, model_config)
 from .gguf_file import TENSOR_TYPES, GGUFError, GGUFHeader, read_header
 from .gguf_tokenizer import write_tokenizer
 
 __all__ = ["GGUFError", "converted_folder", "is_gguf"]
 
-ARCHITECTURES = ("llama", "qwen2")
 GROUP_SIZE = 32  # every GGUF quantization MLX reads uses blocks of 32
 # Changing how files are converted must not reuse folders converted the old way.
 CONVERTER_VERSION = 1
-
-# llama.cpp's tensor names -> Hugging Face's (blk.N.* are inside model.layers.N).
-_TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_IN_LAYER = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -54,75 +45,7 @@ def is_gguf(path: str | Path) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Names, config and weights
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for a tensor we do not map."""
-    stem, _, suffix = gguf_name.rpartition(".")
-    if stem.startswith("blk."):
-        _, layer, part = stem.split(".", 2)
-        return f"model.layers.{layer}.{_IN_LAYER[part]}.{suffix}" if part in _IN_LAYER else None
-    return f"{_TOP_LEVEL[stem]}.{suffix}" if stem in _TOP_LEVEL else None
-
-
-def model_config(header: GGUFHeader) -> dict:
-    """config.json of the equivalent Hugging Face model, from the GGUF metadata."""
-    meta = header.metadata
-    arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise GGUFError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
-
-    def get(key, default=None):
-        value = meta.get(f"{arch}.{key}", default)
-        if value is None:
-            raise GGUFError(f"the GGUF file has no {arch}.{key}")
-        return value
-
-    names = {t.name for t in header.tensors}
-    if "rope_freqs.weight" in names or meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", "linear"):
-        raise GGUFError("GGUF rope scaling other than linear (e.g. llama 3.1's rope_freqs) is not supported")
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    if int(meta.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
-        raise GGUFError("GGUF models whose rope covers part of each head are not supported")
-    embedding = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
-    if embedding is None:
-        raise GGUFError("the GGUF file has no token_embd.weight")
-    config = {
-        "model_type": arch,
-        "hidden_size": hidden,
-        "num_hidden_layers": int(get("block_count")),
-        "intermediate_size": int(get("feed_forward_length")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
-        "head_dim": head_dim,
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(get("context_length")),
-        "vocab_size": int(embedding.shape[0]),
-        "tie_word_embeddings": "output.weight" not in names,
-    }
-    if meta.get(f"{arch}.rope.scaling.type") == "linear":
-        config["rope_scaling"] = {"type": "linear", "factor": float(get("rope.scaling.factor"))}
-    for key, hf_key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id")):
-        if f"tokenizer.ggml.{key}_token_id" in meta:
-            config[hf_key] = int(meta[f"tokenizer.ggml.{key}_token_id"])
-    return config
-
-
-def llama_cpp_rows_to_hf(w: mx.array, heads: int) -> mx.array:
-    """Undo llama.cpp's Q/K permutation: a head's even rows are its first half, its odd rows its second.
-
-    Works on any array whose first axis is the output rows: a weight, a bias,
-    or the packed weights, scales and biases of a quantized weight.
-    """
-    return w.reshape(heads, -1, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def hf_rows_to_llama_cpp(w: mx.array, heads: int) -> mx.array:
-    """llama.cpp's Q/K row order from Hugging Face's (the inverse of llama_cpp_rows_to_hf)."""
-    return w.reshape(heads, 2, -1, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+# Names, config and weights: models/gguf_arch.py (shared with export)
 
 
 def check_tensor_types(header: GGUFHeader) -> None:
@@ -131,21 +54,6 @@ def check_tensor_types(header: GGUFHeader) -> None:
             readable = ", ".join(name for name, _, _ in TENSOR_TYPES.values())
             raise GGUFError(f"GGUF tensor {t.name} has type {t.type_name}, which MLX does not read "
                             f"(readable: {readable}); use a file quantized as Q8_0, Q4_0 or Q4_1, or F16")
-
-
-def hf_weights(arrays: dict[str, mx.array], config: dict) -> dict[str, mx.array]:
-    """The tensors `mx.load` read, under Hugging Face names, Q/K rows in Hugging Face order."""
-    weights = {}
-    for name, array in arrays.items():
-        target = hf_name(name)
-        if target is None:
-            raise GGUFError(f"GGUF tensor {name} has no place in a {config['model_type']} model")
-        if config["model_type"] == "llama" and ".q_proj." in target:
-            array = llama_cpp_rows_to_hf(array, config["num_attention_heads"])
-        elif config["model_type"] == "llama" and ".k_proj." in target:
-            array = llama_cpp_rows_to_hf(array, config["num_key_value_heads"])
-        weights[target] = array
-    return weights
 
 
 def quantization_config(weights: dict[str, mx.array]) -> dict | None:
