@@ -62,6 +62,7 @@ MODEL_TYPES = {
                                               "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
                                               "num_hidden_layers": 6}),
     "phi3": ("phi3", "phi3", {"partial_rotary_factor": 0.5, "original_max_position_embeddings": 512}),
+    "olmo2": ("olmo2", "olmo2", {}),  # one llama.cpp knows and we do not (for the refusals)
 }
 
 

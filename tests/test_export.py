@@ -1,5 +1,7 @@
 """`mlx-grpo export`: base + adapters fused and written as GGUF (f16, q8_0, q4_0) or as an MLX folder.
 
+Every architecture that imports exports: llama, mistral (as llama), qwen2, qwen3, gemma3 and phi3.
+
 The fused model must compute what the base with its adapters computed; the
 GGUF file must read back (gguf's reader: names, shapes, types, metadata),
 re-import to the same greedy completions, keep the adapters' update
@@ -20,11 +22,11 @@ from mlx_lm.utils import load as mlx_lm_load
 
 gguf = pytest.importorskip("gguf")
 
-from gguf_files import (SAMPLE_TEXTS, build_hf_model, llama_cpp_order, numpy_weights, train_bpe,  # noqa: E402
-                        write_gguf, write_hf_tokenizer)
+from gguf_files import (MODEL_TYPES, SAMPLE_TEXTS, build_hf_model, gguf_name, llama_cpp_order,  # noqa: E402
+                        numpy_weights, train_bpe, write_gguf, write_hf_tokenizer)
 
-from mlx_grpo.models.export import ExportError, export, load_fused  # noqa: E402
-from mlx_grpo.models.gguf import converted_folder  # noqa: E402
+from mlx_grpo.models.export import ExportError, export, fuse_in_float32, load_fused  # noqa: E402
+from mlx_grpo.models.gguf import GGUFError, converted_folder  # noqa: E402
 from mlx_grpo.models.loading import load_policy  # noqa: E402
 from mlx_grpo.models.adapters import prepare_for_training, save_adapters  # noqa: E402
 
@@ -77,6 +79,8 @@ def rounded(model, tensor_type):
                            .reshape(v.shape)) if v.ndim == 2 else v)
               for k, v in tree_flatten(model.parameters())]
     copy = type(model)(model.args)
+    if hasattr(copy, "sanitize"):  # gemma3 learns here that its embeddings are tied
+        params = list(copy.sanitize(dict(params)).items())
     copy.load_weights(params)
     return copy
 
@@ -130,6 +134,87 @@ def test_gguf_export_reads_back_and_reimports(tmp_path, bpe, arch):
             assert gap < {"q8_0": 2e-2, "q4_0": 0.5}[outtype]
         if outtype == "q8_0":
             assert sum(a == b for a, b in zip(greedy(reimported), expected)) >= 8
+
+
+def folder_base(tmp_path, bpe, arch, **extra):
+    folder = tmp_path / "hf"
+    build_hf_model(folder, arch, len(bpe["tokens"]), **extra)
+    write_hf_tokenizer(folder, bpe)
+    return str(folder)
+
+
+# What each converter writes that the others do not (tests/gguf_files.py's tiny models).
+ARCH_FIELDS = {
+    "qwen3": {"qwen3.attention.key_length": 32, "qwen3.attention.value_length": 32},
+    "gemma3_text": {"gemma3.attention.sliding_window": 4, "gemma3.attention.key_length": 32,
+                    "gemma3.block_count": 6},
+    "phi3": {"phi3.rope.dimension_count": 8, "phi3.rope.scaling.original_context_length": 512},
+    "mistral": {"llama.rope.dimension_count": 16},
+}
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text", "phi3", "mistral"])
+def test_other_architectures_export_as_llama_cpp_writes_them(tmp_path, bpe, arch):
+    """Names from llama.cpp's converter table, its metadata and stored conventions; the file re-imports to
+    the fused model and llama.cpp (when installed) runs it to the same logits. Mistral from a folder model:
+    no GGUF file is a mistral (llama.cpp's converter writes it as llama)."""
+    base = folder_base(tmp_path, bpe, arch) if arch == "mistral" else gguf_base(tmp_path, bpe, arch, "F32")
+    adapters = make_adapters(base, tmp_path / "adapters")
+    fused, _, config, _ = load_fused(base, adapters)
+    out = export(base, adapters, gguf_path=str(tmp_path / "out.gguf"))[0]
+    reader = gguf.GGUFReader(str(out))
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    assert fields["general.architecture"] == MODEL_TYPES[arch][1]
+    for key, value in ARCH_FIELDS[arch].items():
+        assert fields[key] == value, key
+    params = dict(tree_flatten(fused.parameters()))
+    tensors = {t.name: np.array(t.data, dtype=np.float32).reshape(tuple(reversed(t.shape.tolist())))
+               for t in reader.tensors}
+    assert set(tensors) == {gguf_name(name, arch) for name in params}
+    if arch == "gemma3_text":  # stored as llama.cpp's converter stores them: plus one
+        for name in ("model.norm.weight", "model.layers.2.pre_feedforward_layernorm.weight",
+                     "model.layers.5.self_attn.q_norm.weight"):
+            np.testing.assert_allclose(tensors[gguf_name(name, arch)], np.array(params[name]) + 1, atol=1e-6)
+    if arch == "mistral":  # a llama file: Q/K rows in llama.cpp's order
+        q = np.array(params["model.layers.1.self_attn.q_proj.weight"])
+        np.testing.assert_allclose(tensors["blk.1.attn_q.weight"], llama_cpp_order(q, 4), atol=2e-3)
+    reimported, _ = mlx_lm_load(str(converted_folder(out)))
+    # Run in float16 as loaded (gemma3's six layers gather 3e-3 of rounding); in float32, it is exactly
+    # the fused model with its matrices rounded to float16.
+    assert relative_gap(logits(reimported), logits(fused)) < 5e-3
+    assert greedy(reimported, n=6) == greedy(fused, n=6)
+    widened = fuse_in_float32(mlx_lm_load(str(converted_folder(out)))[0])
+    assert relative_gap(logits(widened), logits(rounded(fused, "F16"))) < 1e-5
+    try:
+        import llama_cpp
+    except ImportError:
+        return
+    runner = llama_cpp.Llama(str(out), n_ctx=64, n_threads=1, logits_all=True, verbose=False)
+    runner.eval(PROMPT)
+    assert relative_gap(logits(reimported), np.array(runner.scores[: len(PROMPT)])) < 5e-3
+
+
+def test_what_gguf_cannot_carry_is_one_line_and_writes_nothing(tmp_path, bpe):
+    """An architecture llama.cpp's GGUF has no place for in our tables, or a gemma3 whose settings
+    llama.cpp would not take from the file, is refused before the output exists."""
+    for arch, extra, message in [
+        ("olmo2", {}, "model type 'olmo2' cannot be written as GGUF (these can: llama, mistral, qwen2, qwen3, "
+                      "gemma3_text, phi3)"),
+        ("gemma3_text", {"query_pre_attn_scalar": 48}, "query_pre_attn_scalar 48 cannot be exported"),
+        ("gemma3_text", {"rope_local_base_freq": 20000.0}, "rope_local_base_freq 20000.0 cannot be exported"),
+        ("gemma3_text", {"sliding_window_pattern": 4}, "sliding_window_pattern 4 cannot be exported"),
+    ]:
+        shutil.rmtree(tmp_path / "hf", ignore_errors=True)
+        base = folder_base(tmp_path, bpe, arch, **extra)
+        adapters = make_adapters(base, tmp_path / "adapters")
+        out = tmp_path / "out.gguf"
+        with pytest.raises(GGUFError) as raised:
+            export(base, adapters, gguf_path=str(out))
+        assert message in str(raised.value) and "\n" not in str(raised.value)
+        assert not out.exists() and not list(tmp_path.glob(".out.gguf*"))
+        failed = cli(adapters, "--gguf", out)
+        assert failed.exit_code == 2 and len(failed.output.strip().splitlines()) == 1, failed.output
+        assert message in failed.output and not out.exists()
 
 
 def test_adapters_are_not_rounded_through_the_base_quantization(tmp_path, bpe):
