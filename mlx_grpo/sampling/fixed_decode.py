@@ -24,12 +24,29 @@ argmax(filtered log-probs / T + Gumbel noise from key (r, t)).
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
+
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from ..update.logprobs import _output_head
 
 _LENGTH_MULTIPLE = 64
+
+
+class PrefillMeter:
+    """Tokens prefilled and seconds spent prefilling, summed over the process (benchmarks read it)."""
+
+    def __init__(self):
+        self.tokens, self.seconds = 0, 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+
+
+PREFILL = PrefillMeter()
 
 
 class _FixedCache:
@@ -111,8 +128,11 @@ def _prefilled_buffers(model, prompts, prefix_length, max_tokens):
 
     Each distinct prompt prefix (the prompt minus its last token, which the first
     step feeds) runs once; its keys and values are right-aligned in the prefix
-    of every row that continues it.
+    of every row that continues it. The buffers are built one layer at a time,
+    each prefix's layer let go once placed: the peak stays near the buffers'
+    own size, not a multiple of it.
     """
+    began = time.perf_counter()
     forward = model.model if _output_head(model) is not None else model  # keys and values only
     prefixes = {}
     for p in prompts:
@@ -123,18 +143,55 @@ def _prefilled_buffers(model, prompts, prefix_length, max_tokens):
         forward(mx.array([prefix or (0,)]), cache=cache)  # an empty prefix runs a dummy token, for the shapes
         prefilled.append((cache, len(prefix)))
     rows = mx.array([prefixes[tuple(p[:-1])] for p in prompts])
-    buffers = []
+    keys, values = [], []
     for layer in range(len(prefilled[0][0])):
-        for part in (0, 1):  # keys, values
+        for part, out in ((0, keys), (1, values)):
             per_prefix = [mx.pad(cache[layer].state[part][:, :, :used], [(0, 0), (0, 0), (prefix_length - used, 0), (0, 0)])
                           for cache, used in prefilled]
-            buffers.append(mx.pad(mx.concatenate(per_prefix)[rows], [(0, 0), (0, 0), (0, max_tokens), (0, 0)]))
-    mx.eval(buffers)
-    return buffers[0::2], buffers[1::2]
+            out.append(mx.pad(mx.concatenate(per_prefix)[rows], [(0, 0), (0, 0), (0, max_tokens), (0, 0)]))
+        mx.eval(keys[-1], values[-1])
+        for cache, _ in prefilled:
+            cache[layer].keys = cache[layer].values = None
+    PREFILL.add(sum(len(p) for p in prefixes), time.perf_counter() - began)
+    return keys, values
 
 
 def _power_of_two_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+def buffer_length(tokens: int) -> int:
+    """Buffer slots for `tokens` positions, rounded up so that similar rollouts reuse a compiled step."""
+    return -(-tokens // _LENGTH_MULTIPLE) * _LENGTH_MULTIPLE
+
+
+@dataclass
+class Rows:
+    """Per-layer key and value buffers (rows, kv_heads, length, head_dim) and each row's left padding.
+
+    Whoever holds a Rows holds its buffers: `take` hands them over and lets
+    go, so that a decode step can write them in place (an array still
+    referenced elsewhere is copied instead).
+    """
+
+    keys: list | None
+    values: list | None
+    left_padding: list[int]
+
+    def take(self) -> tuple[list, list]:
+        keys, values = self.keys, self.values
+        self.keys = self.values = None
+        return keys, values
+
+
+@dataclass
+class Decoded:
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finish: list[str | None]
+    # With keep=True: every row's buffers after the decode, as (row indices, Rows) pieces
+    # (the batch at the end, and the rows set aside when it narrowed).
+    pieces: list[tuple[list[int], Rows]] = field(default_factory=list)
 
 
 def decode(model, prompts, max_tokens, sampling_key, pick, random_keys, end_ids):
@@ -144,26 +201,44 @@ def decode(model, prompts, max_tokens, sampling_key, pick, random_keys, end_ids)
     every call with the same sampling_key; random_keys(rows, t) gives the
     (len(rows), 2) keys for position t of those rows.
     """
-    n = len(prompts)
     longest = max(len(p) - 1 for p in prompts)
-    length = -(-(longest + max_tokens) // _LENGTH_MULTIPLE) * _LENGTH_MULTIPLE
-    prefix = length - max_tokens
+    prefix = buffer_length(longest + max_tokens) - max_tokens
     keys, values = _prefilled_buffers(model, prompts, prefix, max_tokens)
-    left_padding = mx.array([prefix - (len(p) - 1) for p in prompts], dtype=mx.int32)
+    rows = Rows(keys, values, [prefix - (len(p) - 1) for p in prompts])
+    del keys, values
+    out = decode_rows(model, rows, prefix, [p[-1] for p in prompts], max_tokens, sampling_key, pick, random_keys,
+                      end_ids)
+    return out.tokens, out.logprobs, out.finish
+
+
+def decode_rows(model, rows: Rows, start: int, first_tokens, max_tokens, sampling_key, pick, random_keys, end_ids,
+                keep: bool = False) -> Decoded:
+    """Decode from buffers already filled up to slot `start` (exclusive); first_tokens go in at `start`.
+
+    Row r's context is slots [rows.left_padding[r], start). With keep, the
+    buffers come back in `Decoded.pieces` (row r then holds its context and the
+    tokens it fed: slots up to start + len(tokens[r])); without, they are let go.
+    """
+    keys, values = rows.take()
+    n = len(first_tokens)
+    left_padding = mx.array(rows.left_padding, dtype=mx.int32)
+    row_padding = list(rows.left_padding)
     step = _compiled_step(model, sampling_key, pick)
     end = set(end_ids)
 
     tokens = [[] for _ in range(n)]
     logprobs = [[] for _ in range(n)]
     finish = [None] * n
-    batch = list(range(n))  # prompt rows in the compiled batch, in order
-    pending = step(mx.array([p[-1] for p in prompts], dtype=mx.int32), keys, values, mx.array(prefix, dtype=mx.int32),
+    parked = []
+    batch = list(range(n))  # rows in the compiled batch, in order
+    pending = step(mx.array(first_tokens, dtype=mx.int32), keys, values, mx.array(start, dtype=mx.int32),
                    left_padding, random_keys(batch, 0))
+    del keys, values
     for t in range(max_tokens):
         chosen, chosen_logprobs, keys, values = pending
         if t + 1 < max_tokens:
             # Queue the next step before reading this one: building and running overlap.
-            pending = step(chosen, keys, values, mx.array(prefix + t + 1, dtype=mx.int32), left_padding,
+            pending = step(chosen, keys, values, mx.array(start + t + 1, dtype=mx.int32), left_padding,
                            random_keys(batch, t + 1))
             # Drop our references: the step then writes the new slot into these buffers in place
             # instead of copying every layer's buffers (13% of a 256-token SmolLM2 rollout).
@@ -184,11 +259,42 @@ def decode(model, prompts, max_tokens, sampling_key, pick, random_keys, end_ids)
         width = _power_of_two_at_least(len(live))
         if t + 1 < max_tokens and width <= len(batch) // 2:
             # Keep the live rows (and a few finished ones, to a power-of-two width).
-            keep = live + [j for j in range(len(batch)) if finish[batch[j]] is not None][: width - len(live)]
-            keep.sort()
-            index = mx.array(keep)
+            kept = live + [j for j in range(len(batch)) if finish[batch[j]] is not None][: width - len(live)]
+            kept.sort()
+            index = mx.array(kept)
             chosen, chosen_logprobs, keys, values = pending
-            pending = (chosen[index], chosen_logprobs[index], [k[index] for k in keys], [v[index] for v in values])
+            pending = None
+            if keep:  # the rows let out of the batch keep their buffers, one layer at a time
+                out = sorted(set(range(len(batch))) - set(kept))
+                (keys, values), (out_keys, out_values) = _split_rows(keys, values, [kept, out])
+                parked.append(([batch[j] for j in out], Rows(out_keys, out_values, [row_padding[batch[j]] for j in out])))
+            else:
+                keys, values = [k[index] for k in keys], [v[index] for v in values]
+            pending = (chosen[index], chosen_logprobs[index], keys, values)
+            del keys, values
             left_padding = left_padding[index]
-            batch = [batch[j] for j in keep]
-    return tokens, logprobs, finish
+            batch = [batch[j] for j in kept]
+    decoded = Decoded(tokens, logprobs, finish)
+    if keep:
+        keys, values = pending[2], pending[3]
+        pending = None
+        decoded.pieces = [(batch, Rows(keys, values, [row_padding[r] for r in batch])), *parked]
+    return decoded
+
+
+def _split_rows(keys: list, values: list, groups: list[list[int]]):
+    """The rows of each group, per layer: ([keys...], [values...]) for each group.
+
+    One layer at a time, evaluated and the input layer let go, so that the
+    peak is the buffers plus one layer, not twice the buffers.
+    """
+    out = [([], []) for _ in groups]
+    indices = [mx.array(g) for g in groups]
+    for layer in range(len(keys)):
+        for part, arrays in ((0, keys), (1, values)):
+            taken = [arrays[layer][i] for i in indices]
+            mx.eval(taken)
+            arrays[layer] = None
+            for o, a in zip(out, taken):
+                o[part].append(a)
+    return out

@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
+import mlx.core as mx
 import numpy as np
 
 from ..tasks.data import encode_prompt
 from ..tasks.rewarding import Scores
 from .environment import Environment
-from .rollout import SamplingConfig, sample_completions
+from .rollout import SamplingConfig
+from .turns import Stats, player_for
+from .width import decode_width
 
 _MARK = "\x00OBSERVATION\x00"
 
@@ -103,10 +107,21 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int, sampling: SamplingConfig,
                      max_turns: int, max_episode_tokens: int, system_prompt: str | None = None,
-                     concurrency: int = 256) -> list[Episode]:
+                     concurrency: int = 256, seed: int | None = None, reuse_cache: bool = True,
+                     on_progress: Callable[[dict], None] | None = None, stats: Stats | None = None,
+                     memory_budget: int | None = None) -> list[Episode]:
     """Play every environment to the end; `envs` are grouped, G consecutive ones per row.
 
-    Returns the episodes in the same order, with rewards filled in.
+    Returns the episodes in the same order, with rewards filled in. Episodes
+    play in waves of as many as decode at once (width.decode_width: at most
+    `concurrency`, and what `memory_budget` bytes of keys and values hold for
+    episodes of max_episode_tokens). Episode e's tokens of turn t are drawn
+    with keys of (seed, t, e) alone (turns.turn_row_seeds); seed None draws
+    one from MLX's global random state. With reuse_cache (the default) each
+    episode keeps its keys and values between turns where the model's cache
+    allows (turns.player_for); otherwise every turn prefills the whole
+    conversation again. on_progress gets a dict after every turn (see
+    `_progress`); stats, when given, collects each turn's costs.
     """
     join = chat_join(tokenizer, system_prompt)
     firsts = [env.reset() for env in envs]
@@ -115,20 +130,76 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
         if first != firsts[i - i % group_size]:
             raise ValueError("the environments of one group start differently; reset() must be deterministic")
         episodes.append(Episode(i // group_size, encode_prompt(tokenizer, first, system_prompt)))
+    if seed is None:
+        seed = int(mx.random.randint(0, 2**31 - 1, ()).item())
 
-    active = list(range(len(envs)))
+    player = player_for(model, tokenizer, group_size, seed, concurrency, reuse_cache)
+    per_wave = len(episodes)
+    if player.reuses_cache:  # a wave's rows keep their buffers from turn to turn: as many as fit at once
+        longest = max(len(ep.prompt_tokens) for ep in episodes)
+        width = decode_width(model, longest + max_episode_tokens, concurrency, memory_budget)
+        per_wave = width if width < group_size else width // group_size * group_size
+    progress = _Progress(len(episodes), max_turns, on_progress)
+    for start in range(0, len(episodes), per_wave):
+        wave = list(range(start, min(len(episodes), start + per_wave)))
+        if start:
+            player = player_for(model, tokenizer, group_size, seed, concurrency, reuse_cache)
+        try:
+            _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, max_episode_tokens, progress,
+                  stats)
+        finally:
+            getattr(player, "close", lambda: None)()
+
+    for ep, env in zip(episodes, envs):
+        if ep.error:
+            ep.reward, ep.reward_parts = 0.0, {}
+            continue
+        try:
+            ep.reward = float(env.reward())
+            parts = env.reward_parts() if hasattr(env, "reward_parts") else {}
+            ep.reward_parts = {k: float(v) for k, v in parts.items()}
+        except Exception as e:
+            ep.error, ep.reward, ep.reward_parts = f"{type(e).__name__}: {e}", 0.0, {}
+    return episodes
+
+
+class _Progress:
+    """The rollout's running totals, sent to on_progress after every turn."""
+
+    def __init__(self, episodes: int, max_turns: int, callback):
+        self.callback = callback
+        self.state = {"episodes": episodes, "finished": 0, "max_turns": max_turns, "turn": 0, "playing": 0,
+                      "tokens": 0, "prefilled": 0, "seconds": 0.0, "tokens_per_s": 0.0}
+        self.began = time.perf_counter()
+
+    def update(self, **changes) -> None:
+        state = self.state
+        for key, value in changes.items():
+            state[key] = state[key] + value if key in ("finished", "tokens", "prefilled") else value
+        state["seconds"] = time.perf_counter() - self.began
+        state["tokens_per_s"] = state["tokens"] / state["seconds"] if state["seconds"] > 0 else 0.0
+        if self.callback is not None:
+            self.callback(dict(state))
+
+
+def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, max_episode_tokens, progress, stats):
+    """Play the episodes of one wave turn by turn until each has ended."""
+    active = list(wave)
+    chunks = {i: episodes[i].prompt_tokens for i in wave}  # what each episode feeds next
     for turn in range(max_turns):
         if not active:
             break
+        progress.update(turn=turn + 1, playing=len(active))
         budget = {i: max_episode_tokens - len(episodes[i].tokens) for i in active}
         turn_sampling = replace(sampling, max_tokens=max(1, min(sampling.max_tokens, max(budget.values()))))
-        if turn == 0:  # all episodes of a group share the first prompt: prefill it once
-            heads = active[::group_size]
-            outs = sample_completions(model, tokenizer, [episodes[i].prompt_tokens for i in heads], group_size,
-                                      turn_sampling, concurrency)
-        else:
-            outs = sample_completions(model, tokenizer, [episodes[i].prompt_tokens + episodes[i].tokens for i in active],
-                                      1, turn_sampling, concurrency)
+        if stats is not None:
+            mx.reset_peak_memory()
+        outs, costs = player.play(turn, active, [chunks[i] for i in active],
+                                  [episodes[i].prompt_tokens + episodes[i].tokens for i in active], turn_sampling)
+        if stats is not None:
+            stats.add(turn=turn, rows=len(active), longest=max(len(episodes[i].prompt_tokens) + len(episodes[i].tokens)
+                                                                for i in active),
+                      generated=sum(len(o.tokens) for o in outs), peak_gb=mx.get_peak_memory() / 1e9, **costs)
         still = []
         for i, out in zip(active, outs):
             ep = episodes[i]
@@ -161,20 +232,12 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
             ep.tokens += joined
             ep.logprobs += [0.0] * len(joined)
             ep.mask += [0.0] * len(joined)
+            # The turn's last sampled token was never fed: it goes first, then the observation.
+            chunks[i] = out.tokens[-1:] + joined
             still.append(i)
+        progress.update(finished=len(active) - len(still), playing=len(still),
+                        tokens=sum(len(o.tokens) for o in outs), prefilled=costs["prefilled"])
         active = still
-
-    for ep, env in zip(episodes, envs):
-        if ep.error:
-            ep.reward, ep.reward_parts = 0.0, {}
-            continue
-        try:
-            ep.reward = float(env.reward())
-            parts = env.reward_parts() if hasattr(env, "reward_parts") else {}
-            ep.reward_parts = {k: float(v) for k, v in parts.items()}
-        except Exception as e:
-            ep.error, ep.reward, ep.reward_parts = f"{type(e).__name__}: {e}", 0.0, {}
-    return episodes
 
 
 def episode_scores(episodes: list[Episode]) -> Scores:

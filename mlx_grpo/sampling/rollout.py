@@ -21,6 +21,7 @@ reproduce a one-process run. The draw stays one batched call per decode step
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -76,11 +77,13 @@ def _prefilled_cache(model, prompt: list[int]):
     """KV cache of the prompt minus its last token (the generator feeds that one)."""
     cache = make_prompt_cache(model)
     if len(prompt) > 1:
+        began = time.perf_counter()
         # Only the keys and values are wanted: where the model allows, skip the
         # vocabulary projection (with a 150k vocabulary, a quarter of the prefill's work).
         forward = model.model if _output_head(model) is not None else model
         forward(mx.array([prompt[:-1]]), cache=cache)
         mx.eval([c.state for c in cache])
+        fixed_decode.PREFILL.add(len(prompt) - 1, time.perf_counter() - began)
     return cache
 
 
@@ -250,8 +253,8 @@ def sample_completions(
     return completions
 
 
-def _decode_fixed(model, prompts, rows, sampler, end_ids, sampling):
-    """Decode `rows` (one per prompt given) with the compiled fixed-shape loop; see fixed_decode.py."""
+def fixed_sampler(sampler, rows, sampling: SamplingConfig):
+    """(pick, keys_at, sampling_key) for fixed_decode: batch row b is the sampler's row rows[b]."""
     if sampler is None:
         def pick(logits, keys):
             return greedy_tokens(logits)
@@ -265,7 +268,12 @@ def _decode_fixed(model, prompts, rows, sampler, end_ids, sampling):
         def keys_at(batch, t):
             return sampler.keys_at([rows[b] for b in batch], [t] * len(batch))
 
-    sampling_key = (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p)
+    return pick, keys_at, (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p)
+
+
+def _decode_fixed(model, prompts, rows, sampler, end_ids, sampling):
+    """Decode `rows` (one per prompt given) with the compiled fixed-shape loop; see fixed_decode.py."""
+    pick, keys_at, sampling_key = fixed_sampler(sampler, rows, sampling)
     with adapters_merged(model):
         return fixed_decode.decode(model, prompts, sampling.max_tokens, sampling_key, pick, keys_at, end_ids)
 
