@@ -263,6 +263,12 @@ def test_unsupported_architecture(tmp_path, bpe):
                                          r"gemma3, phi3\)$"):
         converted_folder(path)
     assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
+    # And one llama.cpp does know, written as its converter writes it.
+    config = build_hf_model(tmp_path / "olmo2", "olmo2", len(bpe["tokens"]))
+    path = write_gguf(tmp_path / "o.gguf", config, numpy_weights(tmp_path / "olmo2"), bpe)
+    with pytest.raises(GGUFError, match="architecture 'olmo2' is not supported"):
+        converted_folder(path)
+    assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
 
 
 def test_unsupported_tensor_type_is_named(tmp_path, bpe):
