@@ -18,8 +18,8 @@ A model is named by any of:
     data, rewards and max_tokens become the defaults;
   - an adapter folder (adapter_config.json, e.g. RUN/checkpoints/step_N): its
     base model ("model" in adapter_config.json) plus those adapters;
-  - a model folder, .gguf file, Hugging Face id or packaged model (smollm2-135m);
-  - "embedded": the tiny model inside the package.
+  - a model folder, .gguf file, Hugging Face id, packaged model (smollm2-135m) or
+    store name (ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO); "embedded": the tiny model.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
     """Read a --trained/--base/--model value (see the module docstring)."""
     if name in ("", EMBEDDED_MODEL):
         return ModelSpec(None, adapter, _adapter_run(adapter))
-    if name in PACKAGED_MODELS:
+    if name in PACKAGED_MODELS or name.startswith(("ollama:", "lmstudio:")):  # resolved where it loads
         return ModelSpec(name, adapter, _adapter_run(adapter))
     path = Path(name).expanduser()
     if path.is_dir() and (path / "adapter_config.json").is_file():
