@@ -1,10 +1,9 @@
 """`mlx-grpo compare` and `mlx-grpo eval`: score models on a task's prompts, with statistics.
 
-Both models answer the same prompts under the same conditions: the same
-prompt encoding, the same sampling settings, and the same sampler seeds (MLX's
-random state is re-seeded from (seed, chunk) before each chunk of prompts, for
-each model alike). Each model decodes all its prompts x samples in batches of
-`decode_concurrency` sequences (one batched rollout, not one decode a prompt).
+Both models answer the same prompts under the same conditions: the same prompt encoding, the
+same sampling settings, and the same sampler seeds (MLX's random state is re-seeded from (seed,
+chunk) before each chunk of prompts, for each model alike). Each model decodes all its prompts x
+samples in batches of `decode_concurrency` sequences (one batched rollout, not one a prompt).
 
 The per-prompt scores (mean over the samples) are then paired: the difference
 trained - base, its bootstrap CI, a paired test (McNemar for right/wrong with
