@@ -139,3 +139,24 @@ def test_chunked_projection_trains_a_trainable_head(tiny_model_path):
     embed = "model.embed_tokens.weight"
     assert np.abs(np.array(grads[2][embed])).max() > 1e-4
     np.testing.assert_allclose(np.array(grads[2][embed]), np.array(grads[None][embed]), atol=2e-5)
+
+
+def test_shared_prompt_matches_plain_forward_with_a_sliding_window():
+    """Gemma 3: sequences longer than the window; the shared-prompt mask must cut what the plain pass cuts."""
+    from mlx_lm.models import gemma3_text
+
+    mx.random.seed(3)
+    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=32, num_hidden_layers=4, intermediate_size=64,
+                                 num_attention_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=256,
+                                 num_key_value_heads=1, sliding_window=4, sliding_window_pattern=2)
+    model = gemma3_text.Model(args)
+    model.sanitize({})  # no lm_head: the head is the tied embedding, as in the real checkpoints
+    model.update(nn.utils.tree_map(lambda p: mx.random.normal(p.shape) * 0.5, model.parameters()))
+    model.eval()
+    prompts, completions, padded, left, comp, mask = _case(np.random.default_rng(4))
+    assert max(len(prompts[i // 3]) + len(c) for i, c in enumerate(completions)) > 2 * args.sliding_window
+    plain = _plain(model, prompts, completions, 3, 0.8)
+    for chunk in (None, 2):
+        shared, _ = completion_logprobs(model, padded, left, comp, 3, temperature=0.8, chunk_size=chunk)
+        for i, row in enumerate(plain):
+            np.testing.assert_allclose(np.array(shared[i, :len(completions[i])]), np.array(row), atol=2e-5)

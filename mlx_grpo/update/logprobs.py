@@ -25,8 +25,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 # Models whose logits are exactly head(model.model(inputs)): for these the
-# output projection can be chunked.
-_PLAIN_HEAD_MODEL_TYPES = {"qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "smollm3"}
+# output projection can be chunked. (gemma3_text's tied head is its embedding;
+# Gemma 3 has no final logit softcapping, which would sit outside model.model.)
+_PLAIN_HEAD_MODEL_TYPES = {"qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "smollm3", "gemma3_text"}
 
 
 def _logprobs_and_entropy(logits, targets, temperature, entropy_grad=False):
@@ -140,6 +141,8 @@ class SharedPromptCache:
         keys = mx.arange(self.offset + n)
         queries = mx.arange(self.offset, self.offset + n)
         causal = queries[:, None] >= keys[None]
+        if window_size:  # a sliding-window layer (Gemma 3) sees only the last window_size positions
+            causal = causal & (keys[None] > queries[:, None] - window_size)
         not_padding = keys[None, None, None, :] >= pad[:, None, None, None]
         mask = causal[None, None] & not_padding
         if self.offset == 0:
