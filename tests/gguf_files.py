@@ -194,11 +194,12 @@ def _architecture_metadata(writer, config: dict, prefix: str) -> None:
 
 def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: dict, pre: str = "qwen2",
                tensor_type: str = "F32", arch: str | None = None, add_bos: bool = False,
-               raw: dict[str, str] | None = None) -> Path:
+               raw: dict[str, str] | None = None, blocks: dict[str, tuple[str, np.ndarray]] | None = None) -> Path:
     """A GGUF file of a Hugging Face model: 2-D weights stored as tensor_type, 1-D ones as F32.
 
     raw: {gguf tensor name: type} of tensors written as zero bytes of that type
     (types the `gguf` package cannot quantize to, for error tests).
+    blocks: {gguf tensor name: (type, its bytes)} written as given (K-quant blocks made by a test).
     """
     import gguf
 
@@ -218,7 +219,9 @@ def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: di
     writer.add_bool("tokenizer.ggml.add_bos_token", add_bos)
     writer.add_string("tokenizer.chat_template", CHAT_TEMPLATE)
     for name, w in gguf_tensors(weights, config).items():
-        if name in (raw or {}):
+        if name in (blocks or {}):
+            writer.add_tensor(name, blocks[name][1], raw_dtype=gguf.GGMLQuantizationType[blocks[name][0]])
+        elif name in (raw or {}):
             rtype = gguf.GGMLQuantizationType[raw[name]]
             writer.add_tensor(name, np.zeros(gguf.quants.quant_shape_to_byte_shape(w.shape, rtype), np.uint8),
                               raw_dtype=rtype)

@@ -272,13 +272,15 @@ def test_unsupported_architecture(tmp_path, bpe):
 
 
 def test_unsupported_tensor_type_is_named(tmp_path, bpe):
-    """A K-quant (which mx.load would silently widen to float16) is refused by tensor and type."""
+    """An IQ type (llama.cpp's importance-matrix codebooks) is refused by tensor and type, nothing cached."""
     config = build_hf_model(tmp_path / "hf", "qwen2", len(bpe["tokens"]), intermediate=256)  # K-quant rows: 256
     weights = numpy_weights(tmp_path / "hf")
     path = write_gguf(tmp_path / "k.gguf", config, weights, bpe, tensor_type="F32",
-                      raw={"blk.1.ffn_down.weight": "Q6_K"})
-    with pytest.raises(GGUFError, match="tensor blk.1.ffn_down.weight has type Q6_K"):
+                      raw={"blk.1.ffn_down.weight": "IQ4_XS"})
+    with pytest.raises(GGUFError, match="tensor blk.1.ffn_down.weight has type IQ4_XS, which mlx-grpo does not "
+                                        "read .readable: F32, F16, BF16, Q4_0"):
         converted_folder(path)
+    assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
 
 
 # ---------------------------------------------------------------------------

@@ -6,9 +6,12 @@ cached under ~/.cache/mlx-grpo/gguf/ by the file's path, size and
 modification time; after that it loads like any other mlx-lm model, and
 adapters load on top with mlx-lm's own code.
 
-Quantized tensors stay quantized: `mx.load` reads Q4_0, Q4_1 and Q8_0 blocks
-as MLX affine quantization in groups of 32 (packed weights, scales, biases),
-exactly. Any other tensor type is refused by name rather than widened.
+Tensors are read block by block in NumPy (gguf_quants.py): the types that
+MLX's affine layout holds exactly stay quantized (Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q4_K, Q5_K), the others that llama.cpp's presets write are widened
+exactly to float (Q2_K, Q3_K, Q6_K; F16, BF16, F32 as they are), and the
+rest (IQ types and others) are refused by name. How each type was carried is
+written beside the model (gguf_types.json) and said when it loads.
 
 Architectures: llama (Mistral's files included), qwen2, qwen3, gemma3 and phi3.
 Tensor names follow each architecture's table in gguf_arch.py, and what
@@ -30,14 +33,16 @@ import mlx.core as mx
 
 from .gguf_arch import (ARCHITECTURES, hf_name, hf_rows_to_llama_cpp, hf_weights,  # noqa: F401 (public here too)
                         llama_cpp_rows_to_hf, model_config)
-from .gguf_file import TENSOR_TYPES, GGUFError, GGUFHeader, read_header
+from .gguf_file import TENSOR_TYPES, GGUFError, GGUFHeader, read_header, tensor_bytes
+from .gguf_quants import decode
 from .gguf_tokenizer import write_tokenizer
 
-__all__ = ["GGUFError", "converted_folder", "is_gguf"]
+__all__ = ["GGUFError", "converted_folder", "is_gguf", "types_note"]
 
-GROUP_SIZE = 32  # every GGUF quantization MLX reads uses blocks of 32
+GROUP_SIZE = 32  # every GGUF quantization kept as MLX's is in groups of 32
 # Changing how files are converted must not reuse folders converted the old way.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
+TYPES_FILE = "gguf_types.json"
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -52,8 +57,50 @@ def check_tensor_types(header: GGUFHeader) -> None:
     for t in header.tensors:
         if t.type_id not in TENSOR_TYPES:
             readable = ", ".join(name for name, _, _ in TENSOR_TYPES.values())
-            raise GGUFError(f"GGUF tensor {t.name} has type {t.type_name}, which MLX does not read "
-                            f"(readable: {readable}); use a file quantized as Q8_0, Q4_0 or Q4_1, or F16")
+            raise GGUFError(f"GGUF tensor {t.name} has type {t.type_name}, which mlx-grpo does not read "
+                            f"(readable: {readable}); use a file quantized with one of those (Q4_K_M is)")
+        block = TENSOR_TYPES[t.type_id][1]
+        if not t.shape or t.shape[-1] % block:
+            raise GGUFError(f"GGUF tensor {t.name} has rows of {t.shape[-1] if t.shape else 0} values, not whole "
+                            f"{t.type_name} blocks of {block} (corrupt GGUF file?)")
+
+
+def read_tensors(path: str | Path, header: GGUFHeader) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """Every tensor of the file, as MLX arrays (a quantized one as .weight/.scales/.biases), and how
+    each was carried ("kept 4-bit (exact)", "float16 (exact)", ...) by tensor name."""
+    arrays, carried = {}, {}
+    for t in header.tensors:
+        raw = tensor_bytes(path, t)
+        kind, value = decode(raw, t.type_id, t.shape)
+        stem = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
+        if kind == "affine":
+            packed, scales, biases, bits = value
+            arrays.update({f"{stem}.weight": mx.array(packed), f"{stem}.scales": mx.array(scales),
+                           f"{stem}.biases": mx.array(biases)})
+            carried[t.name] = f"kept {bits}-bit (exact)"
+        else:
+            arrays[t.name] = mx.array(value)
+            widened = t.type_name not in ("F32", "F16")
+            carried[t.name] = f"{'float16' if value.dtype == 'float16' else 'float32'}" + (" (exact)" if widened
+                                                                                            else "")
+        mx.eval(arrays[f"{stem}.weight" if kind == "affine" else t.name])  # one tensor's NumPy at a time
+    return arrays, carried
+
+
+def types_summary(header: GGUFHeader, carried: dict[str, str]) -> str:
+    """One line: how each tensor type of the file was carried, e.g. "Q4_K x12: kept 4-bit (exact); ..."."""
+    counts = Counter((t.type_name, carried[t.name]) for t in header.tensors)
+    order = sorted(counts, key=lambda k: (-counts[k], k))
+    return "; ".join(f"{name} x{counts[(name, how)]}: {how}" for name, how in order)
+
+
+def types_note(folder: str | Path) -> str | None:
+    """The summary line written beside a converted model, or None (not converted from GGUF)."""
+    path = Path(folder) / TYPES_FILE
+    try:
+        return "GGUF tensors: " + json.loads(path.read_text(encoding="utf-8"))["summary"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def quantization_config(weights: dict[str, mx.array]) -> dict | None:
@@ -74,10 +121,7 @@ def convert(path: str | Path, folder: Path) -> None:
     header = read_header(path)
     config = model_config(header)
     check_tensor_types(header)
-    try:
-        arrays = mx.load(str(path), format="gguf")  # whatever the file is called
-    except (RuntimeError, ValueError) as e:
-        raise GGUFError(f"{path}: {str(e).strip().splitlines()[0]}") from None
+    arrays, carried = read_tensors(path, header)
     weights = hf_weights(arrays, config)
     quantization = quantization_config(weights)
     if quantization:
@@ -85,6 +129,8 @@ def convert(path: str | Path, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     write_tokenizer(header.metadata, folder, config["max_position_embeddings"])
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / TYPES_FILE).write_text(json.dumps({"summary": types_summary(header, carried),
+                                                 "tensors": carried}, indent=1), encoding="utf-8")
     (folder / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
 
 

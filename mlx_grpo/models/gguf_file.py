@@ -4,7 +4,7 @@ GGUF (llama.cpp's format) is a header of typed key/value metadata and tensor
 descriptions, followed by the tensor data. The header is parsed here, by
 hand, because what can go wrong with a file a user names (not a GGUF file, a
 download cut short, a tensor type MLX cannot read) must come back as one
-sentence that says which; the tensors themselves are read by `mx.load`.
+sentence that says which; gguf_quants.py decodes the tensors' blocks.
 """
 
 from __future__ import annotations
@@ -16,18 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
+from .gguf_quants import TYPES
+
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
-# ggml tensor types: id -> (name, elements per block, bytes per block).
-# Names of the common types that MLX does not read are kept for the error message.
-TENSOR_TYPES = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34),
-}
+# ggml tensor types read (gguf_quants.py): id -> (name, elements per block, bytes per block).
+# Names of the types that are not read are kept for the error message.
+TENSOR_TYPES = TYPES
 OTHER_TENSOR_TYPES = {
-    6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K",
-    16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S",
-    23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16",
+    9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
+    22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
     34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
 }
 
@@ -142,3 +141,8 @@ def _parse(cursor: _Cursor, size: int) -> GGUFHeader:
             raise GGUFError(f"{path}: tensor {t.name} ends past the end of the file "
                             f"({size} bytes): the file is truncated (an incomplete download?)")
     return GGUFHeader(version, metadata, tensors, size)
+
+
+def tensor_bytes(path: str | Path, t: TensorInfo) -> np.ndarray:
+    """The raw bytes of one tensor (a read-only view of the file)."""
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=t.offset, shape=(t.nbytes,))

@@ -74,6 +74,11 @@ def on_cpu() -> bool:
 
 def dequantize_to_float32(model: nn.Module) -> None:
     """Replace every quantized layer by a float32 one holding its dequantised weights (in place)."""
+    # Scales and biases in float32 first: mx.dequantize computes in their dtype, and a float16
+    # scale times an 8-bit level (a GGUF Q8_0 block) needs more bits than float16 has.
+    for _, module in quantized_modules(model):
+        module.update({k: v.astype(mx.float32) for k, v in module.parameters().items()
+                       if k in ("scales", "biases") and isinstance(v, mx.array)})
     dequantize_model(model)
     model.update(tree_map(lambda x: x.astype(mx.float32) if mx.issubdtype(x.dtype, mx.floating) else x,
                           model.parameters()))
