@@ -11,7 +11,9 @@ process starts, so the `mlx-grpo` command re-executes itself once with it set.
 It does nothing on macOS (Accelerate), on MLX's CUDA backend, when no OpenBLAS
 is installed (Debian/Ubuntu: `apt-get install libopenblas0-pthread`), or with
 `MLX_GRPO_OPENBLAS=0`. `MLX_GRPO_OPENBLAS=/path/to/libblas.so.3` names another
-library.
+library. When the matmuls stay on the reference BLAS (no OpenBLAS found, or
+`MLX_GRPO_OPENBLAS` names a file that is not there), the command says so once,
+in one line on stderr, with the fix.
 """
 
 from __future__ import annotations
@@ -76,11 +78,38 @@ def loaded_blas() -> str:
     return "platform"
 
 
+_OFF = ("0", "off", "no", "false")
+_FIX = ("Fix: apt-get install libopenblas0-pthread (Debian/Ubuntu), or set MLX_GRPO_OPENBLAS to an OpenBLAS "
+        "libblas.so.3")
+
+
+def slow_blas_notice() -> str | None:
+    """One line, with the fix, when MLX's CPU matmuls use the mlx wheel's reference BLAS on Linux; else None.
+
+    Nothing when OpenBLAS (or another BLAS) is in use, off Linux, on a GPU
+    backend, or when MLX_GRPO_OPENBLAS=0 turned the preload off on purpose.
+    """
+    choice = os.environ.get(ENV, "").strip()
+    if sys.platform != "linux" or choice.lower() in _OFF or not _mlx_on_cpu() or loaded_blas() != "reference":
+        return None
+    slow = "MLX's matmuls run on the mlx wheel's reference BLAS (one core, unblocked: 3-10x slower)"
+    if choice and choice.lower() not in ("1", "on", "yes", "true") and not Path(choice).is_file():
+        return f"warning: {ENV}={choice} is not a file, so {slow}. Point it at OpenBLAS's libblas.so.3, or unset it."
+    return f"warning: no OpenBLAS found, so {slow}. {_FIX}."
+
+
+def _warn_if_slow() -> None:
+    notice = slow_blas_notice()
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
+
+
 def use_openblas() -> None:
     """Re-execute the command with OpenBLAS preloaded when that helps (see the module docstring).
 
     In the re-executed process, LD_PRELOAD is taken out of the environment again
-    so that programs it starts (reward code, compilers) are not affected.
+    so that programs it starts (reward code, compilers) are not affected. When
+    the matmuls stay on the reference BLAS, says so once (slow_blas_notice).
     """
     library = os.environ.pop(_DONE, None)
     if library is not None:
@@ -89,13 +118,15 @@ def use_openblas() -> None:
             os.environ["LD_PRELOAD"] = ":".join(preload)
         else:
             os.environ.pop("LD_PRELOAD", None)
+        _warn_if_slow()  # a library that did not load (another architecture's, say)
         return
     command = preload_command()
     if command is None:
+        _warn_if_slow()
         return
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         os.execve(command[0][0], command[0], command[1])
     except OSError:
-        return  # carry on with the stock BLAS
+        _warn_if_slow()  # carry on with the stock BLAS

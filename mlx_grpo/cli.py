@@ -119,6 +119,8 @@ _EVALUATION_OPTIONS = {
     "temperature": (Optional[float], typer.Option(None, help="sampling temperature; default: 0 (greedy) for one "
                                                              "sample, the run's temperature for more")),
     "max_tokens": (Optional[int], typer.Option(None, help="completion length limit; default: the run's")),
+    "decode_concurrency": (Optional[int], typer.Option(None, help="sequences decoded at once (default: the run's, "
+                                                                  "256); fewer when memory would not hold them")),
     "seed": (int, typer.Option(0, help="sampler seed (the same for both models in compare)")),
     "data": (Optional[str], typer.Option(None, help="prompts (as for train --data)")),
     "reward_file": (Optional[Path], typer.Option(None, help="Python file defining reward functions")),
@@ -150,6 +152,7 @@ def _evaluation(options: dict, run_dir, model):
                                           "reward_file": str(options["reward_file"]) if options["reward_file"]
                                           else None,
                                           "reward": options["reward"] or None, "max_tokens": options["max_tokens"],
+                                          "decode_concurrency": options["decode_concurrency"],
                                           **{k: options[k] for k in JUDGE_KEYS},
                                           "eval_num_problems": options["n"],
                                           "system_prompt": options["system_prompt"]})

@@ -214,6 +214,9 @@ class Progress:
             self.bar.start()
 
     def __call__(self, name: str, done: int, total: int) -> None:
+        from ..sampling.multiturn import PROGRESS
+
+        PROGRESS.set(lambda state: self.turn(name, state))  # a multi-turn rollout's turns, for this model
         if self.bar is not None:
             if name not in self.tasks:
                 self.tasks[name] = self.bar.add_task(f"{name}: generating", total=total)
@@ -221,7 +224,20 @@ class Progress:
         elif done == 0:
             self.console.print(f"{name}: generating for {total} prompts ...", highlight=False)
 
+    def turn(self, name: str, state: dict) -> None:
+        """A multi-turn rollout's turn ended: the bar says where it is; elsewhere one line a turn."""
+        from ..run.display import rollout_line
+
+        if self.bar is not None:
+            if name in self.tasks:
+                self.bar.update(self.tasks[name], description=f"{name}: {rollout_line(state)}")
+        else:
+            self.console.print(f"{name}: {rollout_line(state)}", highlight=False)
+
     def stop(self) -> None:
+        from ..sampling.multiturn import PROGRESS
+
+        PROGRESS.set(None)
         if self.bar is not None:
             self.bar.stop()
             self.bar = None

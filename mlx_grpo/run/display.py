@@ -46,6 +46,12 @@ def step_summary(m: dict) -> str:
             f"len {_fmt(m.get('completion/mean_length'), '.1f')}  tok/s {_fmt(m.get('tokens_per_s'), '.0f')}")
 
 
+def rollout_line(state: dict) -> str:
+    """Where a multi-turn rollout is (multiturn.rollout_episodes' on_progress): turn, episodes playing, tokens/s."""
+    return (f"turn {state['turn']}/{state['max_turns']}, {state['playing']} of {state['episodes']} episodes playing, "
+            f"{state['finished']} done, {state['tokens_per_s']:.0f} tok/s")
+
+
 def trend(values: list[float], k: int = 5, tolerance: float = 0.05) -> str:
     """↑, ↓ or → comparing the mean of the last k values with the k before.
 
@@ -134,9 +140,10 @@ class TrainDisplay:
             self.progress = Progress(
                 TextColumn("step"), MofNCompleteColumn(), BarColumn(bar_width=30), TimeElapsedColumn(),
                 TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"),
-                console=self.console,
+                TextColumn("{task.fields[rollout]}", style="dim"), console=self.console,
             )
-            self.task_id = self.progress.add_task("train", total=c.steps, completed=d["resumed_from"], rate="")
+            self.task_id = self.progress.add_task("train", total=c.steps, completed=d["resumed_from"], rate="",
+                                                  rollout="")
             self.live = Live(self._view(), console=self.console, refresh_per_second=4, transient=False)
             self.live.start()
 
@@ -157,6 +164,11 @@ class TrainDisplay:
         self.console.print(f"accuracy {label}: {d['accuracy']:.3f} on {d['n']} held-out problems "
                            f"({d['seconds']:.1f}s)")
 
+    def on_rollout(self, state):
+        """A multi-turn rollout's turn ended (live view only: a log gets the step's line)."""
+        if self.live is not None:
+            self.progress.update(self.task_id, rollout=rollout_line(state))
+
     def on_step(self, d):
         m = d["metrics"]
         if m.get("kl") is not None:
@@ -164,7 +176,8 @@ class TrainDisplay:
         self.history.append(m)
         if self.live is not None:
             self.sample = sample_panel(d.get("records") or [], width=min(self.console.width, 100))
-            self.progress.update(self.task_id, completed=m["step"], rate=f"{_fmt(m.get('time/step_s'), '.2f')}s/step")
+            self.progress.update(self.task_id, completed=m["step"], rate=f"{_fmt(m.get('time/step_s'), '.2f')}s/step",
+                                 rollout="")
             self.live.update(self._view())
         elif m["step"] % self.log_every == 0 or m["step"] == d["total"]:
             m = {**m, "kl": self.last_kl}

@@ -321,12 +321,13 @@ def default_run_dir(config: TrainConfig) -> Path:
 def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None) -> RunResult:
     """Run (or resume) a training run described by `config`.
 
-    on_event(kind, data) is told about progress: "start", "eval", "step",
-    "health" (a health rule fired: health.py), "checkpoint", "stopped" (too many
+    on_event(kind, data) is told about progress: "start", "eval", "step", "rollout" (a multi-turn
+    rollout's turn), "health" (a health rule fired: health.py), "checkpoint", "stopped" (too many
     NaN/Inf steps; TrainingStopped follows), "end". The CLI draws its live display from these.
     """
     main = dist.is_main()  # data-parallel (distributed.py): rank 0 alone writes and reports
     emit = with_reporters(config, on_event or (lambda kind, data: None)) if main else (lambda kind, data: None)
+    multiturn.PROGRESS.set(lambda state: emit("rollout", state))
     run_dir = Path(config.resume or config.output or default_run_dir(config))
     mx.random.seed(config.seed)
     task = load_task(config)  # first: a bad data file or reward is reported before a slow model load

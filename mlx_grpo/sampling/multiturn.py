@@ -24,6 +24,7 @@ only (batch.build_batch takes the mask from here).
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -38,6 +39,9 @@ from .turns import Stats, player_for
 from .width import decode_width
 
 _MARK = "\x00OBSERVATION\x00"
+# Who hears about a rollout's turns when rollout_episodes is not told (on_progress): the
+# live display of train, eval and compare sets it, so that the layers between need not pass it on.
+PROGRESS: ContextVar[Callable[[dict], None] | None] = ContextVar("multiturn_progress", default=None)
 
 
 @dataclass
@@ -120,8 +124,9 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
     one from MLX's global random state. With reuse_cache (the default) each
     episode keeps its keys and values between turns where the model's cache
     allows (turns.player_for); otherwise every turn prefills the whole
-    conversation again. on_progress gets a dict after every turn (see
-    `_progress`); stats, when given, collects each turn's costs.
+    conversation again. on_progress (default: PROGRESS's) gets a dict at the
+    start and end of every turn (see `_Progress`); stats, when given, collects
+    each turn's costs.
     """
     join = chat_join(tokenizer, system_prompt)
     firsts = [env.reset() for env in envs]
@@ -139,7 +144,7 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
         longest = max(len(ep.prompt_tokens) for ep in episodes)
         width = decode_width(model, longest + max_episode_tokens, concurrency, memory_budget)
         per_wave = width if width < group_size else width // group_size * group_size
-    progress = _Progress(len(episodes), max_turns, on_progress)
+    progress = _Progress(len(episodes), max_turns, on_progress or PROGRESS.get())
     for start in range(0, len(episodes), per_wave):
         wave = list(range(start, min(len(episodes), start + per_wave)))
         if start:

@@ -34,6 +34,7 @@ from ..models import cpu_math
 from ..models.adapters import adapters_merged
 from ..update.logprobs import _output_head
 from . import fixed_decode
+from .width import decode_width
 
 
 @dataclass
@@ -207,7 +208,9 @@ def sample_completions(
     prompt i is drawn from keys of (seed, prompt_ids[i], j) alone; prompt_ids
     defaults to 0, 1, ... and seed, when None, is drawn from MLX's global
     random state (seed that with mx.random.seed for a repeatable run).
-    At most `concurrency` sequences decode at once: more go in successive waves.
+    At most `concurrency` sequences decode at once, fewer where the memory
+    budget would not hold their keys and values (width.decode_width): more go
+    in successive waves.
     temperature 0 decodes greedily.
     """
     if prompt_ids is None:
@@ -223,7 +226,8 @@ def sample_completions(
     tokens = [[] for _ in range(n)]
     logprobs = [[] for _ in range(n)]
     finish = [None] * n
-    width = max(1, concurrency)
+    # The memory budget may lower the width (width.py; the same rule as multi-turn rollouts').
+    width = decode_width(model, max(len(p) for p in prompts) + sampling.max_tokens, max(1, concurrency))
     if fixed_decode.supports_fixed_decode(model):
         for start in range(0, n, width):
             wave = list(range(start, min(n, start + width)))
