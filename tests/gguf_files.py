@@ -194,12 +194,14 @@ def _architecture_metadata(writer, config: dict, prefix: str) -> None:
 
 def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: dict, pre: str = "qwen2",
                tensor_type: str = "F32", arch: str | None = None, add_bos: bool = False,
-               raw: dict[str, str] | None = None, blocks: dict[str, tuple[str, np.ndarray]] | None = None) -> Path:
+               raw: dict[str, str] | None = None, blocks: dict[str, tuple[str, np.ndarray]] | None = None,
+               spm: dict | None = None) -> Path:
     """A GGUF file of a Hugging Face model: 2-D weights stored as tensor_type, 1-D ones as F32.
 
     raw: {gguf tensor name: type} of tensors written as zero bytes of that type
     (types the `gguf` package cannot quantize to, for error tests).
     blocks: {gguf tensor name: (type, its bytes)} written as given (K-quant blocks made by a test).
+    spm: a SentencePiece vocabulary's tokenizer.ggml.* metadata, written instead of the BPE's.
     """
     import gguf
 
@@ -208,14 +210,23 @@ def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: di
     writer = gguf.GGUFWriter(str(path), arch)
     _architecture_metadata(writer, config, arch)
     writer.add_uint32("general.file_type", 0)
-    writer.add_string("tokenizer.ggml.model", "gpt2")
-    writer.add_string("tokenizer.ggml.pre", pre)
-    writer.add_array("tokenizer.ggml.tokens", bpe["tokens"])
-    writer.add_array("tokenizer.ggml.token_type", bpe["types"])
-    writer.add_array("tokenizer.ggml.merges", bpe["merges"])
-    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    writer.add_uint32("tokenizer.ggml.padding_token_id", 2)
+    if spm is not None:
+        writer.add_string("tokenizer.ggml.model", "llama")
+        writer.add_array("tokenizer.ggml.tokens", spm["tokenizer.ggml.tokens"])
+        writer.add_array("tokenizer.ggml.scores", spm["tokenizer.ggml.scores"])
+        writer.add_array("tokenizer.ggml.token_type", spm["tokenizer.ggml.token_type"])
+        for key in ("bos", "eos", "unknown"):
+            writer.add_uint32(f"tokenizer.ggml.{key}_token_id", spm[f"tokenizer.ggml.{key}_token_id"])
+        writer.add_bool("tokenizer.ggml.add_space_prefix", spm["tokenizer.ggml.add_space_prefix"])
+    else:
+        writer.add_string("tokenizer.ggml.model", "gpt2")
+        writer.add_string("tokenizer.ggml.pre", pre)
+        writer.add_array("tokenizer.ggml.tokens", bpe["tokens"])
+        writer.add_array("tokenizer.ggml.token_type", bpe["types"])
+        writer.add_array("tokenizer.ggml.merges", bpe["merges"])
+        writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+        writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+        writer.add_uint32("tokenizer.ggml.padding_token_id", 2)
     writer.add_bool("tokenizer.ggml.add_bos_token", add_bos)
     writer.add_string("tokenizer.chat_template", CHAT_TEMPLATE)
     for name, w in gguf_tensors(weights, config).items():

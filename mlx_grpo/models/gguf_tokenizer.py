@@ -1,5 +1,7 @@
 """The tokenizer of a GGUF file, rebuilt as a Hugging Face `tokenizers` BPE.
 
+SentencePiece vocabularies (Gemma, Llama 2, Mistral) are built in
+gguf_spm.py; this module does byte-level BPE and the files' common settings.
 A GGUF file carries its byte-level BPE as lists (tokens, merges, token types)
 and names its pre-tokenizer (`tokenizer.ggml.pre`): the regular expressions
 that cut text into words before BPE runs on each word. llama.cpp keeps those
@@ -15,6 +17,7 @@ import json
 from pathlib import Path
 
 from .gguf_file import GGUFError
+from .gguf_spm import build_spm_tokenizer
 
 # The GPT-2 pattern: contractions, letters, digits, other symbols, whitespace.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -26,20 +29,33 @@ def _llama3_like(digits: str) -> str:
             + r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"  # DeepSeek's runs of CJK (and other) letters
+
 # tokenizer.ggml.pre -> the splits applied in turn (each cuts the pieces the previous left).
 PRE_TOKENIZERS = {
     "gpt-2": [_GPT2],
     "smollm": [r"\p{N}", _GPT2],  # single digits first, then GPT-2's split
     "llama-bpe": [_llama3_like(r"\p{N}{1,3}")],  # runs of up to three digits
     "qwen2": [_llama3_like(r"\p{N}")],  # single digits
+    "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"],
+    "deepseek-coder": [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"],
+    "deepseek-v3": [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
 }
-# Keys above are the names llama.cpp writes and reads; these other spellings mean the same split.
-PRE_TOKENIZER_ALIASES = {"gpt2": "gpt-2", "llama3": "llama-bpe", "llama-v3": "llama-bpe"}
+# Keys above are the names llama.cpp writes and reads; these other spellings mean the same split
+# (llama.cpp groups them so: the same expressions under another model's name).
+PRE_TOKENIZER_ALIASES = {
+    "gpt2": "gpt-2", "mpt": "gpt-2", "olmo": "gpt-2", "jais": "gpt-2",
+    "llama3": "llama-bpe", "llama-v3": "llama-bpe", "dbrx": "llama-bpe", "smaug-bpe": "llama-bpe",
+    "starcoder": "smollm", "refact": "smollm", "command-r": "smollm", "codeshell": "smollm", "exaone": "smollm",
+    "deepseek-r1-qwen": "qwen2",
+}
 # llama.cpp's settings per pre-tokenizer: llama3 matches whole words in the vocabulary
 # before merging, adds BOS by default, and only some decoders tidy spaces before punctuation.
 _IGNORE_MERGES = {"llama-bpe"}
 _ADD_BOS_DEFAULT = {"llama-bpe"}
-_CLEAN_SPACES = {"gpt-2", "llama-bpe"}
+_CLEAN_SPACES = {"gpt-2", "llama-bpe", "falcon", "smollm"}
 
 # tokenizer.ggml.token_type values
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
@@ -57,13 +73,17 @@ def pre_tokenizer_name(metadata: dict) -> str:
     return name
 
 
-def _check_model(metadata: dict) -> None:
+def tokenizer_model(metadata: dict) -> str:
+    """"gpt2" (byte-level BPE) or "llama" (SentencePiece), checked; anything else is one clear line."""
     kind = metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise GGUFError(f"GGUF tokenizer model {kind!r} is not supported: only byte-level BPE ('gpt2'), "
-                        "as in llama-3, SmolLM and Qwen2 files")
-    if not metadata.get("tokenizer.ggml.tokens") or "tokenizer.ggml.merges" not in metadata:
-        raise GGUFError("the GGUF file has no tokenizer.ggml.tokens or tokenizer.ggml.merges")
+    if kind not in ("gpt2", "llama"):
+        raise GGUFError(f"GGUF tokenizer model {kind!r} is not supported: byte-level BPE ('gpt2': llama-3, "
+                        "SmolLM, Qwen2) and SentencePiece ('llama': Gemma, Llama 2, Mistral) are")
+    if not metadata.get("tokenizer.ggml.tokens"):
+        raise GGUFError("the GGUF file has no tokenizer.ggml.tokens")
+    if kind == "gpt2" and "tokenizer.ggml.merges" not in metadata:
+        raise GGUFError("the GGUF file has a BPE tokenizer without tokenizer.ggml.merges")
+    return kind
 
 
 def _pre_tokenizer(name: str):
@@ -76,9 +96,12 @@ def _pre_tokenizer(name: str):
 
 def build_tokenizer(metadata: dict):
     """A `tokenizers.Tokenizer` that encodes and decodes as llama.cpp does with this file."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models
 
-    _check_model(metadata)
+    if tokenizer_model(metadata) == "llama":
+        tokenizer = build_spm_tokenizer(metadata)
+        _add_bos_processor(tokenizer, metadata)
+        return tokenizer
     pre = pre_tokenizer_name(metadata)
     tokens = metadata["tokenizer.ggml.tokens"]
     vocab = {token: i for i, token in enumerate(tokens)}
@@ -91,15 +114,23 @@ def build_tokenizer(metadata: dict):
                           for i, kind in enumerate(types) if kind == USER_DEFINED])
     tokenizer.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                                   for i, kind in enumerate(types) if kind == CONTROL])
+    _add_bos_processor(tokenizer, metadata)
+    return tokenizer
+
+
+def _add_bos_processor(tokenizer, metadata: dict) -> None:
+    from tokenizers import processors
+
+    tokens = metadata["tokenizer.ggml.tokens"]
     bos = metadata.get("tokenizer.ggml.bos_token_id")
     if add_bos(metadata) and bos is not None:
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B", special_tokens=[(tokens[bos], bos)])
-    return tokenizer
 
 
 def add_bos(metadata: dict) -> bool:
-    default = pre_tokenizer_name(metadata) in _ADD_BOS_DEFAULT
+    # llama.cpp's defaults when the file does not say: SentencePiece adds BOS, BPE only for llama3's split
+    default = tokenizer_model(metadata) == "llama" or pre_tokenizer_name(metadata) in _ADD_BOS_DEFAULT
     return bool(metadata.get("tokenizer.ggml.add_bos_token", default))
 
 
@@ -115,7 +146,8 @@ def tokenizer_config(metadata: dict, context_length: int | None = None) -> dict:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": token("bos"), "eos_token": token("eos"), "pad_token": token("padding"),
         "unk_token": token("unknown"), "add_bos_token": add_bos(metadata),
-        "clean_up_tokenization_spaces": pre_tokenizer_name(metadata) in _CLEAN_SPACES,
+        "clean_up_tokenization_spaces": (tokenizer_model(metadata) == "gpt2"
+                                         and pre_tokenizer_name(metadata) in _CLEAN_SPACES),
         "model_max_length": context_length or 1_000_000,
     }
     if metadata.get("tokenizer.chat_template"):
