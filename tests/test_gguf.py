@@ -301,6 +301,7 @@ def test_a_gguf_file_trains_and_evaluates_from_the_cli(tmp_path, tiny_file):
                                  "--batch-size", "2", "--group-size", "2", "--max-tokens", "4",
                                  "--eval-num-problems", "2", "--output", str(run)])
     assert result.exit_code == 0, result.output
+    assert "GGUF tensors: F32 x" in result.output  # how each tensor type was carried, said when it loads
     assert json.loads((run / "adapter_config.json").read_text())["model"] == str(tiny_file)
     result = runner.invoke(app, ["eval", "--model", str(run), "--n", "2", "--max-tokens", "4"])
     assert result.exit_code == 0, result.output

@@ -11,11 +11,11 @@ from mlx_lm.utils import load as mlx_lm_load
 from .aliases import PACKAGED_MODELS, ModelNotInstalled, packaged_model_path
 from .cpu_math import use_fast_swiglu
 from .cuda_fixes import apply_cuda_fixes
-from .gguf import GGUFError, converted_folder, is_gguf
+from .gguf import GGUFError, converted_folder, is_gguf, types_note
 from .quantized import prepare_base
 
 __all__ = ["EMBEDDED_MODEL", "PACKAGED_MODELS", "GGUFError", "ModelNotInstalled", "embedded_model_path",
-           "load_policy", "load_with_config", "model_folder", "resolve_model_path"]
+           "gguf_types_note", "load_policy", "load_with_config", "model_folder", "resolve_model_path"]
 
 EMBEDDED_MODEL = "embedded"
 
@@ -43,6 +43,14 @@ def model_folder(model: str | None) -> str:
         raise FileNotFoundError(f"model not found: {path} (neither a folder, a .gguf file nor a Hugging Face "
                                 f"repo id; packaged models: {', '.join(PACKAGED_MODELS)})")
     return path
+
+
+def gguf_types_note(model: str | None) -> str | None:
+    """How a GGUF model's tensor types were carried ("GGUF tensors: Q4_K x12: kept 4-bit (exact); ..."), else None."""
+    path = resolve_model_path(model)
+    if not (is_gguf(path) or Path(path).expanduser().is_file()):
+        return None
+    return types_note(converted_folder(path))
 
 
 def load_with_config(model: str | None = None, adapter_path: str | None = None):

@@ -27,7 +27,7 @@ from mlx.utils import tree_flatten, tree_map
 from ..config import TrainConfig, dump_yaml
 from ..evaluation.evaluate import evaluate_accuracy, evaluate_pass_at_k
 from ..models.adapters import adapters_disabled, prepare_for_training, save_adapters, weights_swapped
-from ..models.loading import load_policy, resolve_model_path
+from ..models.loading import gguf_types_note, load_policy, resolve_model_path
 from ..models.quantized import prepare_base
 from ..sampling import multiturn
 from ..tasks.data import screen_task
@@ -373,7 +373,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     if main:
         ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
-                   "warnings": task.warnings, "notes": [weights_note] if weights_note else []})
+                   "warnings": task.warnings, "notes": [n for n in (gguf_types_note(config.model), weights_note) if n]})
 
     before = state.get("eval_before")
     if before is None and not resumed:
