@@ -64,7 +64,7 @@ def test_a_wide_decode_of_a_head_dim_16_model_samples_what_narrow_waves_sample(d
     wrap_small_ropes(model)  # as load_policy does on CUDA (there it finds them wrapped): tested on every backend
     assert all(layer.self_attn.rope.rope.dims == 16 for layer in model.layers)
     if decoder == "generator":
-        monkeypatch.setattr(fixed_decode, "supports_fixed_decode", lambda model: False)
+        monkeypatch.setattr(fixed_decode, "supports_fixed_decode", lambda model, length=None: False)
     prompts = [encode_prompt(tokenizer, f"what is {i} + {2 * i}?") for i in range(40)]
     sampling = SamplingConfig(temperature=1.0, max_tokens=6)
     wide = sample_completions(model, tokenizer, prompts, 4, sampling, concurrency=160, seed=11)

@@ -35,7 +35,7 @@ def _prompts(tokenizer):
 def _both_ways(model, tokenizer, monkeypatch, sampling, group_size=4, **kw):
     fixed = sample_completions(model, tokenizer, _prompts(tokenizer), group_size, sampling, seed=7, **kw)
     with monkeypatch.context() as m:
-        m.setattr(fixed_decode, "supports_fixed_decode", lambda model: False)
+        m.setattr(fixed_decode, "supports_fixed_decode", lambda model, length=None: False)
         generator = sample_completions(model, tokenizer, _prompts(tokenizer), group_size, sampling, seed=7, **kw)
     return fixed, generator
 
@@ -57,6 +57,25 @@ def test_the_tiny_qwen2_takes_the_fixed_path(adapted):
 def test_fixed_decoder_samples_what_the_generator_samples(adapted, monkeypatch, sampling):
     fixed, generator = _both_ways(*adapted, monkeypatch, sampling)
     _assert_same(fixed, generator)
+
+
+def test_a_sliding_window_longer_than_the_rollout_takes_the_fixed_path(adapted, monkeypatch):
+    """Gemma 3: when no sequence outgrows the window, the fixed decoder samples what the generator
+    (mlx-lm's rotating caches) samples; a window shorter than the rollout keeps the generator."""
+    from mlx_lm.models import gemma3_text
+
+    tokenizer = adapted[1]
+    mx.random.seed(5)
+    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=32, num_hidden_layers=4, intermediate_size=64,
+                                 num_attention_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=len(tokenizer.vocab),
+                                 num_key_value_heads=1, sliding_window=64, sliding_window_pattern=2)
+    model = gemma3_text.Model(args)
+    model.update(tree_map(lambda p: p + 0.3 * mx.random.normal(p.shape), model.parameters()))
+    model.eval()
+    longest = max(map(len, _prompts(tokenizer))) + 12
+    assert fixed_decode.supports_fixed_decode(model, longest) and not fixed_decode.supports_fixed_decode(model)
+    assert not fixed_decode.supports_fixed_decode(model, 65)
+    _assert_same(*_both_ways(model, tokenizer, monkeypatch, SamplingConfig(temperature=1.0, max_tokens=12)))
 
 
 def test_rows_that_stop_early_narrow_the_batch_without_changing_any_row(adapted, monkeypatch):
@@ -154,3 +173,27 @@ def test_only_the_last_sampling_model_is_kept_alive(tiny_model_path):
     gc.collect()
     assert gone() is None  # the compiled steps of `first` went with it
     fixed_decode.release()
+
+
+def test_a_shared_frame_is_prefilled_once_with_the_same_keys_and_values(adapted, monkeypatch):
+    """A base model's few-shot frame: prompts that share a long start prefill it once, and every
+    row's buffers are what prefilling each prompt whole gives (tiny qwen2 and a sliding-window Gemma)."""
+    from mlx_lm.models import gemma3_text
+
+    model, tokenizer = adapted
+    frame = tokenizer.encode("Question: what is 2+3?\nAnswer: 5\n\nQuestion: what is 7+1?\nAnswer: 8\n\n" * 2)
+    prompts = [frame + tokenizer.encode(q) for q in ("what is 4+4?", "add 17 and 5, then double it", "hi")]
+    prompts.append(frame[:-3])  # a prompt that ends inside the frame
+    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                                 num_attention_heads=2, head_dim=16, vocab_size=len(tokenizer.vocab),
+                                 num_key_value_heads=1, sliding_window=256, sliding_window_pattern=2)
+    for m in (model, gemma3_text.Model(args)):
+        length = max(map(len, prompts)) - 1
+        fixed_decode.PREFILL.tokens = 0
+        keys, values = fixed_decode._prefilled_buffers(m, prompts, length, 4)
+        assert fixed_decode.PREFILL.tokens < sum(len(p) - 1 for p in prompts) - 2 * len(frame) + 20
+        with monkeypatch.context() as patch:
+            patch.setattr(fixed_decode, "_MIN_SHARED", 10**9)
+            want_keys, want_values = fixed_decode._prefilled_buffers(m, prompts, length, 4)
+        for got, want in zip(keys + values, want_keys + want_values):
+            np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-5)

@@ -98,7 +98,7 @@ def _same_episodes(a, b):
 
 
 def _without_fixed_decode(monkeypatch):
-    monkeypatch.setattr(fixed_decode, "supports_fixed_decode", lambda model: False)
+    monkeypatch.setattr(fixed_decode, "supports_fixed_decode", lambda model, length=None: False)
 
 
 def test_each_model_gets_the_player_its_cache_allows(web_policy, sliding_policy, monkeypatch):

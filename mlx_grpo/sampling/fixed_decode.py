@@ -24,11 +24,12 @@ argmax(filtered log-probs / T + Gumbel noise from key (r, t)).
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from ..update.logprobs import _output_head
 
@@ -68,9 +69,15 @@ class _FixedCache:
         return self.visible
 
 
-def supports_fixed_decode(model) -> bool:
-    """True when every layer uses mlx-lm's plain KVCache (no sliding window, no state-space layers)."""
-    return all(type(c) is KVCache for c in make_prompt_cache(model))
+def supports_fixed_decode(model, length: int | None = None) -> bool:
+    """True when every layer uses mlx-lm's plain KVCache (no state-space layers), or a sliding window
+    (Gemma 3) at least `length` long, the longest sequence to decode: then no key ever leaves the
+    window, and the window changes nothing."""
+    for cache in make_prompt_cache(model):
+        window = type(cache) is RotatingKVCache and length is not None and cache.keep == 0
+        if type(cache) is not KVCache and not (window and length <= cache.max_size):
+            return False
+    return True
 
 
 def _make_step(model, pick):
@@ -123,24 +130,61 @@ def release() -> None:
     _last["model"], _last["steps"] = None, {}
 
 
+# A prefix shared by every prompt (a base model's few-shot frame) is prefilled once when at least this long.
+_MIN_SHARED = 16
+
+
+def _shared_start(prefixes) -> tuple:
+    """The longest run of tokens that every prefix starts with."""
+    first, n = min(prefixes, key=len), 0
+    while n < len(first) and all(p[n] == first[n] for p in prefixes):
+        n += 1
+    return tuple(first[:n])
+
+
+def _copy_of(cache):
+    """An independent copy of a prefilled prompt cache: the keys and values cut to what is written,
+    so that the copy's next write makes new arrays instead of writing into the shared ones."""
+    copies = []
+    for c in cache:
+        c2 = copy.copy(c)
+        c2.keys, c2.values = c.keys[..., :c.offset, :], c.values[..., :c.offset, :]
+        if isinstance(c, RotatingKVCache):
+            c2._idx = c.offset  # in order and not yet rotated: shorter than its window
+        copies.append(c2)
+    return copies
+
+
 def _prefilled_buffers(model, prompts, prefix_length, max_tokens):
     """Per layer, (rows, kv_heads, prefix_length + max_tokens, head_dim) key and value buffers.
 
     Each distinct prompt prefix (the prompt minus its last token, which the first
     step feeds) runs once; its keys and values are right-aligned in the prefix
-    of every row that continues it. The buffers are built one layer at a time,
-    each prefix's layer let go once placed: the peak stays near the buffers'
-    own size, not a multiple of it.
+    of every row that continues it. Tokens that every prefix starts with (a
+    base model's worked examples) run once for all of them. The buffers are
+    built one layer at a time, each prefix's layer let go once placed: the
+    peak stays near the buffers' own size, not a multiple of it.
     """
     began = time.perf_counter()
     forward = model.model if _output_head(model) is not None else model  # keys and values only
     prefixes = {}
     for p in prompts:
         prefixes.setdefault(tuple(p[:-1]), len(prefixes))
-    prefilled = []
+    shared = _shared_start(list(prefixes)) if len(prefixes) > 1 else ()
+    base = None
+    if len(shared) >= _MIN_SHARED and all(type(c) in (KVCache, RotatingKVCache) for c in make_prompt_cache(model)):
+        base = make_prompt_cache(model)
+        forward(mx.array([shared]), cache=base)
+        mx.eval([c.state for c in base])
+    prefilled, tokens = [], len(shared) if base is not None else 0
     for prefix in prefixes:
-        cache = make_prompt_cache(model)
-        forward(mx.array([prefix or (0,)]), cache=cache)  # an empty prefix runs a dummy token, for the shapes
+        if base is not None:
+            cache, rest = _copy_of(base), prefix[len(shared):]
+        else:
+            cache, rest = make_prompt_cache(model), prefix or (0,)  # an empty prefix runs a dummy token
+        if rest:
+            forward(mx.array([rest]), cache=cache)
+        tokens += len(rest)
         prefilled.append((cache, len(prefix)))
     rows = mx.array([prefixes[tuple(p[:-1])] for p in prompts])
     keys, values = [], []
@@ -152,7 +196,7 @@ def _prefilled_buffers(model, prompts, prefix_length, max_tokens):
         mx.eval(keys[-1], values[-1])
         for cache, _ in prefilled:
             cache[layer].keys = cache[layer].values = None
-    PREFILL.add(sum(len(p) for p in prefixes), time.perf_counter() - began)
+    PREFILL.add(tokens, time.perf_counter() - began)
     return keys, values
 
 

@@ -227,8 +227,9 @@ def sample_completions(
     logprobs = [[] for _ in range(n)]
     finish = [None] * n
     # The memory budget may lower the width (width.py; the same rule as multi-turn rollouts').
-    width = decode_width(model, max(len(p) for p in prompts) + sampling.max_tokens, max(1, concurrency))
-    if fixed_decode.supports_fixed_decode(model):
+    longest = max(len(p) for p in prompts) + sampling.max_tokens
+    width = decode_width(model, longest, max(1, concurrency))
+    if fixed_decode.supports_fixed_decode(model, longest):
         for start in range(0, n, width):
             wave = list(range(start, min(n, start + width)))
             out = _decode_fixed(model, [prompts[i // group_size] for i in wave], wave, sampler, end_ids, sampling)
