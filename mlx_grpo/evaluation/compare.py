@@ -34,7 +34,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import JUDGE_KEYS, ConfigError, TrainConfig, build_config, load_yaml
-from ..models.loading import EMBEDDED_MODEL, PACKAGED_MODELS, GGUFError, ModelNotInstalled, load_policy
+from ..models.loading import EMBEDDED_MODEL, PACKAGED_MODELS, GGUFError, ModelNotInstalled, StoreError, load_policy
 from ..sampling.rollout import Completion, SamplingConfig, sample_completions
 from ..tasks.data import task_prompts
 from ..tasks.registry import Task, recommended_settings
@@ -167,7 +167,7 @@ class Settings:
 def load_model(spec: ModelSpec):
     try:
         model, tokenizer = load_policy(spec.model, spec.adapter)
-    except (GGUFError, ModelNotInstalled) as e:  # their messages are whole sentences already
+    except (GGUFError, ModelNotInstalled, StoreError) as e:  # their messages are whole sentences already
         raise CompareError(str(e)) from None
     except Exception as e:  # a missing repo, bad weights, an adapter for another model: one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""

@@ -1,5 +1,6 @@
 """Loading a policy: the embedded tiny model, a local mlx-lm folder, a GGUF file, a packaged
-model's alias (smollm2-135m), or a Hugging Face id."""
+model's alias (smollm2-135m), a model in Ollama's or LM Studio's store (ollama:NAME[:TAG],
+lmstudio:PUBLISHER/REPO[/FILE]: stores.py), or a Hugging Face id."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from .cpu_math import use_fast_swiglu
 from .cuda_fixes import apply_cuda_fixes
 from .gguf import GGUFError, converted_folder, is_gguf, types_note
 from .quantized import prepare_base
+from .stores import StoreError, is_store_name, resolve_store_name
 
-__all__ = ["EMBEDDED_MODEL", "PACKAGED_MODELS", "GGUFError", "ModelNotInstalled", "embedded_model_path",
+__all__ = ["EMBEDDED_MODEL", "PACKAGED_MODELS", "GGUFError", "ModelNotInstalled", "StoreError",
+           "embedded_model_path",
            "gguf_types_note", "load_policy", "load_with_config", "model_folder", "resolve_model_path"]
 
 EMBEDDED_MODEL = "embedded"
@@ -26,11 +29,14 @@ def embedded_model_path() -> Path:
 
 
 def resolve_model_path(model: str | None) -> str:
-    """The folder, GGUF file or Hugging Face id a model name stands for (aliases and "embedded" resolved)."""
+    """The folder, GGUF file or Hugging Face id a model name stands for (aliases, store names and
+    "embedded" resolved)."""
     if model in (None, "", EMBEDDED_MODEL):
         return str(embedded_model_path())
     if model in PACKAGED_MODELS:
         return str(packaged_model_path(model))
+    if is_store_name(model):
+        return str(resolve_store_name(model))
     return model
 
 
