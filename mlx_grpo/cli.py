@@ -254,7 +254,8 @@ def export_command(
                                  "the one named in its config.yaml or adapter_config.json"),
     gguf: Optional[Path] = typer.Option(None, help="write a GGUF file here (llama.cpp, Ollama, LM Studio)"),
     mlx: Optional[Path] = typer.Option(None, help="write an MLX model folder here (mlx-lm)"),
-    outtype: str = typer.Option("f16", help="GGUF tensor type: f16, q8_0 or q4_0 (norms stay float32)"),
+    outtype: str = typer.Option("f16", help="GGUF tensor type: f16, q8_0 or q4_0 (norms stay float32); q4_k_m, "
+                                            "q5_k_m or q6_k through llama.cpp's quantizer (llama-cpp-python)"),
     force: bool = typer.Option(False, help="overwrite an existing output"),
 ):
     """Fuse a run's adapters into its base model and write the result as GGUF and/or an MLX folder."""

@@ -334,3 +334,40 @@ def test_cli_export_and_its_errors(tmp_path, bpe):
 def test_export_needs_an_output(tmp_path):
     with pytest.raises(ExportError, match="--gguf"):
         export(None, None)
+
+
+@pytest.mark.parametrize("outtype,expect", [("q4_k_m", {"Q4_K", "Q6_K"}), ("q6_k", {"Q6_K"})])
+def test_k_quant_export_through_llama_cpp_and_back(tmp_path, bpe, outtype, expect):
+    """Rows of 256 (hidden 256) so that llama.cpp writes K blocks; the file reads back in llama.cpp and here."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    config = build_hf_model(tmp_path / "hf", "qwen2", len(bpe["tokens"]), hidden=256, intermediate=512)
+    base = str(write_gguf(tmp_path / "base.gguf", config, numpy_weights(tmp_path / "hf"), bpe))
+    adapters = make_adapters(base, tmp_path / "adapters")
+    out = export(base, adapters, gguf_path=str(tmp_path / "out.gguf"), outtype=outtype)[0]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no partial files left
+    types = {t.tensor_type.name for t in gguf.GGUFReader(str(out)).tensors}
+    assert expect <= types, types
+    f16 = export(base, adapters, gguf_path=str(tmp_path / "f16.gguf"))[0]
+    reimported, _ = mlx_lm_load(str(converted_folder(out)))  # K blocks read back by our own decoder
+    exact, _ = mlx_lm_load(str(converted_folder(f16)))
+    assert relative_gap(logits(reimported), logits(exact)) < 0.25  # random weights at 4-6 bits: the same model, rounded
+    runner = llama_cpp.Llama(str(out), n_ctx=64, n_threads=1, logits_all=True, verbose=False)
+    runner.eval(list(PROMPT))
+    assert relative_gap(logits(reimported), np.array(runner.scores[: len(PROMPT)])) < 0.05
+
+
+def test_k_quant_export_without_llama_cpp_names_the_extra(tmp_path, bpe, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_llama_cpp(name, *args, **kwargs):
+        if name == "llama_cpp":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    base = gguf_base(tmp_path, bpe, "qwen2", "F32")
+    monkeypatch.setattr(builtins, "__import__", no_llama_cpp)
+    with pytest.raises(ExportError, match=r"llama-cpp-python: pip install -e \".\[smollm2\]\""):
+        export(base, None, gguf_path=str(tmp_path / "out.gguf"), outtype="q4_k_m")
+    assert not (tmp_path / "out.gguf").exists()

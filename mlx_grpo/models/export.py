@@ -14,13 +14,21 @@ template (copied from the base's GGUF file, or rebuilt from a folder model's
 tokenizer). f16 by
 default; q8_0 and q4_0 are quantized with the `gguf` package's own NumPy
 quantizers (blocks of 32 along each row), which is what llama.cpp reads.
+The K-quant mixes that Ollama and LM Studio users hold (q4_k_m, q5_k_m, q6_k)
+come from llama.cpp's own quantizer (llama-cpp-python's
+llama_model_quantize), run on the f16 file: its per-tensor choices (which
+tensors get 6 bits, where rows do not divide by 256) are llama.cpp's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -32,9 +40,10 @@ from . import gguf_arch
 from .gguf_file import read_header
 from .gguf_tokenizer import metadata_from_hf
 
-OUTTYPES = ("f16", "q8_0", "q4_0")
-# llama.cpp's general.file_type of each output type (its LlamaFileType).
+# llama.cpp's general.file_type of each output type (its LlamaFileType, llama_ftype).
 _FILE_TYPES = {"f16": 1, "q8_0": 7, "q4_0": 2}
+K_QUANT_TYPES = {"q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}  # quantized by llama.cpp itself
+OUTTYPES = (*_FILE_TYPES, *K_QUANT_TYPES)
 
 
 class ExportError(ValueError):
@@ -151,15 +160,66 @@ def _tokenizer_metadata(writer, meta: dict) -> None:
         writer.add_chat_template(meta["tokenizer.chat_template"])
 
 
+@contextlib.contextmanager
+def _c_output_to(sink):
+    """Send what C code writes to stdout and stderr into `sink` (a file) for the duration."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        yield sink
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
+def _last_line(log) -> str:
+    log.seek(0)
+    lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"
+
+
+def _llama_cpp_quantizer():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ExportError("--outtype q4_k_m, q5_k_m and q6_k use llama.cpp's own quantizer, from "
+                          "llama-cpp-python: pip install -e \".[smollm2]\" (or pip install llama-cpp-python)") from None
+    return llama_cpp
+
+
 def write_gguf(model: nn.Module, tokenizer, config: dict, base_path: str, path: Path, outtype: str = "f16",
                force: bool = False, name: str | None = None) -> Path:
     """A GGUF file of the fused model; the tokenizer comes from the base's GGUF file when it has one."""
+    if outtype not in OUTTYPES:
+        raise ExportError(f"--outtype {outtype}: not one of {', '.join(OUTTYPES)}")
+    if outtype in K_QUANT_TYPES:
+        llama_cpp = _llama_cpp_quantizer()  # before anything is written
+        path = Path(path)
+        _check_output(path, force)
+        full = path.with_name(f".{path.name}.f16.partial")
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            write_gguf(model, tokenizer, config, base_path, full, "f16", True, name or path.stem)
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = K_QUANT_TYPES[outtype]
+            with _c_output_to(tempfile.TemporaryFile()) as log:  # a line per tensor: kept unless it fails
+                failed = llama_cpp.llama_model_quantize(str(full).encode(), str(partial).encode(), params) != 0
+            if failed:
+                raise ExportError(f"llama.cpp could not quantize the model to {outtype}: {_last_line(log)}")
+            partial.replace(path)  # a reader never sees half a file
+        finally:
+            full.unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
+        return path
     try:
         import gguf
     except ImportError:
         raise ExportError("writing GGUF needs the gguf package: pip install -e \".[gguf]\"") from None
-    if outtype not in OUTTYPES:
-        raise ExportError(f"--outtype {outtype}: not one of {', '.join(OUTTYPES)}")
     config = model_settings(model, config)
     arch = gguf_arch.check_exportable(config).name  # before anything is written
     path = Path(path)
