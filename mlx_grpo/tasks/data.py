@@ -201,9 +201,17 @@ def encode_prompt(tokenizer, prompt, system_prompt: str | None = None, prompt_fo
     prompt when there is one.
     """
     if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(
-            prompt_messages(prompt, system_prompt), add_generation_prompt=True, tokenize=True
-        ))
+        from jinja2 import TemplateError
+
+        # transformers renders templates in Jinja's immutable sandbox: a template (from a downloaded
+        # file) that reaches for Python objects stops with a SecurityError, said here in one line.
+        try:
+            return list(tokenizer.apply_chat_template(
+                prompt_messages(prompt, system_prompt), add_generation_prompt=True, tokenize=True
+            ))
+        except TemplateError as e:
+            raise DataError(f"the model's chat template cannot render a prompt ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else 'no message'})") from None
     text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
     if prompt_format:
         text = prompt_format.replace("{prompt}", text)
