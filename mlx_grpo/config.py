@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 @dataclass
 class TrainConfig:
     # What to train, on what
-    model: str | None = None  # local folder, GGUF file, Hugging Face id or packaged model; None: the embedded one
+    model: str | None = None  # folder, GGUF file, ollama:/lmstudio: name, HF id or packaged model; None: embedded
     task: str = "arith"  # a built-in task, or "custom" with --data and --reward-file
     data: str | None = None  # JSONL file, folder with train.jsonl/test.jsonl, or a HF dataset name
     reward_file: str | None = None  # Python file defining reward functions
@@ -57,7 +57,7 @@ class TrainConfig:
     decode_concurrency: int = 256  # sequences decoded at once; independent of micro_batch_size
     max_turns: int = 8  # multi-turn tasks (web): the most model turns in one episode
     max_episode_tokens: int = 1024  # multi-turn tasks: the most tokens of an episode after its first prompt (turns and observations)
-    curriculum: str = "none"  # none | ued: draw the task groups solved about half the time more often (README: Web browsing)
+    curriculum: str = "none"  # none | ued: draw the task groups solved about half the time more often (docs/tasks.md: Web browsing)
     curriculum_key: str = "kind"  # row column that groups tasks for the curriculum (web: kind, e.g. fact/1); rows without it count alone
     curriculum_explore: float = 0.2  # curriculum: share of draws spread evenly over all groups, whatever their estimates
     web_kinds: list[str] = field(default_factory=list)  # web task: only these families/levels (fact/1 ... account/3); empty: all
@@ -87,7 +87,7 @@ class TrainConfig:
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal from the batch
     resample_rounds: int = 0  # with dynamic_sampling: at most this many extra rollouts to refill the batch
     reward_threshold: float | None = None  # drop groups whose best reward is below this (seed 003; None: off)
-    judge: str | None = None  # a model that grades completions, an extra reward named judge (any --model source; README: A judge model as reward)
+    judge: str | None = None  # a model that grades completions, an extra reward named judge (any --model source; docs/judge.md)
     judge_rubric: str | None = None  # the judge's rubric: a file, or general / ocaml_quality (built in); default: the task's
     judge_weight: float = 1.0  # weight of the judge's reward (0: logged beside the others, not trained on)
 

@@ -79,16 +79,16 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path):
         assert "Traceback" not in result.output
 
 
-def test_every_setting_has_a_flag_and_a_readme_entry():
+def test_every_setting_has_a_flag_and_a_settings_entry():
     from pathlib import Path
 
     from mlx_grpo.config import FIELDS, field_help
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "settings.md").read_text()
     help_text = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "250"}).output
     helps = field_help()
     for name in FIELDS:
-        assert f"`{name}`" in readme, f"README lacks the setting {name}"
+        assert f"`{name}`" in readme, f"docs/settings.md lacks the setting {name}"
         assert f"--{name.replace('_', '-')}" in help_text, f"no flag for {name}"
         assert helps.get(name), f"{name} has no description comment in TrainConfig"
 

@@ -1,0 +1,98 @@
+"""Write docs/settings.md from the code: TrainConfig's fields (mlx_grpo/config.py) and the CLI's options.
+
+Every train setting is a field of the TrainConfig dataclass, with its default
+and a trailing comment that says what it does, grouped under the comment
+lines of the class; the other commands' options are typer's. This script
+renders both, so the reference cannot drift from the code:
+
+    python scripts/settings_doc.py          # rewrite docs/settings.md
+    python scripts/settings_doc.py --check  # exit 1 if docs/settings.md is stale (tests/test_docs.py runs it)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mlx_grpo.config import TrainConfig  # noqa: E402
+
+OUT = ROOT / "docs" / "settings.md"
+_FIELD = re.compile(r"^    (\w+): [^=]+?=.*?(?:  # (.*))?$")
+_SECTION = re.compile(r"^    # (.+)$")
+
+
+def _default(field: dataclasses.Field) -> str:
+    if field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        value = field.default
+    return f"`{value!r}`" if isinstance(value, str) else f"`{value}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def train_settings() -> list[str]:
+    """One table per group of TrainConfig, in the order of the class."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    lines = []
+    for line in inspect.getsource(TrainConfig).splitlines():
+        section, field = _SECTION.match(line), _FIELD.match(line)
+        if section and not field:
+            if lines:
+                lines.append("")
+            lines += [f"**{section.group(1)}**", "", "| key | default | meaning |", "| --- | --- | --- |"]
+        elif field and field.group(1) in fields:
+            name = field.group(1)
+            lines.append(f"| `{name}` | {_cell(_default(fields[name]))} | {_cell(field.group(2) or '')} |")
+    return lines
+
+
+def command_options() -> list[str]:
+    """Each other command's options, from the CLI itself."""
+    import typer
+
+    from mlx_grpo.cli import app
+
+    group = typer.main.get_command(app)
+    lines = []
+    for name in sorted(group.commands):
+        if name == "train":
+            continue
+        command = group.commands[name]
+        options = [p for p in command.params if p.param_type_name == "option" and p.name != "help"]
+        if not options:
+            continue
+        lines += ["", f"**mlx-grpo {name}**", "", "| flag | default | meaning |", "| --- | --- | --- |"]
+        for p in options:
+            flag = " / ".join(f"`{o}`" for o in (*p.opts, *p.secondary_opts))
+            default = "" if p.default is None or p.is_flag and p.default is False else f"`{p.default}`"
+            lines.append(f"| {flag} | {_cell(default)} | {_cell(' '.join((p.help or '').split()))} |")
+    return lines
+
+
+def render() -> str:
+    head = ["# Settings", "",
+            "Generated from `mlx_grpo/config.py` and the CLI by `python scripts/settings_doc.py`; do not edit by "
+            "hand.", "",
+            "Every train setting is a config key and a flag (`lr` is `--lr`, `group_size` is `--group-size`). "
+            "`mlx-grpo train --help` prints the same list.", ""]
+    return "\n".join(head + train_settings() + ["", "## The other commands"] + command_options()) + "\n"
+
+
+if __name__ == "__main__":
+    text = render()
+    if "--check" in sys.argv:
+        if not OUT.is_file() or OUT.read_text(encoding="utf-8") != text:
+            print(f"{OUT.relative_to(ROOT)} is stale: run python scripts/settings_doc.py")
+            sys.exit(1)
+    else:
+        OUT.write_text(text, encoding="utf-8")
+        print(f"wrote {OUT.relative_to(ROOT)}")
