@@ -33,7 +33,6 @@ import numpy as np
 from mlx.utils import tree_map
 
 from .config import TrainConfig, build_config
-from .evaluation.evaluate import columns_of
 from .models.adapters import prepare_for_training, save_adapters
 from .models.loading import load_policy, resolve_model_path
 from .run import trainer as _trainer
@@ -41,12 +40,13 @@ from .run.step_metrics import reward_range
 from .run.trainer import RunResult
 from .sampling.rollout import Completion, SamplingConfig, sample_completions
 from .tasks import registry as _tasks
-from .tasks.data import encode_prompt, screen_task
+from .tasks.data import columns_of, encode_prompt, screen_task
 from .tasks.registry import Task, recommended_settings
 from .tasks.rewarding import Scores, score_completions, with_timeout
 from .update.advantages import group_advantages
 from .update.batch import build_batch, micro_batch_count, micro_batches
 from .update.losses import BatchShape
+from .update.step import reference_logprobs, update
 
 __all__ = [
     "Completion", "RunResult", "SamplingConfig", "Scores", "Task", "TrainConfig", "Trainer",
@@ -255,10 +255,10 @@ class Trainer:
                            num_micro_batches=micro_batch_count(len(rows), g, settings.micro_batch_size),
                            max_tokens=c.max_tokens)
         chunk = _trainer._chunk_size(settings, self.model, batch, settings.micro_batch_size)
-        ref = (_trainer.reference_logprobs(self.model, settings, parts, self.ref_params, chunk)
+        ref = (reference_logprobs(self.model, parts, self.ref_params, settings.temperature, chunk)
                if c.beta > 0 else None)
         self.model.train()
-        metrics = _trainer.update(self.model, self.optimizer, settings, sizes, parts, ref, chunk)
+        metrics = update(self.model, self.optimizer, _trainer.update_settings(settings), sizes, parts, ref, chunk)
         return {"reward/mean": float(rewards.mean()), **metrics}
 
     def step(self) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import inspect
 import math
 import re
@@ -20,13 +21,10 @@ from pathlib import Path
 
 import yaml
 
+from .errors import ConfigError  # noqa: F401 (defined below every floor; public here)
 from .models.adapters import FINE_TUNE_TYPES
 from .update.advantages import SCALE_MODES
 from .update.losses import LOSS_TYPES
-
-
-class ConfigError(ValueError):
-    """A configuration mistake the user can fix; the message says how."""
 
 
 @dataclass
@@ -343,10 +341,30 @@ def _validate_health(c: TrainConfig, need) -> None:
     for name in ("health_clip_frac", "health_zero_std", "health_entropy_drop", "health_truncated_frac",
                  "health_judge_unreadable"):
         need(0 <= getattr(c, name) <= 1, f"{name} must be in [0, 1], got {getattr(c, name)}")
-    from .run.reporting import check_reporters  # late: it is only needed when the setting is used
-
     problem = check_reporters(c.report_to)
     need(problem is None, problem or "")
+
+
+# --report-to: the optional loggers (run/reporting.py runs them) and the package each needs.
+REPORTERS = {
+    "wandb": ("wandb", "pip install wandb"),
+    "tensorboard": ("tensorboardX", "pip install tensorboardX"),
+}
+
+
+def check_reporters(names: list[str]) -> str | None:
+    """What is wrong with --report-to, or None."""
+    for name in names:
+        if name not in REPORTERS:
+            return f"report_to: unknown logger {name!r}; choose from {', '.join(REPORTERS)}"
+        module, install = REPORTERS[name]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken or half-imported package
+            found = False
+        if not found:
+            return f"--report-to {name}: {module} is not installed ({install})"
+    return None
 
 
 def to_dict(c: TrainConfig) -> dict:

@@ -28,7 +28,7 @@ from mlx.utils import tree_flatten
 
 from mlx_grpo.api import load_task, make_config
 from mlx_grpo.blas import loaded_blas, use_openblas
-from mlx_grpo.evaluation.evaluate import columns_of
+from mlx_grpo.tasks.data import columns_of
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
 from mlx_grpo.tasks.data import encode_prompt

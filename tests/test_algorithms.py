@@ -17,7 +17,8 @@ from test_trainer import _completions
 from mlx_grpo.config import build_config
 from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import load_policy
-from mlx_grpo.run.trainer import refreshed_reference, train, update
+from mlx_grpo.run.trainer import refreshed_reference, train, update_settings
+from mlx_grpo.update.step import update
 from mlx_grpo.update.batch import build_batch, micro_batches
 from mlx_grpo.update.logprobs import completion_logprobs
 from mlx_grpo.update.losses import BatchShape
@@ -92,7 +93,7 @@ def test_one_iteration_is_reinforce_and_more_iterations_clip(tiny_model_path):
                                    "epsilon_high": eps})
             model = _fresh_policy(tiny_model_path)
             parts, sizes = _on_policy_parts(model, config)
-            metrics = update(model, optim.SGD(learning_rate=config.lr), config, sizes, parts, None, None)
+            metrics = update(model, optim.SGD(learning_rate=config.lr), update_settings(config), sizes, parts, None, None)
             results[iterations, eps] = (_weights(model), metrics)
 
     # One update on fresh rollouts: the ratio is 1, the clip never fires, and the
@@ -192,7 +193,7 @@ def test_pass_at_k_evaluation_counts_any_right_sample(tiny_model_path, monkeypat
     """eval/pass@k with n = k samples is the fraction of problems with at least one right sample."""
     from types import SimpleNamespace
 
-    from mlx_grpo.evaluation import evaluate
+    from mlx_grpo.sampling import heldout as evaluate
 
     rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(3)]
     # problem 0: no right sample; 1: one of two; 2: both

@@ -12,7 +12,7 @@ from mlx_grpo.cli import app
 from mlx_grpo.config import build_config
 from mlx_grpo.evaluation import compare as cmp
 from mlx_grpo.evaluation import compare_report as cmp_report
-from mlx_grpo.evaluation.evaluate import evaluate_accuracy
+from mlx_grpo.sampling.heldout import evaluate_accuracy
 from mlx_grpo.models.loading import embedded_model_path, load_policy
 from mlx_grpo.run.trainer import train
 from mlx_grpo.tasks.registry import load_task, recommended_settings

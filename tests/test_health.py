@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 
 from mlx_grpo.cli import app
 from mlx_grpo.run import trainer
+from mlx_grpo.update import step as update_step
 from mlx_grpo.run.display import TrainDisplay, metrics_table, trend
 from mlx_grpo.run.health import RULES, HealthMonitor, Thresholds, fitted_trend
-from mlx_grpo.run.step_metrics import relative_change
+from mlx_grpo.update.step import relative_change
 
 STEPS = 60
 
@@ -228,7 +229,7 @@ def test_injected_nan_skips_updates_then_stops_with_last_good_checkpoint(tmp_pat
     rewards = tmp_path / "rewards.py"
     rewards.write_text(REWARDS)
     poison = {"on": False}
-    real_loss, real_step = trainer.policy_loss, trainer.train_step
+    real_loss, real_step = update_step.policy_loss, trainer.train_step
 
     def nan_loss(*args, **kwargs):
         loss, stats = real_loss(*args, **kwargs)
@@ -239,7 +240,7 @@ def test_injected_nan_skips_updates_then_stops_with_last_good_checkpoint(tmp_pat
         poison["on"] = step >= 3
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "policy_loss", nan_loss)
+    monkeypatch.setattr(update_step, "policy_loss", nan_loss)
     monkeypatch.setattr(trainer, "train_step", step_from_3)
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(app, [

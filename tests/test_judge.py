@@ -260,7 +260,7 @@ def test_eval_reports_the_judge_beside_accuracy(tmp_path):
 
 
 def test_paired_judge_scores_leave_out_prompts_without_a_score():
-    from mlx_grpo.evaluation.stats import compare_paired, compare_paired_part, paired_parts
+    from mlx_grpo.stats import compare_paired, compare_paired_part, paired_parts
 
     # 2 samples a prompt; the second prompt has no base score, the fourth no trained score
     base = [0.2, 0.4, None, None, 0.5, 0.5, 0.1, 0.3, 0.0, 1.0]

@@ -60,12 +60,53 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 def test_the_graph_sees_relative_and_late_imports():
     graph = _import_graph("mlx_grpo")
     assert "mlx_grpo.run.checkpoint" in graph["mlx_grpo.run.trainer"]       # from . import checkpoint
-    assert "mlx_grpo.run.reporting" in graph["mlx_grpo.config"]             # imported inside a function
+    assert "mlx_grpo.errors" in graph["mlx_grpo.models.quantized"]          # imported inside a function
     assert "mlx_grpo.models.loading" in graph["mlx_grpo.run.trainer"]       # from ..models.loading import
 
 
 def test_mlx_grpo_has_no_import_cycle():
     assert _find_cycle(_import_graph("mlx_grpo")) is None
+
+
+# The floors, bottom first: a module imports only from its own floor or lower ones. Written
+# down here once; docs/api.md and CONTRIBUTING.md describe the same order.
+FLOORS = [
+    ("mlx_grpo.errors", "mlx_grpo.files", "mlx_grpo.stats", "mlx_grpo.blas"),  # no package imports at all
+    ("mlx_grpo.update", "mlx_grpo.models"),
+    ("mlx_grpo.config",),
+    ("mlx_grpo.tasks", "mlx_grpo.tools"),
+    ("mlx_grpo.sampling",),
+    ("mlx_grpo.run",),
+    ("mlx_grpo.evaluation",),
+    ("mlx_grpo.api", "mlx_grpo.cli", "mlx_grpo.__main__", "mlx_grpo"),
+]
+# Imports that may look up a floor, each with the reason it must. Starts empty: keep it so.
+ALLOWED_UPWARD: set[tuple[str, str]] = set()
+
+
+def floor_of(module: str) -> int:
+    """The floor of the longest FLOORS name that is the module or a package holding it."""
+    found = [(len(name), i) for i, names in enumerate(FLOORS) for name in names
+             if module == name or module.startswith(name + ".")]
+    assert found, f"{module} is on no floor: add it to FLOORS"
+    return max(found)[1]
+
+
+def test_the_floor_rule_catches_an_upward_import():
+    assert floor_of("mlx_grpo.models.gguf") < floor_of("mlx_grpo.config") < floor_of("mlx_grpo.run.trainer")
+    assert floor_of("mlx_grpo.stats") == 0 and floor_of("mlx_grpo") == len(FLOORS) - 1
+    planted = {"mlx_grpo.models.adapters": {"mlx_grpo.run.checkpoint"}}
+    assert _upward(planted) == ["mlx_grpo.models.adapters (floor 1) imports mlx_grpo.run.checkpoint (floor 5)"]
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{m} (floor {floor_of(m)}) imports {t} (floor {floor_of(t)})"
+            for m, targets in sorted(graph.items()) for t in sorted(targets)
+            if floor_of(t) > floor_of(m) and (m, t) not in ALLOWED_UPWARD]
+
+
+def test_every_import_looks_down():
+    assert _upward(_import_graph("mlx_grpo")) == []
 
 
 def test_rewards_has_no_import_cycle():

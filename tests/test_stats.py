@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from mlx_grpo.evaluation.stats import (
+from mlx_grpo.stats import (
     _signed_rank_distribution,
     bootstrap_ci,
     compare_paired,

@@ -8,7 +8,8 @@ from mlx.utils import tree_flatten
 from mlx_grpo.config import build_config
 from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import load_policy
-from mlx_grpo.run.trainer import make_optimizer, update
+from mlx_grpo.run.trainer import make_optimizer, update_settings
+from mlx_grpo.update.step import update
 from mlx_grpo.sampling.rollout import Completion
 from mlx_grpo.update.batch import batch_rows, build_batch, groups_with_signal, micro_batch_count, micro_batches, prompt_runs
 from mlx_grpo.update.losses import BatchShape
@@ -55,7 +56,7 @@ def test_skipping_silent_groups_changes_nothing(tiny_model_path):
         model, _ = load_policy(str(tiny_model_path))
         mx.random.seed(0)
         prepare_for_training(model, "lora", {"rank": 4})
-        metrics = update(model, make_optimizer(config), config, sizes, parts, None, None)
+        metrics = update(model, make_optimizer(config), update_settings(config), sizes, parts, None, None)
         results.append((dict(tree_flatten(model.trainable_parameters())), metrics))
     assert len(micro_batches(groups_with_signal(batch), 3)) == 2
     (a, ma), (b, mb) = results
@@ -100,7 +101,7 @@ def test_pieces_of_groups_train_exactly_like_whole_groups(tiny_model_path):
             prepare_for_training(model, "lora", {"rank": 4})
             # Plain SGD: the weights move by the (clipped) gradient itself; Adam would
             # blow rounding-level differences in near-zero gradients up to lr.
-            metrics = update(model, optim.SGD(learning_rate=1.0), config, sizes, parts, None, None)
+            metrics = update(model, optim.SGD(learning_rate=1.0), update_settings(config), sizes, parts, None, None)
             results.append((dict(tree_flatten(model.trainable_parameters())), metrics))
         (whole, m_whole), *cut = results
         assert m_whole["update/rel_change"] > 0
@@ -126,7 +127,7 @@ def test_pieces_run_their_prompt_once_unless_dropout_is_on(tiny_model_path, monk
         model, _ = load_policy(str(tiny_model_path))
         prepare_for_training(model, "lora", {"rank": 4, "dropout": dropout})
         model.train()
-        update(model, optim.SGD(learning_rate=0.1), config, sizes, parts, None, None)
+        update(model, optim.SGD(learning_rate=0.1), update_settings(config), sizes, parts, None, None)
         assert len(calls) == passes, dropout
 
 

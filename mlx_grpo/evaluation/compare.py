@@ -39,8 +39,8 @@ from ..sampling.rollout import Completion, SamplingConfig, sample_completions
 from ..tasks.data import task_prompts
 from ..tasks.registry import Task, recommended_settings
 from ..tasks.rewarding import part_means, reward_name, score_completions
-from .evaluate import columns_of
-from .stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k, paired_parts
+from ..tasks.data import columns_of
+from ..stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k, paired_parts
 
 SPLITS = ("test", "train")
 # An answer counts as a success for pass@k when its accuracy reward is at least this

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from .compare import CompareError, Report
-from .stats import CONFIDENCE, PairedResult
+from ..stats import CONFIDENCE, PairedResult
 
 
 def _fmt(value, spec: str = ".3f") -> str:

@@ -107,7 +107,7 @@ def save_adapters(model: nn.Module, folder: Path, adapter_config: dict) -> None:
     Files are written to a temporary name and renamed, so a reader never sees
     a half-written file.
     """
-    from ..run.checkpoint import atomic_save_safetensors, atomic_write_json
+    from ..files import atomic_save_safetensors, atomic_write_json
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

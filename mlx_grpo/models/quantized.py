@@ -95,7 +95,7 @@ def prepare_base(model: nn.Module, keep_quantized: bool = False, memory: int | N
     """
     note = _float_copy_if_cpu(model, keep_quantized, memory)
     if fine_tune_type == "full" and quantized_modules(model):
-        from ..config import ConfigError  # late: the config module imports this package
+        from ..errors import ConfigError
 
         raise ConfigError(f"fine_tune_type full needs float weights, but the {note}; train adapters "
                           "(lora or dora) instead")

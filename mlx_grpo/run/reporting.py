@@ -8,29 +8,10 @@ trainer's events, like the terminal display does.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 from typing import Callable
 
-REPORTERS = {
-    "wandb": ("wandb", "pip install wandb"),
-    "tensorboard": ("tensorboardX", "pip install tensorboardX"),
-}
-
-
-def check_reporters(names: list[str]) -> str | None:
-    """What is wrong with --report-to, or None."""
-    for name in names:
-        if name not in REPORTERS:
-            return f"report_to: unknown logger {name!r}; choose from {', '.join(REPORTERS)}"
-        module, install = REPORTERS[name]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):  # a broken or half-imported package
-            found = False
-        if not found:
-            return f"--report-to {name}: {module} is not installed ({install})"
-    return None
+from ..config import REPORTERS, check_reporters  # noqa: F401 (checked with the other settings)
 
 
 def scalars(metrics: dict) -> dict[str, float]:

@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import TrainConfig
-from ..evaluation.evaluate import columns_of
+from ..tasks.data import columns_of
 from ..sampling import multiturn
 from ..sampling.rollout import SamplingConfig, sample_completions
 from ..tasks.curriculum import group_success

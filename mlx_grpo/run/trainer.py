@@ -5,14 +5,13 @@ One step:
   2. sample `group_size` completions for each, keeping ids and behaviour log-probs;
   3. score them and compute group-baseline advantages;
   4. `num_iterations` times: accumulate gradients over micro-batches, clip the
-     global norm, step AdamW (warmup + cosine schedule);
+     global norm, step AdamW (warmup + cosine schedule): update/step.py;
   5. append metrics and completions to the run folder; checkpoint every `save_every`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,26 +24,25 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from ..config import TrainConfig, dump_yaml
-from ..evaluation.evaluate import evaluate_accuracy, evaluate_pass_at_k
-from ..models.adapters import adapters_disabled, prepare_for_training, save_adapters, weights_swapped
+from ..models.adapters import prepare_for_training, save_adapters
 from ..models.loading import gguf_types_note, load_policy, resolve_model_path
 from ..models.quantized import prepare_base
 from ..sampling import multiturn
+from ..sampling.heldout import evaluate_accuracy, evaluate_pass_at_k
 from ..tasks.data import screen_task
 from ..tasks.registry import Task, load_task
 from ..tasks.rewarding import part_means, reward_metrics, with_timeout
 from ..update.advantages import advantage_stats, group_advantages
 from ..update.batch import (MicroBatch, RolloutBatch, build_batch, groups_with_signal, memory_bound_size,
-                            micro_batch_count, micro_batches, prompt_runs)
-from ..update.gradients import micro_batch_gradients
-from ..update.logprobs import logprobs_after_prompt, prompt_pass
-from ..update.losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
+                            micro_batch_count, micro_batches)
+from ..update.losses import BatchShape, LossSettings
+from ..update.step import UpdateSettings, reference_logprobs, update
 from . import checkpoint as ckpt
 from . import distributed as dist
 from .health import HealthMonitor, TrainingStopped, stop_run
 from .interrupt import steps_until_ctrl_c
 from .reporting import with_reporters
-from .step_metrics import relative_change, reward_range
+from .step_metrics import reward_range
 from .step_rollouts import collect_rollouts, step_seed
 
 # Chunk the vocabulary projection when one micro-batch's logits would exceed this many floats.
@@ -85,95 +83,12 @@ def _chunk_size(config: TrainConfig, model, batch: RolloutBatch, size: int) -> i
     return 128 if floats > _CHUNK_LOGITS_ABOVE else None
 
 
-def loss_settings(config: TrainConfig) -> LossSettings:
-    return LossSettings(loss_type=config.loss, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
+def update_settings(config: TrainConfig) -> UpdateSettings:
+    loss = LossSettings(loss_type=config.loss, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
                         delta=config.delta, beta=config.beta, sapo_tau_pos=config.sapo_tau_pos,
                         sapo_tau_neg=config.sapo_tau_neg, entropy_coef=config.entropy_coef)
-
-
-def reference_logprobs(model, config: TrainConfig, parts: list[MicroBatch], ref_params, chunk) -> list[mx.array]:
-    """log pi_ref of the completion tokens, per micro-batch: the base model (adapters off) or frozen weights."""
-    out = []
-    context = weights_swapped(model, ref_params) if ref_params is not None else adapters_disabled(model)
-    with context:
-        for run in prompt_runs(parts):  # the pieces of a group share its prompt pass
-            state = prompt_pass(model, parts[run[0]].prompts, parts[run[0]].left_padding)
-            for mb in (parts[i] for i in run):
-                logp, _ = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
-                                                config.temperature, chunk)
-                mx.eval(logp)
-                out.append(mx.stop_gradient(logp))
-    return out
-
-
-def update(model, optimizer, config: TrainConfig, sizes: BatchShape, parts: list[MicroBatch], ref_logps,
-           chunk) -> dict:
-    """`num_iterations` optimizer steps on one rollout batch. Returns averaged statistics.
-
-    `sizes` describes the whole batch (normalisation); `parts` may leave out
-    groups that contribute nothing (see groups_with_signal).
-    """
-    settings = loss_settings(config)
-
-    def after_prompt(model, state, mb: MicroBatch):
-        return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
-                                     config.temperature, chunk, entropy_grad=config.entropy_coef > 0)
-
-    def loss_of(logp, entropy, mb: MicroBatch, ref):
-        keep = (top_entropy_mask(entropy, mb.mask, config.entropy_top_quantile)
-                if config.entropy_top_quantile < 1 else None)
-        loss, stats = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, settings,
-                                  ref_logp=ref, entropy=entropy, token_weight=keep)
-        stats["entropy"] = (mx.stop_gradient(entropy) * mb.mask).sum()
-        return loss, stats
-
-    totals: dict[str, float] = {}
-    losses, norms, clipped, skipped = [], [], [], 0
-    start_weights = model.trainable_parameters()  # for the update size (health rule lr_too_low)
-    for _ in range(config.num_iterations):
-        # Zero gradients when no group carries signal: the optimizer still steps
-        # (as it would on an all-zero batch), keeping the schedule and moments in order.
-        grads = tree_map(mx.zeros_like, model.trainable_parameters()) if not parts else None
-        sums = {"loss": 0.0}
-        for loss, stats, g in micro_batch_gradients(model, parts, ref_logps, after_prompt, loss_of):
-            grads = g if grads is None else tree_map(mx.add, grads, g)
-            mx.eval(grads)
-            sums["loss"] += loss.item()
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v.item()
-        # Data-parallel: add the other ranks' micro-batches (a no-op with one process).
-        grads = dist.all_sum_tree(grads)
-        sums = dist.sum_across_ranks(sums)
-        loss_sum = sums.pop("loss")
-        for k, v in sums.items():
-            totals[k] = totals.get(k, 0.0) + v
-        grads, norm = optim.clip_grad_norm(grads, config.max_grad_norm)
-        norm = norm.item()
-        if not math.isfinite(norm) or not math.isfinite(loss_sum):
-            skipped += 1  # a NaN/Inf step would poison the weights: leave them untouched
-        else:
-            optimizer.update(model, grads)
-            mx.eval(model.trainable_parameters(), optimizer.state)
-        losses.append(loss_sum)
-        norms.append(norm)
-        clipped.append(norm > config.max_grad_norm)
-    tokens = totals.get("tokens", 0.0)
-    metrics = {
-        "loss": float(np.mean(losses)),
-        "grad_norm": float(norms[-1]),
-        "grad_norm/max": float(np.max(norms)),
-        "grad_clipped": bool(clipped[-1]),
-        "grad_clipped_frac": float(np.mean(clipped)),
-        # Token statistics cover the tokens trained on; none when every group was silent.
-        "clip_fraction": totals["clipped"] / tokens if tokens else None,
-        "ratio/mean": totals["ratio"] / tokens if tokens else None,
-        "entropy": totals["entropy"] / tokens if tokens else None,
-        "skipped_updates": skipped,
-        "update/rel_change": relative_change(start_weights, model.trainable_parameters()),
-    }
-    if "kl" in totals and tokens:
-        metrics["kl"] = totals["kl"] / tokens
-    return metrics
+    return UpdateSettings(loss, config.temperature, config.num_iterations, config.max_grad_norm, config.entropy_coef,
+                          config.entropy_top_quantile)
 
 
 def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
@@ -237,13 +152,14 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         if watch_kl:  # over every group, silent ones included
             all_parts = micro_batches(batch, size) if skip_silent else parts
             mine = [all_parts[i] for i in dist.shard(len(all_parts))]
-            metrics["kl"] = _kl_to_reference(mine, reference_logprobs(model, config, mine, ref_params, chunk))
+            metrics["kl"] = _kl_to_reference(mine, reference_logprobs(model, mine, ref_params, config.temperature, chunk))
         parts = [parts[i] for i in dist.shard(len(parts))]  # data-parallel: this rank's micro-batches
-        ref_logps = reference_logprobs(model, config, parts, ref_params, chunk) if config.beta > 0 else None
+        ref_logps = reference_logprobs(model, parts, ref_params, config.temperature, chunk) if config.beta > 0 else None
         prompt_tokens = sum(map(len, batch.prompts))
     else:  # every group was filtered out: the optimizer still steps, on zero gradients
         sizes, parts, ref_logps, chunk, prompt_tokens = BatchShape(0, 0, 0, config.max_tokens), [], None, None, 0
-    metrics.update(update(model, optimizer, config, sizes, parts, ref_logps, chunk))
+    metrics.update(update(model, optimizer, update_settings(config), sizes, parts, ref_logps, chunk,
+                          dist.all_sum_tree, dist.sum_across_ranks))
     # The rate the last update used (absent only if every update so far was skipped).
     metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
     update_s = time.perf_counter() - update_start

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .data import columns_of
 from .rewarding import reward_name, score_completions
 
 RATE = 0.3  # weight of the newest observation in the moving average
@@ -117,7 +118,6 @@ def group_success(task, rows: list[dict], completions: list, scores, group_size:
         name = reward_name(task.accuracy_reward)
         values = scores.parts.get(name) if name in [reward_name(f) for f in task.reward_functions] else None
         if values is None:
-            from ..evaluation.evaluate import columns_of
 
             values = score_completions([task.accuracy_reward], [1.0],
                                        [r["prompt"] for r in rows for _ in range(group_size)],

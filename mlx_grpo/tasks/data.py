@@ -186,6 +186,12 @@ def _load_hub(name: str, split: str, report: LoadReport) -> list[dict]:
     return _check_records([dict(r) for r in ds[names[0]]], report, unit="row")
 
 
+def columns_of(rows: list[dict], repeat: int = 1) -> dict[str, list]:
+    """Dataset columns (everything but the prompt), one entry per completion."""
+    keys = sorted({k for r in rows for k in r if k != "prompt"})
+    return {k: [r.get(k) for r in rows for _ in range(repeat)] for k in keys}
+
+
 def prompt_messages(prompt, system_prompt: str | None) -> list[dict]:
     messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if system_prompt and not any(m.get("role") == "system" for m in messages):

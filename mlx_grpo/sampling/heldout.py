@@ -1,4 +1,6 @@
-"""Accuracy on held-out prompts: one batched greedy decode, then the task's check."""
+"""Accuracy on held-out prompts: one batched greedy decode, then the task's check.
+
+The trainer's before/after check and `eval` both use it, so it sits below run/ and evaluation/."""
 
 from __future__ import annotations
 
@@ -6,16 +8,10 @@ import time
 
 import numpy as np
 
-from ..sampling.rollout import SamplingConfig, sample_completions
-from ..tasks.data import task_prompts
+from ..stats import mean_pass_at_k
+from ..tasks.data import columns_of, task_prompts
 from ..tasks.rewarding import score_completions
-from .stats import mean_pass_at_k
-
-
-def columns_of(rows: list[dict], repeat: int = 1) -> dict[str, list]:
-    """Dataset columns (everything but the prompt), one entry per completion."""
-    keys = sorted({k for r in rows for k in r if k != "prompt"})
-    return {k: [r.get(k) for r in rows for _ in range(repeat)] for k in keys}
+from .rollout import SamplingConfig, sample_completions
 
 
 def _answers_and_scores(model, tokenizer, task, k: int, sampling: SamplingConfig, concurrency: int):

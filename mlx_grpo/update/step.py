@@ -1,0 +1,131 @@
+"""One rollout batch's optimizer steps, and the reference pass they may need.
+
+The trainer (run/trainer.py) builds the micro-batches and calls these; so does
+the Python API's Trainer.update. What the loss is lives in losses.py, how a
+micro-batch's gradient is taken in gradients.py; here they meet the optimizer:
+`num_iterations` steps over the same batch (mu in the GRPO paper), gradients
+summed over micro-batches (and over ranks, when data-parallel), clipped by
+their global norm, and a step that is not finite skipped whole.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_map
+
+from ..models.adapters import adapters_disabled, weights_swapped
+from .batch import MicroBatch, prompt_runs
+from .gradients import micro_batch_gradients
+from .logprobs import logprobs_after_prompt, prompt_pass
+from .losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
+
+
+@dataclass
+class UpdateSettings:
+    loss: LossSettings
+    temperature: float = 1.0  # log-probs at the sampling temperature
+    num_iterations: int = 1  # optimizer steps on one rollout batch
+    max_grad_norm: float = 1.0
+    entropy_coef: float = 0.0  # > 0: the entropy bonus is optimised, so it needs its gradient
+    entropy_top_quantile: float = 1.0  # < 1: only the highest-entropy tokens carry the loss
+
+
+def relative_change(before, after) -> float:
+    """||after - before|| / ||before|| over every array of two parameter trees of the same shape."""
+    old, new = dict(tree_flatten(before)), dict(tree_flatten(after))
+    diff = sum((mx.sum(mx.square(new[k] - v)) for k, v in old.items()), mx.array(0.0)).item()
+    norm = sum((mx.sum(mx.square(v)) for v in old.values()), mx.array(0.0)).item()
+    return math.sqrt(diff / norm) if norm > 0 else math.inf if diff > 0 else 0.0
+
+
+def reference_logprobs(model, parts: list[MicroBatch], ref_params, temperature: float, chunk) -> list[mx.array]:
+    """log pi_ref of the completion tokens, per micro-batch: the base model (adapters off) or frozen weights."""
+    out = []
+    context = weights_swapped(model, ref_params) if ref_params is not None else adapters_disabled(model)
+    with context:
+        for run in prompt_runs(parts):  # the pieces of a group share its prompt pass
+            state = prompt_pass(model, parts[run[0]].prompts, parts[run[0]].left_padding)
+            for mb in (parts[i] for i in run):
+                logp, _ = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
+                                                temperature, chunk)
+                mx.eval(logp)
+                out.append(mx.stop_gradient(logp))
+    return out
+
+
+def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: list[MicroBatch], ref_logps, chunk,
+           all_sum_tree: Callable = lambda tree: tree, sum_across_ranks: Callable = lambda sums: sums) -> dict:
+    """`num_iterations` optimizer steps on one rollout batch. Returns averaged statistics.
+
+    `sizes` describes the whole batch (normalisation); `parts` may leave out
+    groups that contribute nothing (see groups_with_signal). Data-parallel
+    training passes the sums over ranks (run/distributed.py); one process
+    needs none.
+    """
+    settings = config.loss
+
+    def after_prompt(model, state, mb: MicroBatch):
+        return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
+                                     config.temperature, chunk, entropy_grad=config.entropy_coef > 0)
+
+    def loss_of(logp, entropy, mb: MicroBatch, ref):
+        keep = (top_entropy_mask(entropy, mb.mask, config.entropy_top_quantile)
+                if config.entropy_top_quantile < 1 else None)
+        loss, stats = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, settings,
+                                  ref_logp=ref, entropy=entropy, token_weight=keep)
+        stats["entropy"] = (mx.stop_gradient(entropy) * mb.mask).sum()
+        return loss, stats
+
+    totals: dict[str, float] = {}
+    losses, norms, clipped, skipped = [], [], [], 0
+    start_weights = model.trainable_parameters()  # for the update size (health rule lr_too_low)
+    for _ in range(config.num_iterations):
+        # Zero gradients when no group carries signal: the optimizer still steps
+        # (as it would on an all-zero batch), keeping the schedule and moments in order.
+        grads = tree_map(mx.zeros_like, model.trainable_parameters()) if not parts else None
+        sums = {"loss": 0.0}
+        for loss, stats, g in micro_batch_gradients(model, parts, ref_logps, after_prompt, loss_of):
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            mx.eval(grads)
+            sums["loss"] += loss.item()
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v.item()
+        # Data-parallel: add the other ranks' micro-batches (a no-op with one process).
+        grads = all_sum_tree(grads)
+        sums = sum_across_ranks(sums)
+        loss_sum = sums.pop("loss")
+        for k, v in sums.items():
+            totals[k] = totals.get(k, 0.0) + v
+        grads, norm = optim.clip_grad_norm(grads, config.max_grad_norm)
+        norm = norm.item()
+        if not math.isfinite(norm) or not math.isfinite(loss_sum):
+            skipped += 1  # a NaN/Inf step would poison the weights: leave them untouched
+        else:
+            optimizer.update(model, grads)
+            mx.eval(model.trainable_parameters(), optimizer.state)
+        losses.append(loss_sum)
+        norms.append(norm)
+        clipped.append(norm > config.max_grad_norm)
+    tokens = totals.get("tokens", 0.0)
+    metrics = {
+        "loss": float(np.mean(losses)),
+        "grad_norm": float(norms[-1]),
+        "grad_norm/max": float(np.max(norms)),
+        "grad_clipped": bool(clipped[-1]),
+        "grad_clipped_frac": float(np.mean(clipped)),
+        # Token statistics cover the tokens trained on; none when every group was silent.
+        "clip_fraction": totals["clipped"] / tokens if tokens else None,
+        "ratio/mean": totals["ratio"] / tokens if tokens else None,
+        "entropy": totals["entropy"] / tokens if tokens else None,
+        "skipped_updates": skipped,
+        "update/rel_change": relative_change(start_weights, model.trainable_parameters()),
+    }
+    if "kl" in totals and tokens:
+        metrics["kl"] = totals["kl"] / tokens
+    return metrics
