@@ -85,6 +85,7 @@ class TrainConfig:
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal from the batch
     resample_rounds: int = 0  # with dynamic_sampling: at most this many extra rollouts to refill the batch
     reward_threshold: float | None = None  # drop groups whose best reward is below this (seed 003; None: off)
+    shaping: str = "always"  # always | gated: side rewards (all but the first) count only where the first varies
     judge: str | None = None  # a model that grades completions, an extra reward named judge (any --model source; docs/judge.md)
     judge_rubric: str | None = None  # the judge's rubric: a file, or general / ocaml_quality (built in); default: the task's
     judge_weight: float = 1.0  # weight of the judge's reward (0: logged beside the others, not trained on)
@@ -130,6 +131,8 @@ class TrainConfig:
     health_adv_factor: float = 10.0  # largest |advantage| above this multiple of the batch's reward range
     health_min_update: float = 1e-4  # updates move the weights by less than this fraction of their norm, reward flat
     health_judge_unreadable: float = 0.2  # the judge's answers could not be read as a score more often than this
+    health_takeover_share: float = 0.5  # a side reward carries more than this share of the within-group reward variance
+    health_collapse_share: float = 0.5  # one answer is more than this share of completions, or lengths fall below it
     max_nonfinite_steps: int = 3  # stop after this many steps in a row with a NaN/Inf loss or gradient (0: never)
 
 
@@ -271,6 +274,7 @@ def validate(c: TrainConfig) -> None:
             need(not isinstance(v, int) or name == "seed" or abs(v) < 2**31, f"{name} is too large: {v}")
     need(c.max_turns >= 1 and c.max_episode_tokens >= 1, "max_turns and max_episode_tokens must be at least 1")
     need(c.curriculum in ("none", "ued"), f"curriculum must be none or ued; got {c.curriculum!r}")
+    need(c.shaping in ("always", "gated"), f"shaping must be always or gated; got {c.shaping!r}")
     need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")
     for name in ("steps", "batch_size", "group_size", "max_tokens", "num_iterations",
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",
@@ -339,7 +343,7 @@ def _validate_health(c: TrainConfig, need) -> None:
                  "health_adv_factor", "health_min_update"):
         need(getattr(c, name) >= 0, f"{name} must be >= 0, got {getattr(c, name)}")
     for name in ("health_clip_frac", "health_zero_std", "health_entropy_drop", "health_truncated_frac",
-                 "health_judge_unreadable"):
+                 "health_judge_unreadable", "health_takeover_share", "health_collapse_share"):
         need(0 <= getattr(c, name) <= 1, f"{name} must be in [0, 1], got {getattr(c, name)}")
     problem = check_reporters(c.report_to)
     need(problem is None, problem or "")

@@ -84,6 +84,8 @@ def spike(m, s):
 
 
 CASES = {
+    "reward_takeover": set_(**{"reward_share/correct": 0.1, "reward_share/format": 0.9, "groups/main_flat_frac": 0.2}),
+    "answer_collapse": set_(**{"completion/top_share": 0.9, "completion/top_answer": "#### 3"}),
     "grad_at_clip": set_(grad_norm=1.0, grad_clipped=True),
     "grad_spike": spike,
     "zero_std": set_(frac_zero_std=0.75),

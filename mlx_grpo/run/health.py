@@ -20,6 +20,8 @@ from typing import Callable
 
 import numpy as np
 
+from .health_rewards import REWARD_RULES
+
 
 @dataclass
 class Thresholds:
@@ -37,6 +39,8 @@ class Thresholds:
     adv_factor: float = 10.0  # advantage_blowup: max |advantage| over the batch's reward range
     min_update: float = 1e-4  # lr_too_low: median ||delta W|| / ||W|| per step below this
     judge_unreadable: float = 0.2  # judge_unreadable: share of the judge's answers that are not a score
+    takeover_share: float = 0.5  # reward_takeover: a side reward's share of the within-group variance
+    collapse_share: float = 0.5  # answer_collapse: one answer's share; recent/early completion length
     # Facts about the run the rules compare against (not thresholds).
     max_grad_norm: float = 1.0
     max_tokens: int | None = None
@@ -50,6 +54,7 @@ class Thresholds:
                    kl_max=config.health_kl_max, entropy_drop=config.health_entropy_drop,
                    truncated_frac=config.health_truncated_frac, adv_factor=config.health_adv_factor,
                    min_update=config.health_min_update, judge_unreadable=config.health_judge_unreadable,
+                   takeover_share=config.health_takeover_share, collapse_share=config.health_collapse_share,
                    max_grad_norm=config.max_grad_norm,
                    max_tokens=config.max_tokens, lr=config.lr)
 
@@ -337,7 +342,7 @@ RULES: tuple[Rule, ...] = (
          "'Score: N' on one line, or use a larger instruct model as judge",
          "health_judge_unreadable",
          "seed 003: an AI-feedback reward with high variance, 'reward signal noise' named as a root cause"),
-)
+) + tuple(Rule(*rule) for rule in REWARD_RULES)  # health_rewards.py: what the rewards did in the groups
 
 
 @dataclass

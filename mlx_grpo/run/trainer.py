@@ -40,6 +40,7 @@ from ..update.step import UpdateSettings, reference_logprobs, update
 from . import checkpoint as ckpt
 from . import distributed as dist
 from .health import HealthMonitor, TrainingStopped, stop_run
+from .health_rewards import answer_pattern, reward_variance_shares
 from .interrupt import steps_until_ctrl_c
 from .reporting import with_reporters
 from .step_metrics import reward_range
@@ -180,6 +181,8 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         "filter/dropped_frac": float(1 - sampled.keep.mean()),
         "filter/rounds": sampled.rounds,
         "completion/mean_length": float(lengths.mean()),
+        **answer_pattern([c.text for c in sampled.completions]),
+        **reward_variance_shares(sampled.parts, task.reward_weights, g),
         "completion/truncated_frac": float(truncated.mean()),
         "tokens_per_s": int(lengths.sum()) / max(sampled.seconds, 1e-9),
         "train/tokens_per_s": (prompt_tokens + trained_tokens) * config.num_iterations / max(update_s, 1e-9),

@@ -13,6 +13,14 @@ Length penalties act on each completion's reward:
       (L - B - n) / B * penalty  if L - B < n <= L
   added to its reward.
 
+Side rewards (`shaping`): every reward after the first is a side reward (a
+format bonus, a length term). With `always` they count everywhere. With
+`gated` they count only in groups where the first (main) reward varies: in a
+group where every completion is equally wrong, a 0.1-weight format reward
+would otherwise set every advantage on its own (issue 27, GSM8K on SmolLM2),
+so there the group's rewards are the main reward's alone (all equal: no
+gradient).
+
 Group filters decide which groups enter the update:
 
 - DAPO dynamic sampling: groups whose rewards are all equal carry no signal
@@ -25,6 +33,19 @@ Group filters decide which groups enter the update:
 from __future__ import annotations
 
 import numpy as np
+
+
+SHAPING = ("always", "gated")
+
+
+def gated_totals(parts: dict[str, list], weights: list[float], group_size: int) -> np.ndarray:
+    """The weighted reward of each completion, side rewards dropped in groups where the main one is flat."""
+    values = np.array([[0.0 if v is None else float(v) * w for v in column]
+                       for column, w in zip(parts.values(), weights)])
+    grouped = values.reshape(len(values), -1, group_size)
+    main_varies = grouped[0].std(axis=1) > 1e-12
+    totals = grouped[0] + np.where(main_varies[:, None], grouped[1:].sum(axis=0), 0.0)
+    return totals.reshape(-1)
 
 
 def runaway_penalty(rewards, truncated, factor: float) -> np.ndarray:

@@ -1,0 +1,115 @@
+"""Health rules that read what the rewards did inside the groups (health.py registers them).
+
+Where right answers are rare, most groups have no right answer: the first
+(main) reward is the same for every completion of the group, and whatever
+else differs, a 0.1-weight format reward say, sets every advantage. The
+SmolLM2 GSM8K recipe learned exactly that: format 0.02 -> 0.97, accuracy
+0.015 -> 0.010, answers shrunk to "#### 3" (issue 27). Two rules see it:
+
+- reward_takeover: a side reward carries most of the within-group reward
+  variance, or the main reward is flat in most groups while the total is not.
+- answer_collapse: completions shrink fast while the main reward does not
+  rise, or one short answer makes up most completions.
+
+The step metrics they read come from `reward_variance_shares` and
+`answer_pattern`, which the trainer logs every step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+SHARE_PREFIX = "reward_share/"
+
+
+def reward_variance_shares(parts: dict[str, list], weights: list[float], group_size: int) -> dict:
+    """Each reward's share of the within-group variance of the weighted rewards, and the share of
+    groups where the main (first) reward is flat but the total is not. Empty with one reward."""
+    names = list(parts)
+    if len(names) < 2 or group_size < 2 or len(parts[names[0]]) % group_size:
+        return {}
+    values = np.array([[0.0 if v is None else float(v) * w for v in parts[name]]
+                       for name, w in zip(names, weights)])
+    grouped = values.reshape(len(names), -1, group_size)  # (rewards, groups, completions)
+    variance = grouped.var(axis=2).sum(axis=1)
+    metrics = {}
+    if variance.sum() > 0:
+        metrics.update({f"{SHARE_PREFIX}{name}": float(v / variance.sum()) for name, v in zip(names, variance)})
+    main_flat = grouped[0].std(axis=1) < 1e-9
+    total_varies = grouped.sum(axis=0).std(axis=1) > 1e-9
+    metrics["groups/main_flat_frac"] = float(np.mean(main_flat & total_varies))
+    return metrics
+
+
+def answer_pattern(texts: list[str]) -> dict:
+    """The most common completion of a step (whitespace folded) and the share of completions it is."""
+    if not texts:
+        return {}
+    answer, count = Counter(" ".join(t.split()) for t in texts).most_common(1)[0]
+    return {"completion/top_share": count / len(texts), "completion/top_answer": answer[:80]}
+
+
+def _shares(h) -> dict[str, float]:
+    """Mean share of each reward over the last window, the main (first logged) reward first."""
+    rows = [r for r in h.steps[-h.t.window:] if any(k.startswith(SHARE_PREFIX) for k in r)]
+    if len(rows) < max(3, h.t.window // 2):
+        return {}
+    names = [k[len(SHARE_PREFIX):] for k in rows[-1] if k.startswith(SHARE_PREFIX)]
+    return {name: float(np.mean([r.get(SHARE_PREFIX + name) or 0.0 for r in rows])) for name in names}
+
+
+def reward_takeover(h) -> str | None:
+    shares = _shares(h)
+    window = h.t.window
+    main, side = "the main reward", "the side rewards"
+    if shares:
+        main, *sides = shares
+        side = max(sides, key=shares.get)
+        if shares[side] > h.t.takeover_share:
+            return (f"the side reward {side} carries {shares[side]:.0%} of the within-group reward variance over "
+                    f"the last {window} steps (the main reward {main}: {shares[main]:.0%}): it, not {main}, "
+                    "sets the advantages")
+    flat = h.values("groups/main_flat_frac", window)
+    if len(flat) >= max(3, window // 2) and np.mean(flat) > h.t.takeover_share:
+        return (f"in {np.mean(flat):.0%} of groups over the last {len(flat)} steps {main} was the same for every "
+                f"completion while the total still differed: those groups were trained on {side} alone")
+    return None
+
+
+def answer_collapse(h) -> str | None:
+    window = h.t.window
+    example = next((r["completion/top_answer"] for r in reversed(h.steps) if r.get("completion/top_answer")), "")
+    shares = h.values("completion/top_share", window)
+    if len(shares) >= window and np.mean(shares) > h.t.collapse_share and len(example) <= 20:
+        return (f"one short answer makes up {np.mean(shares):.0%} of the completions over the last {window} steps, "
+                f"e.g. {example!r}")
+    lengths = h.values("completion/mean_length")
+    if len(lengths) < 2 * window:
+        return None
+    early, recent = float(np.mean(lengths[:window])), float(np.mean(lengths[-window:]))
+    main = next(iter(_shares(h)), None)
+    key = f"reward/{main}/mean" if main else "reward/mean"
+    rewards = h.values(key)
+    if recent < h.t.collapse_share * early and (not rewards or np.mean(rewards[-window:]) <= np.mean(rewards[:window])
+                                                + 0.02):
+        return (f"completions shrank from {early:.0f} to {recent:.0f} tokens while {key} did not rise "
+                f"(latest most common answer: {example!r})")
+    return None
+
+
+# Registered by health.py (a Rule each: name, title, check, suggestion, setting, seed evidence).
+REWARD_RULES = (
+    ("reward_takeover", "a side reward took over the advantages", reward_takeover,
+     "the main reward rarely varies inside a group, so a small side reward decides every update: use "
+     "--shaping gated (side rewards count only where the main reward varies), zero or lower the side reward, "
+     "raise group_size, or pick prompts the model sometimes solves",
+     "health_takeover_share",
+     "issue 27: SmolLM2 GSM8K, format reward (weight 0.1) 0.02 -> 0.97 while accuracy fell 0.015 -> 0.010"),
+    ("answer_collapse", "answers collapsed to a short pattern", answer_collapse,
+     "the policy found a short answer that some reward likes: read completions.jsonl, drop or gate the reward "
+     "that pays for it, and lower lr",
+     "health_collapse_share",
+     "issue 27: 258 of 287 GSM8K answers in steps 9-18 were a single digit; completions 201 -> 50 tokens"),
+)
