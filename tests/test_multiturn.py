@@ -284,3 +284,26 @@ def test_grpo_on_the_multi_turn_path_raises_reward_on_easy_web_tasks(tmp_path):
 # recipe for longer. Measured with these settings: reward .27 .56 .42 .66 | .51 .54 .83 .57, success
 # .16 .41 .28 .52 | .38 .41 .63 .42, greedy accuracy 0.25 -> 0.31 on 16 held-out tasks.
 LEARNING_RUN = {"steps": 8, "eval_num_problems": 16}
+
+
+def test_eval_of_a_multi_turn_task_shows_its_turns_and_takes_the_width(tiny_model_path):
+    """`eval --task web`: a line per turn (turn, episodes playing, tok/s); --decode-concurrency caps the batch."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from mlx_grpo.cli import app
+
+    def turn_lines(*extra):
+        result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--task", "web", "--n", "2",
+                                          "--samples", "2", "--max-tokens", "3", *extra])
+        assert result.exit_code == 0, result.output
+        return re.findall(r"model: turn (\d+)/(\d+), (\d+) of (\d+) episodes playing, (\d+) done, (\d+) tok/s",
+                          result.output)
+
+    lines = turn_lines()
+    assert lines and lines[0][:4] == ("1", lines[0][1], "4", "4")  # 2 prompts x 2 samples in one batch
+    assert {int(turn) for turn, *_ in lines} >= {1, 2}  # more than one turn reported
+    assert int(lines[-1][5]) > 0  # tokens/s once a turn has run
+    narrow = turn_lines("--decode-concurrency", "2")
+    assert narrow and all(int(n_of) == 2 and int(playing) <= 2 for _, _, playing, n_of, _, _ in narrow)
