@@ -7,12 +7,40 @@ OpenBLAS preloaded (see blas.py). Doing that here, before the CLI's imports
 
 
 def main():
-    from .blas import use_openblas
+    from .blas import loaded_blas, use_openblas
 
     use_openblas()  # MLX_GRPO_OPENBLAS=0 turns it off
     from .cli import main as cli_main
 
-    cli_main()
+    try:
+        cli_main()
+    except SystemExit as e:
+        if loaded_blas() != "openblas":
+            raise
+        _exit_past_openblas(e.code)
+
+
+def _exit_past_openblas(code) -> None:
+    """End the process without the C libraries' exit handlers, once Python's own have run.
+
+    Debian's preloaded OpenBLAS joins its worker threads in its exit handler, and
+    that join sometimes never returns (seen twice after `train` had written
+    everything: gdb showed blas_thread_shutdown_ in pthread_join while the
+    worker waited on its condition variable, beside numpy's own OpenBLAS). By
+    then every file is written and closed; Python's atexit handlers (loggers,
+    thread pools) still run here, then the process ends.
+    """
+    import atexit
+    import os
+    import sys
+
+    status = code if isinstance(code, int) else (0 if code is None else 1)
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
