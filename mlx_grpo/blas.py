@@ -1,19 +1,24 @@
 """A multithreaded BLAS for MLX's CPU backend on Linux, when one is installed.
 
 The mlx-cpu wheel brings the reference BLAS: single-threaded and unblocked. On
-the 2-core test machine OpenBLAS does the same float32 matmuls 3 to 10 times
+the 2-core test machine OpenBLAS does the same float32 matmuls 3 to 20 times
 faster, and a whole GRPO step of a small model runs about 2x faster (numbers in
 docs/performance.md). The dynamic loader takes each symbol from the first
 library that defines it, so preloading OpenBLAS's `libblas.so.3` puts its
 `cblas_sgemm` in front of the wheel's. `LD_PRELOAD` is read only when a
 process starts, so the `mlx-grpo` command re-executes itself once with it set.
 
-It does nothing on macOS (Accelerate), on MLX's CUDA backend, when no OpenBLAS
-is installed (Debian/Ubuntu: `apt-get install libopenblas0-pthread`), or with
-`MLX_GRPO_OPENBLAS=0`. `MLX_GRPO_OPENBLAS=/path/to/libblas.so.3` names another
-library. When the matmuls stay on the reference BLAS (no OpenBLAS found, or
-`MLX_GRPO_OPENBLAS` names a file that is not there), the command says so once,
-in one line on stderr, with the fix.
+Which library: `MLX_GRPO_OPENBLAS=/path/to/lib.so` when set; else the system's
+OpenBLAS (Debian/Ubuntu: `apt-get install libopenblas0-pthread`); else, on
+x86-64, Intel's `libmkl_rt` from the `mkl` wheel (`pip install
+'mlx-grpo[fastblas]'`, no root needed), which exports the same CBLAS and LAPACK
+names. OpenBLAS comes first because it measured faster here on the decode's
+output-head shape (docs/performance.md, "A BLAS from pip").
+
+It does nothing on macOS (Accelerate), on MLX's CUDA backend, when neither is
+installed, or with `MLX_GRPO_OPENBLAS=0`. When the matmuls stay on the reference
+BLAS (nothing found, or `MLX_GRPO_OPENBLAS` names a file that is not there), the
+command says so once, in one line on stderr, with the fix.
 """
 
 from __future__ import annotations
@@ -21,14 +26,16 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import sysconfig
 from pathlib import Path
 
 ENV = "MLX_GRPO_OPENBLAS"
 _DONE = "MLX_GRPO_OPENBLAS_PRELOADED"  # set in the re-executed process: never loop
+_SYSTEM_LIB = Path("/usr/lib")  # where Debian/Ubuntu put OpenBLAS (a variable for the tests)
 
 
-def openblas_path() -> str | None:
-    """The OpenBLAS `libblas.so.3` to preload, or None."""
+def blas_path() -> str | None:
+    """The BLAS library to preload (see the module docstring), or None."""
     choice = os.environ.get(ENV, "").strip()
     if choice.lower() in ("0", "off", "no", "false"):
         return None
@@ -36,9 +43,21 @@ def openblas_path() -> str | None:
         return choice if Path(choice).is_file() else None
     arch = f"{platform.machine()}-linux-gnu"
     for variant in ("openblas-pthread", "openblas-openmp"):
-        path = Path("/usr/lib") / arch / variant / "libblas.so.3"
+        path = _SYSTEM_LIB / arch / variant / "libblas.so.3"
         if path.is_file():
             return str(path)
+    return pip_mkl_path()
+
+
+def pip_mkl_path() -> str | None:
+    """`libmkl_rt.so.N` as the `mkl` wheel installs it (into the environment's or the user's lib/), or None."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None  # Intel's wheels are x86-64 only
+    roots = [sysconfig.get_path("data"), sysconfig.get_path("data", f"{os.name}_user")]
+    for root in dict.fromkeys(r for r in roots if r):
+        found = sorted(Path(root, "lib").glob("libmkl_rt.so.*"))
+        if found:
+            return str(found[-1])
     return None
 
 
@@ -52,7 +71,7 @@ def preload_command(argv: list[str] | None = None) -> tuple[list[str], dict] | N
     """(argv, environment) to re-execute this process with OpenBLAS preloaded, or None to go on as is."""
     if sys.platform != "linux" or os.environ.get(_DONE):
         return None
-    library = openblas_path()
+    library = blas_path()
     if library is None or library in os.environ.get("LD_PRELOAD", "").split(":"):
         return None
     if not _mlx_on_cpu():
@@ -60,11 +79,15 @@ def preload_command(argv: list[str] | None = None) -> tuple[list[str], dict] | N
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
     env[_DONE] = library
+    if Path(library).name.startswith("libmkl"):
+        # Intel's OpenMP threads spin 200 ms after each call by default; on a small shared CPU that
+        # spinning took the cores the next matmul needed (a step 2-3x slower than with 0 here).
+        env.setdefault("KMP_BLOCKTIME", "0")
     return [sys.executable, *(argv if argv is not None else sys.orig_argv[1:])], env
 
 
 def loaded_blas() -> str:
-    """Which BLAS MLX's CPU matmuls use in this process: "openblas", "reference" or "platform"."""
+    """Which BLAS MLX's CPU matmuls use in this process: "openblas", "mkl", "reference" or "platform"."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
@@ -73,14 +96,16 @@ def loaded_blas() -> str:
     mapped = {line.split()[-1] for line in maps.splitlines() if "/" in line}
     if any("openblas" in m.lower() and ".libs/" not in m for m in mapped):
         return "openblas"
+    if any(m.rsplit("/", 1)[-1].startswith("libmkl_rt.") for m in mapped):
+        return "mkl"
     if any(".libs/libblas" in m for m in mapped):  # the wheel's own (mlx_cpu.libs/, mlx_cuda_13.libs/)
         return "reference"
     return "platform"
 
 
 _OFF = ("0", "off", "no", "false")
-_FIX = ("Fix: apt-get install libopenblas0-pthread (Debian/Ubuntu), or set MLX_GRPO_OPENBLAS to an OpenBLAS "
-        "libblas.so.3")
+_FIX = ("Fix: apt-get install libopenblas0-pthread (Debian/Ubuntu), or pip install 'mlx-grpo[fastblas]' (x86-64), "
+        "or set MLX_GRPO_OPENBLAS to a BLAS library such as OpenBLAS's libblas.so.3")
 
 
 def slow_blas_notice() -> str | None:
@@ -95,7 +120,7 @@ def slow_blas_notice() -> str | None:
     slow = "MLX's matmuls run on the mlx wheel's reference BLAS (one core, unblocked: 3-10x slower)"
     if choice and choice.lower() not in ("1", "on", "yes", "true") and not Path(choice).is_file():
         return f"warning: {ENV}={choice} is not a file, so {slow}. Point it at OpenBLAS's libblas.so.3, or unset it."
-    return f"warning: no OpenBLAS found, so {slow}. {_FIX}."
+    return f"warning: no OpenBLAS or MKL found, so {slow}. {_FIX}."
 
 
 def _warn_if_slow() -> None:
