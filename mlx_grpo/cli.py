@@ -160,6 +160,21 @@ def _evaluation(options: dict, run_dir, model):
     return load_task(config), settings, config.eval_num_problems
 
 
+def _say_gguf_types(console, specs) -> None:
+    """How each GGUF model's tensor types were carried, one line a model, before anything is generated."""
+    from .models.loading import ModelNotInstalled, StoreError, gguf_types_note
+
+    notes = []
+    for spec in specs:
+        try:
+            note = gguf_types_note(spec.model)
+        except (GGUFError, ModelNotInstalled, StoreError, FileNotFoundError):
+            continue  # loading the model says what is wrong with it, in one line
+        if note and note not in notes:
+            notes.append(note)
+            console.print(note, highlight=False, markup=False, soft_wrap=True)
+
+
 @app.command("compare")
 @_with_evaluation_options
 def compare_command(
@@ -179,6 +194,7 @@ def compare_command(
         trained_spec = cmp.resolve_model(trained)
         base_spec = cmp.resolve_model(base) if base else cmp.default_base(trained_spec)
         task_obj, settings, count = _evaluation(options, trained_spec.run_dir or base_spec.run_dir, base_spec.model)
+        _say_gguf_types(console, [base_spec, trained_spec])
         progress = cmp_report.Progress(console)
         report = cmp.compare(base_spec, trained_spec, task_obj, settings, count, progress)
         progress.stop()
@@ -207,6 +223,7 @@ def eval_command(
     try:
         spec = cmp.resolve_model(model, adapter)
         task_obj, settings, count = _evaluation(options, spec.run_dir, spec.model)
+        _say_gguf_types(console, [spec])
         progress = cmp_report.Progress(console)
         report = cmp.evaluate(spec, task_obj, settings, count, progress)
         progress.stop()

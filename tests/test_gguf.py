@@ -305,6 +305,7 @@ def test_a_gguf_file_trains_and_evaluates_from_the_cli(tmp_path, tiny_file):
     assert json.loads((run / "adapter_config.json").read_text())["model"] == str(tiny_file)
     result = runner.invoke(app, ["eval", "--model", str(run), "--n", "2", "--max-tokens", "4"])
     assert result.exit_code == 0, result.output
+    assert result.output.startswith("GGUF tensors: F32 x")  # the run's base model, before anything is generated
 
 
 def test_cli_says_what_is_wrong_with_a_model_in_one_line(tmp_path, tiny_file, monkeypatch):
