@@ -11,7 +11,7 @@ import pytest
 
 from mlx_grpo.models.gguf import converted_folder, types_note
 from mlx_grpo.models.gguf_arch import hf_name
-from mlx_grpo.models.gguf_file import GGUFError
+from mlx_grpo.models.gguf_file import GGUFError, read_header
 from mlx_grpo.models.gguf_quants import TYPES, decode, dequantize
 from mlx_grpo.models.loading import load_policy
 
@@ -162,10 +162,14 @@ def test_broken_tensors_are_one_line_and_nothing_is_cached(tmp_path, damage):
         data[type_at:type_at + 4] = (12).to_bytes(4, "little")
         path.write_bytes(bytes(data))
         message = "rows of 64 values, not whole Q4_K blocks of 256"
-    else:
-        path = write_gguf(tmp_path / "x.gguf", config, weights, bpe, tensor_type="Q8_0")
-        path.write_bytes(path.read_bytes()[:-1000])
-        message = "truncated"
+    else:  # the file ends inside the first Q6_K block of a tensor (an incomplete download)
+        name = "blk.1.ffn_down.weight"
+        shape = gguf_tensors(weights, config)[name].shape
+        path = write_gguf(tmp_path / "x.gguf", config, weights, bpe, tensor_type="Q8_0",
+                          blocks={name: ("Q6_K", random_blocks("Q6_K", *shape))})
+        start = next(t.offset for t in read_header(path).tensors if t.name == name)
+        path.write_bytes(path.read_bytes()[:start + 100])
+        message = f"tensor {name} ends past the end of the file .* truncated"
     with pytest.raises(GGUFError, match=message) as error:
         converted_folder(path)
     assert "\n" not in str(error.value)
