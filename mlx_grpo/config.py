@@ -55,9 +55,11 @@ class TrainConfig:
     decode_concurrency: int = 256  # sequences decoded at once; independent of micro_batch_size
     max_turns: int = 8  # multi-turn tasks (web): the most model turns in one episode
     max_episode_tokens: int = 1024  # multi-turn tasks: the most tokens of an episode after its first prompt (turns and observations)
-    curriculum: str = "none"  # none | ued: draw the task groups solved about half the time more often (docs/tasks.md: Web browsing)
-    curriculum_key: str = "kind"  # row column that groups tasks for the curriculum (web: kind, e.g. fact/1); rows without it count alone
+    curriculum: str = "none"  # none | ued: draw the prompts (or task groups) solved about half the time more often (docs/rare-rewards.md)
+    curriculum_key: str = "kind"  # row column that groups tasks for the curriculum (web: kind, e.g. fact/1); rows without it, or all with "prompt", are a group each
     curriculum_explore: float = 0.2  # curriculum: share of draws spread evenly over all groups, whatever their estimates
+    prefilter: int = 0  # sample this many answers to each training prompt from the base model first; train only on prompts solved in some but not all (0: off; docs/rare-rewards.md)
+    prefilter_prompts: int = 0  # the most training prompts the prefilter samples, in the run's order (0: all)
     web_kinds: list[str] = field(default_factory=list)  # web task: only these families/levels (fact/1 ... account/3); empty: all
 
     # Objective
@@ -85,7 +87,7 @@ class TrainConfig:
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal from the batch
     resample_rounds: int = 0  # with dynamic_sampling: at most this many extra rollouts to refill the batch
     reward_threshold: float | None = None  # drop groups whose best reward is below this (seed 003; None: off)
-    shaping: str = "always"  # always | gated: side rewards (all but the first) count only where the first varies
+    shaping: str = "always"  # always | gated | scaled: how side rewards (all but the first) count: everywhere, only in groups where the first varies, or times the first's place in its group (docs/rare-rewards.md)
     judge: str | None = None  # a model that grades completions, an extra reward named judge (any --model source; docs/judge.md)
     judge_rubric: str | None = None  # the judge's rubric: a file, or general / ocaml_quality (built in); default: the task's
     judge_weight: float = 1.0  # weight of the judge's reward (0: logged beside the others, not trained on)
@@ -136,6 +138,7 @@ class TrainConfig:
     max_nonfinite_steps: int = 3  # stop after this many steps in a row with a NaN/Inf loss or gradient (0: never)
 
 
+SHAPING = ("always", "gated", "scaled")  # tasks/shaping.py applies them
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 JUDGE_KEYS = ("judge", "judge_rubric", "judge_weight")  # a judge reward's settings: train, eval and compare share them
 _HINTS = typing.get_type_hints(TrainConfig)
@@ -274,7 +277,11 @@ def validate(c: TrainConfig) -> None:
             need(not isinstance(v, int) or name == "seed" or abs(v) < 2**31, f"{name} is too large: {v}")
     need(c.max_turns >= 1 and c.max_episode_tokens >= 1, "max_turns and max_episode_tokens must be at least 1")
     need(c.curriculum in ("none", "ued"), f"curriculum must be none or ued; got {c.curriculum!r}")
-    need(c.shaping in ("always", "gated"), f"shaping must be always or gated; got {c.shaping!r}")
+    need(c.shaping in SHAPING, f"shaping must be one of {', '.join(SHAPING)}; got {c.shaping!r}")
+    need(c.prefilter == 0 or c.prefilter >= 2,
+         f"prefilter must be 0 (off) or at least 2 samples a prompt, got {c.prefilter}")
+    need(c.prefilter_prompts >= 0, f"prefilter_prompts must be >= 0 (0: all), got {c.prefilter_prompts}")
+    need(c.prefilter_prompts == 0 or c.prefilter > 0, "prefilter_prompts needs --prefilter K")
     need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")
     for name in ("steps", "batch_size", "group_size", "max_tokens", "num_iterations",
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",

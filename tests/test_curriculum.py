@@ -96,3 +96,51 @@ def test_config_switches_it_on_and_checks_its_settings():
         build_config({"curriculum": "sometimes"})
     with pytest.raises(ConfigError, match="curriculum_explore"):
         build_config({"curriculum_explore": 1.5})
+
+
+def arith_rows(n=10):
+    return [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(n)]
+
+
+def test_a_task_without_groups_is_drawn_by_each_prompts_pass_rate():
+    """arith-like rows (no kind column): each prompt is a group; draws follow the measured pass rates."""
+    data = arith_rows()
+    c = Curriculum("kind", explore=0.2)
+    names = sorted(c.group_of(r) for r in data)
+    assert names[0].startswith("prompt:") and len(set(names)) == 10
+    np.testing.assert_allclose(c.probabilities(names), np.full(10, 0.1))  # nothing seen: uniform
+
+    def share(step0):
+        picked = [r["prompt"] for step in range(step0, step0 + 150) for r in c.pick(data, step, 8, seed=0)]
+        return {p: picked.count(p) / len(picked) for p in {r["prompt"] for r in data}}
+
+    # prompts 0-4 never solved, 5 solved in half its samples, 6-9 not seen yet
+    for _ in range(8):
+        c.update(data[:6], [0.0] * 5 + [0.5])
+    p_unseen = 8 * 0.5 / 48  # the mean success folded in so far: 8 x 0.5 over 48 observations
+    assert c.estimate(c.group_of(data[9])) == pytest.approx(p_unseen)
+    est = np.array([c.estimate(c.group_of(r)) for r in data])
+    w = est * (1 - est)
+    np.testing.assert_allclose(c.probabilities([c.group_of(r) for r in data]), 0.8 * w / w.sum() + 0.02)
+    before = share(1)
+    others = [before[f"What is {i} + 1?"] for i in range(10) if i != 5]
+    assert before["What is 5 + 1?"] > 2 * max(others)  # the half-solved prompt is drawn most
+    assert max(before[f"What is {i} + 1?"] for i in range(5)) < min(before[f"What is {i} + 1?"] for i in range(6, 10))
+    # prompt 5 is learned (always solved now): its draws fall below every unseen prompt's
+    for _ in range(10):
+        c.update([data[5]], [1.0])
+    after = share(1000)
+    assert after["What is 5 + 1?"] < min(after[f"What is {i} + 1?"] for i in range(6, 10)), after
+    assert after["What is 5 + 1?"] < before["What is 5 + 1?"] / 5
+
+
+def test_curriculum_key_prompt_groups_by_prompt_even_where_a_column_exists():
+    c = Curriculum("prompt")
+    data = rows()
+    assert len({c.group_of(r) for r in data}) == 15
+    c.update(data[:1], [1.0])
+    b = Curriculum("prompt")
+    b.load_state_dict(c.state_dict())
+    assert b.observed == c.observed == [1.0, 1]
+    assert b.estimate(b.group_of(data[3])) == 1.0  # an unseen prompt: the mean observed
+    assert Curriculum("kind").estimate("fact/1") == 0.5  # a named group keeps the optimistic prior

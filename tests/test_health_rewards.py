@@ -1,4 +1,4 @@
-"""reward_takeover and answer_collapse (run/health_rewards.py), and --shaping gated (tasks/shaping.py)."""
+"""reward_takeover and answer_collapse (run/health_rewards.py), and --shaping (tasks/shaping.py)."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 
 from mlx_grpo.run.health import HealthMonitor, Thresholds
 from mlx_grpo.run.health_rewards import answer_pattern, reward_variance_shares
-from mlx_grpo.tasks.shaping import gated_totals
+from mlx_grpo.tasks.shaping import SHAPING, side_shaped_totals
 
 
 def test_variance_shares_against_a_hand_computation():
@@ -20,11 +20,29 @@ def test_variance_shares_against_a_hand_computation():
     assert got["reward_share/format"] == pytest.approx(side / (main + side))
     assert got["groups/main_flat_frac"] == 0.5  # group 2: main flat, total varies
     assert reward_variance_shares({"correct": [1, 0]}, [1.0], 2) == {}
+    # gated: group 2's format bonus is not trained on, so it carries only group 1's variance
+    gated = reward_variance_shares(parts, [1.0, 0.1], 4, "gated")
+    assert gated["reward_share/format"] == pytest.approx(np.var([0.1, 0.1, 0, 0]) / (main + np.var([0.1, 0.1, 0, 0])))
+    assert gated["groups/main_flat_frac"] == 0.0
+    # scaled: the bonus is paid on group 1's right answer only
+    scaled = reward_variance_shares(parts, [1.0, 0.1], 4, "scaled")
+    assert scaled["reward_share/format"] == pytest.approx(np.var([0.1, 0, 0, 0]) / (main + np.var([0.1, 0, 0, 0])))
 
 
-def test_gated_totals_drop_side_rewards_where_the_main_one_is_flat():
+def test_side_rewards_always_gated_and_scaled_by_hand():
     parts = {"correct": [1, 0, 0, 0, 0, 0, 0, 0], "format": [1, 1, 0, 0, 1, 0, 1, None]}
-    np.testing.assert_allclose(gated_totals(parts, [1.0, 0.1], 4), [1.1, 0.1, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_allclose(side_shaped_totals(parts, [1.0, 0.1], 4, "always"), [1.1, 0.1, 0, 0, 0.1, 0, 0.1, 0])
+    # gated: group 2's main reward is flat, so its format bonus goes; group 1 keeps it
+    np.testing.assert_allclose(side_shaped_totals(parts, [1.0, 0.1], 4, "gated"), [1.1, 0.1, 0, 0, 0, 0, 0, 0])
+    # scaled: right/wrong main -> the bonus is paid on the right answer only
+    np.testing.assert_allclose(side_shaped_totals(parts, [1.0, 0.1], 4, "scaled"), [1.1, 0, 0, 0, 0, 0, 0, 0])
+    # a graded main reward (weight 2) and two side rewards: place in the group = (m - min) / (max - min)
+    graded = {"score": [0.5, 1.0, 0.0, 0.25], "fmt": [1, 1, 1, 0], "short": [0, 1, 1, 1]}
+    main = 2 * np.array([0.5, 1.0, 0.0, 0.25])
+    side = np.array([0.3 + 0, 0.3 + 0.2, 0.3 + 0.2, 0 + 0.2])
+    place = (main - main.min()) / (main.max() - main.min())
+    np.testing.assert_allclose(side_shaped_totals(graded, [2.0, 0.3, 0.2], 4, "scaled"), main + side * place)
+    np.testing.assert_allclose(side_shaped_totals(graded, [2.0, 0.3, 0.2], 4, "always"), main + side)
 
 
 def test_answer_pattern():
@@ -88,7 +106,36 @@ def test_shaping_is_a_checked_setting(tmp_path):
     from mlx_grpo.config import ConfigError
     from mlx_grpo.run.trainer import train
 
-    with pytest.raises(ConfigError, match="shaping must be always or gated"):
+    with pytest.raises(ConfigError, match="shaping must be one of always, gated, scaled"):
         make_config(shaping="sometimes")
-    result = train(make_config(steps=2, shaping="gated", eval_num_problems=4, output=str(tmp_path / "g")))
-    assert result.accuracy_after is not None
+    from mlx_grpo.config import SHAPING as CONFIG_SHAPING
+
+    assert CONFIG_SHAPING == SHAPING  # config.py sits below tasks/, so it repeats the names
+
+
+
+@pytest.mark.parametrize("shaping", ["gated", "scaled"])
+def test_the_trainer_trains_on_the_shaped_rewards(tmp_path, shaping):
+    """arith with its format reward at weight 0.1: each completion's trained reward, checked from its parts."""
+    from mlx_grpo import make_config
+    from mlx_grpo.run.trainer import train
+
+    out = tmp_path / shaping
+    train(make_config(steps=2, shaping=shaping, reward=["correctness_reward", "format_reward"],
+                      reward_weights=[1.0, 0.1], runaway_penalty=1.0,
+                      eval_num_problems=4, output=str(out)))
+    records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    groups = [records[i:i + 8] for i in range(0, len(records), 8)]
+    assert len(groups) == 16
+    side_counted = 0
+    for group in groups:
+        right = [r["rewards"]["correctness_reward"] for r in group]
+        varies = len(set(right)) > 1
+        for r, c in zip(group, right):
+            fmt = 0.1 * r["rewards"]["format_reward"]
+            # gated: the bonus where the main reward varies; scaled: on right answers there (c is 0 or 1)
+            expected = c + (fmt if varies else 0.0) * (c if shaping == "scaled" else 1.0)
+            assert r["reward"] == pytest.approx(expected)
+            assert r["raw_reward"] == pytest.approx(c + fmt)
+            side_counted += expected != c
+    assert side_counted > 0  # the case where the modes differ from plain correctness did occur

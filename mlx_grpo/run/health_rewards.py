@@ -21,18 +21,22 @@ from collections import Counter
 
 import numpy as np
 
+from ..tasks.shaping import side_shaped_parts
+
 SHARE_PREFIX = "reward_share/"
 
 
-def reward_variance_shares(parts: dict[str, list], weights: list[float], group_size: int) -> dict:
+def reward_variance_shares(parts: dict[str, list], weights: list[float], group_size: int,
+                           shaping: str = "always") -> dict:
     """Each reward's share of the within-group variance of the weighted rewards, and the share of
-    groups where the main (first) reward is flat but the total is not. Empty with one reward."""
+    groups where the main (first) reward is flat but the total is not. Empty with one reward.
+
+    Measured on what is trained on: the side rewards as `shaping` counts them, so a
+    run that took the fix (--shaping gated) is not warned about the takeover it prevented."""
     names = list(parts)
     if len(names) < 2 or group_size < 2 or len(parts[names[0]]) % group_size:
         return {}
-    values = np.array([[0.0 if v is None else float(v) * w for v in parts[name]]
-                       for name, w in zip(names, weights)])
-    grouped = values.reshape(len(names), -1, group_size)  # (rewards, groups, completions)
+    grouped = side_shaped_parts(parts, weights, group_size, shaping).reshape(len(names), -1, group_size)
     variance = grouped.var(axis=2).sum(axis=1)
     metrics = {}
     if variance.sum() > 0:
@@ -104,7 +108,8 @@ REWARD_RULES = (
     ("reward_takeover", "a side reward took over the advantages", reward_takeover,
      "the main reward rarely varies inside a group, so a small side reward decides every update: use "
      "--shaping gated (side rewards count only where the main reward varies), zero or lower the side reward, "
-     "raise group_size, or pick prompts the model sometimes solves",
+     "raise group_size, or pick prompts the model sometimes solves (--curriculum ued, --prefilter K; "
+     "docs/rare-rewards.md)",
      "health_takeover_share",
      "issue 27: SmolLM2 GSM8K, format reward (weight 0.1) 0.02 -> 0.97 while accuracy fell 0.015 -> 0.010"),
     ("answer_collapse", "answers collapsed to a short pattern", answer_collapse,

@@ -28,7 +28,7 @@ from ..tasks.curriculum import group_success
 from ..tasks.data import task_prompts
 from ..tasks.registry import Task
 from ..tasks.rewarding import Scores, score_completions
-from ..tasks.shaping import gated_totals, groups_to_keep, shape_rewards
+from ..tasks.shaping import groups_to_keep, shape_rewards, side_shaped_totals
 from ..update.batch import batch_rows
 from . import distributed as dist
 
@@ -153,8 +153,8 @@ def collect_rollouts(model, tokenizer, task: Task, config: TrainConfig, step: in
                                                          rollout_seed(config.seed, step, round_))
         if task.curriculum:
             task.curriculum.update(rows, group_success(task, rows, completions, scores, g))
-        totals = (gated_totals(scores.parts, task.reward_weights, g) if config.shaping == "gated" and scores.parts
-                  else scores.total)
+        totals = (side_shaped_totals(scores.parts, task.reward_weights, g, config.shaping)
+                  if config.shaping != "always" and scores.parts else scores.total)
         shaped = shape_rewards(
             totals, [len(c.tokens) for c in completions], [c.finish_reason == "length" for c in completions],
             max_tokens=config.max_tokens, runaway_factor=config.runaway_penalty,

@@ -42,6 +42,7 @@ from . import distributed as dist
 from .health import HealthMonitor, TrainingStopped, stop_run
 from .health_rewards import answer_pattern, reward_variance_shares
 from .interrupt import steps_until_ctrl_c
+from .prefilter import prefilter_train_rows
 from .reporting import with_reporters
 from .step_metrics import reward_range
 from .step_rollouts import collect_rollouts, step_seed
@@ -182,7 +183,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         "filter/rounds": sampled.rounds,
         "completion/mean_length": float(lengths.mean()),
         **answer_pattern([c.text for c in sampled.completions]),
-        **reward_variance_shares(sampled.parts, task.reward_weights, g),
+        **reward_variance_shares(sampled.parts, task.reward_weights, g, config.shaping),
         "completion/truncated_frac": float(truncated.mean()),
         "tokens_per_s": int(lengths.sum()) / max(sampled.seconds, 1e-9),
         "train/tokens_per_s": (prompt_tokens + trained_tokens) * config.num_iterations / max(update_s, 1e-9),
@@ -258,6 +259,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
     if task.accuracy_reward is not None:
         task.accuracy_reward = with_timeout(task.accuracy_reward, config.reward_timeout)
+    # The pre-pass on the base model (before adapters): only prompts it sometimes solves (prefilter.py)
+    prefilter_note = prefilter_train_rows(model, tokenizer, task, config) if config.prefilter else None
     adapter_config = prepare_for_training(model, config.fine_tune_type, {
         "rank": config.lora_rank, "scale": config.lora_scale, "dropout": config.lora_dropout,
         "num_layers": config.lora_layers})
@@ -291,8 +294,9 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     monitor = HealthMonitor.from_config(config, run_dir if resumed else None)
     if main:
         ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
+    notes = [n for n in (gguf_types_note(config.model), weights_note, prefilter_note) if n]
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
-                   "warnings": task.warnings, "notes": [n for n in (gguf_types_note(config.model), weights_note) if n]})
+                   "warnings": task.warnings, "notes": notes})
 
     before = state.get("eval_before")
     if before is None and not resumed:

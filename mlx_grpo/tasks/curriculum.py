@@ -1,10 +1,17 @@
 """Adaptive task selection (unsupervised environment design, "UED"), for any task.
 
 Tasks are grouped by a row column (`curriculum_key`; the web task's `kind`,
-e.g. "fact/1"; a row without that column is a group of its own). For each
-group the curriculum keeps an estimate p of how often the model solves it: an
-exponential moving average of the observed success rate of its groups, 0.5
-before any has been seen.
+e.g. "fact/1"). A row without that column, or every row with
+`curriculum_key: prompt`, is a group of its own: so any task with a checkable
+answer (arith, gsm8k, a custom task with an accuracy reward) is drawn by each
+prompt's measured pass rate. For each group the curriculum keeps an estimate p
+of how often the model solves it: an exponential moving average of the
+observed success rate of its groups. Before a group is seen, p is 0.5 for a
+named group (the most favoured value: a few families are each tried soon)
+and, for a single prompt, the mean success observed so far over all prompts:
+among thousands of prompts an optimistic 0.5 would draw almost only unseen
+ones, and where right answers are rare (GSM8K on a small model: 2%) a prompt
+is most likely as hard as the others.
 
 A group is drawn with probability
 
@@ -26,7 +33,8 @@ from .data import columns_of
 from .rewarding import reward_name, score_completions
 
 RATE = 0.3  # weight of the newest observation in the moving average
-PRIOR = 0.5  # the estimate of a group never seen (the most favoured value)
+PRIOR = 0.5  # the estimate of a named group never seen (the most favoured value)
+PROMPT_GROUP = "prompt:"  # the name of a group of one prompt starts with this
 LOGGED_GROUPS = 24  # per-group metrics are written only when there are at most this many
 
 
@@ -35,6 +43,7 @@ class Curriculum:
         self.key, self.explore, self.rate, self.prior = key, explore, rate, prior
         self.estimates: dict[str, float] = {}
         self.counts: dict[str, int] = {}
+        self.observed = [0.0, 0]  # sum and number of every success rate folded in: the prior of an unseen prompt
         self._groups_of: tuple[int, dict[str, list[int]]] | None = None
 
     @classmethod
@@ -44,8 +53,15 @@ class Curriculum:
         return cls(config.curriculum_key, config.curriculum_explore)
 
     def group_of(self, row: dict) -> str:
-        value = row.get(self.key)
-        return str(value) if value is not None else f"prompt:{row.get('prompt')}"
+        value = None if self.key == "prompt" else row.get(self.key)
+        return str(value) if value is not None else f"{PROMPT_GROUP}{row.get('prompt')}"
+
+    def estimate(self, name: str) -> float:
+        if name in self.estimates:
+            return self.estimates[name]
+        if name.startswith(PROMPT_GROUP) and self.observed[1]:
+            return self.observed[0] / self.observed[1]
+        return self.prior
 
     def _groups(self, rows: list[dict]) -> dict[str, list[int]]:
         if self._groups_of is None or self._groups_of[0] != id(rows):
@@ -57,7 +73,7 @@ class Curriculum:
 
     def probabilities(self, names: list[str]) -> np.ndarray:
         """The chance of drawing each group of `names`."""
-        p = np.array([self.estimates.get(n, self.prior) for n in names])
+        p = np.array([self.estimate(n) for n in names])
         w = p * (1 - p)
         uniform = np.full(len(names), 1 / len(names))
         if w.sum() <= 0:
@@ -76,9 +92,9 @@ class Curriculum:
         """Fold in one observed success rate (0..1) per row: the mean over its group of completions."""
         for row, s in zip(rows, success):
             name = self.group_of(row)
-            old = self.estimates.get(name, self.prior)
-            self.estimates[name] = (1 - self.rate) * old + self.rate * float(s)
+            self.estimates[name] = (1 - self.rate) * self.estimate(name) + self.rate * float(s)
             self.counts[name] = self.counts.get(name, 0) + 1
+            self.observed = [self.observed[0] + float(s), self.observed[1] + 1]
 
     def metrics(self, rows: list[dict]) -> dict:
         """What the curriculum believes and the distribution it draws from, for metrics.jsonl."""
@@ -87,23 +103,25 @@ class Curriculum:
         out = {
             "curriculum/groups": len(names),
             "curriculum/groups_seen": sum(1 for n in names if n in self.counts),
-            "curriculum/mean_estimate": float(np.mean([self.estimates.get(n, self.prior) for n in names])),
+            "curriculum/mean_estimate": float(np.mean([self.estimate(n) for n in names])),
             # Entropy of the draw relative to uniform: 1 = uniform, lower = concentrated.
             "curriculum/entropy": float(-(probs * np.log(probs + 1e-12)).sum() / max(np.log(len(names)), 1e-12)),
         }
         if len(names) <= LOGGED_GROUPS:
             for name, prob in zip(names, probs):
                 out[f"curriculum/prob/{name}"] = float(prob)
-                out[f"curriculum/estimate/{name}"] = float(self.estimates.get(name, self.prior))
+                out[f"curriculum/estimate/{name}"] = float(self.estimate(name))
         return out
 
     def state_dict(self) -> dict:
         return {"key": self.key, "explore": self.explore, "rate": self.rate, "prior": self.prior,
-                "estimates": dict(self.estimates), "counts": dict(self.counts)}
+                "estimates": dict(self.estimates), "counts": dict(self.counts), "observed": list(self.observed)}
 
     def load_state_dict(self, state: dict) -> None:
         self.estimates = {str(k): float(v) for k, v in state.get("estimates", {}).items()}
         self.counts = {str(k): int(v) for k, v in state.get("counts", {}).items()}
+        total, n = state.get("observed", (0.0, 0))  # absent in checkpoints written before it was kept
+        self.observed = [float(total), int(n)]
 
 
 def group_success(task, rows: list[dict], completions: list, scores, group_size: int) -> list[float]:

@@ -14,12 +14,18 @@ Length penalties act on each completion's reward:
   added to its reward.
 
 Side rewards (`shaping`): every reward after the first is a side reward (a
-format bonus, a length term). With `always` they count everywhere. With
-`gated` they count only in groups where the first (main) reward varies: in a
-group where every completion is equally wrong, a 0.1-weight format reward
-would otherwise set every advantage on its own (issue 27, GSM8K on SmolLM2),
-so there the group's rewards are the main reward's alone (all equal: no
-gradient).
+format bonus, a length term). With `always` they count everywhere. In a group
+where every completion is equally wrong, a 0.1-weight format reward then sets
+every advantage on its own (issue 27, GSM8K on SmolLM2: the model learned to
+write "#### 3" and stop). The other two modes take that away:
+
+- `gated`: side rewards count only in groups where the first (main) reward
+  varies; elsewhere the group's rewards are the main reward's alone (all
+  equal: no gradient).
+- `scaled`: each completion's side rewards are multiplied by where its main
+  reward lies in its group, (main - group min) / (group max - group min): 0
+  in a flat group, and with a right/wrong main reward a side reward is paid
+  on right answers only, so it never ranks one wrong answer above another.
 
 Group filters decide which groups enter the update:
 
@@ -35,17 +41,36 @@ from __future__ import annotations
 import numpy as np
 
 
-SHAPING = ("always", "gated")
+SHAPING = ("always", "gated", "scaled")  # config.py repeats these (it sits below tasks/)
 
 
-def gated_totals(parts: dict[str, list], weights: list[float], group_size: int) -> np.ndarray:
-    """The weighted reward of each completion, side rewards dropped in groups where the main one is flat."""
+def side_shaped_parts(parts: dict[str, list], weights: list[float], group_size: int, mode: str) -> np.ndarray:
+    """What each reward adds to each completion's total, its side rewards counted as `mode` says.
+
+    parts holds each reward's values in order (the first is the main reward; None, a
+    failed reward call, counts 0), weights their weights; completions come group by
+    group. Returns (rewards, completions): weight x value, side rows shaped.
+    """
     values = np.array([[0.0 if v is None else float(v) * w for v in column]
-                       for column, w in zip(parts.values(), weights)])
-    grouped = values.reshape(len(values), -1, group_size)
-    main_varies = grouped[0].std(axis=1) > 1e-12
-    totals = grouped[0] + np.where(main_varies[:, None], grouped[1:].sum(axis=0), 0.0)
-    return totals.reshape(-1)
+                       for column, w in zip(parts.values(), weights)]).reshape(len(parts), -1, group_size)
+    main = values[0]  # (groups, completions)
+    low, high = main.min(axis=1, keepdims=True), main.max(axis=1, keepdims=True)
+    varies = high - low > 1e-12
+    if mode == "gated":
+        factor = np.broadcast_to(varies, main.shape).astype(float)
+    elif mode == "scaled":
+        factor = np.where(varies, (main - low) / np.where(varies, high - low, 1.0), 0.0)
+    elif mode == "always":
+        factor = np.ones_like(main)
+    else:
+        raise ValueError(f"unknown shaping {mode!r}")
+    values[1:] *= factor
+    return values.reshape(len(parts), -1)
+
+
+def side_shaped_totals(parts: dict[str, list], weights: list[float], group_size: int, mode: str) -> np.ndarray:
+    """The weighted reward of each completion, its side rewards counted as `mode` says."""
+    return side_shaped_parts(parts, weights, group_size, mode).sum(axis=0)
 
 
 def runaway_penalty(rewards, truncated, factor: float) -> np.ndarray:
