@@ -6,6 +6,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+import gguf_files  # noqa: E402
 from gguf_files import build_hf_model, numpy_weights, train_bpe, write_gguf  # noqa: E402
 
 from mlx_grpo.models.loading import load_policy, resolve_model_path  # noqa: E402
@@ -91,6 +92,25 @@ def test_lmstudio_names(tmp_path, monkeypatch, model_file):
                                     "lmstudio:lmstudio-community/Qwen2.5-0.5B-Instruct-GGUF"]
     model, _ = load_policy("lmstudio:lmstudio-community/Qwen2.5-0.5B-Instruct-GGUF")
     assert model.model_type == "qwen2"
+
+
+def test_a_store_name_is_read_for_its_chat_template(tmp_path, monkeypatch, model_file):
+    """Settings are chosen from the file a name stands for: a template-less file in a store is a base model."""
+    from mlx_grpo.models.model_info import has_chat_template
+    from mlx_grpo.tasks.registry import is_base_model, recommended_settings
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    monkeypatch.setenv("LMSTUDIO_MODELS", str(tmp_path / "lms"))
+    ollama_store(tmp_path / "ollama", model_file)
+    monkeypatch.setattr(gguf_files, "CHAT_TEMPLATE", "")  # a pretrained model's file: no template
+    config = build_hf_model(tmp_path / "hf", "qwen2", len(train_bpe()["tokens"]))
+    folder = tmp_path / "lms" / "someone" / "Base-GGUF"
+    folder.mkdir(parents=True)
+    write_gguf(folder / "base-f32.gguf", config, numpy_weights(tmp_path / "hf"), train_bpe())
+    assert has_chat_template("ollama:qwen2.5:0.5b") and not is_base_model("ollama:qwen2.5:0.5b")
+    assert not has_chat_template("lmstudio:someone/Base-GGUF") and is_base_model("lmstudio:someone/Base-GGUF")
+    assert recommended_settings("arith", "lmstudio:someone/Base-GGUF")["stop"] == ["\n"]
+    assert has_chat_template("ollama:llama3")  # not there: unknown counts as chat; the load says what is missing
 
 
 def test_every_command_takes_a_store_name(tmp_path, monkeypatch, model_file):
