@@ -368,6 +368,6 @@ def test_k_quant_export_without_llama_cpp_names_the_extra(tmp_path, bpe, monkeyp
 
     base = gguf_base(tmp_path, bpe, "qwen2", "F32")
     monkeypatch.setattr(builtins, "__import__", no_llama_cpp)
-    with pytest.raises(ExportError, match=r"llama-cpp-python: pip install -e \".\[smollm2\]\""):
+    with pytest.raises(ExportError, match=r"llama-cpp-python: pip install -e \".\[llamacpp\]\""):
         export(base, None, gguf_path=str(tmp_path / "out.gguf"), outtype="q4_k_m")
     assert not (tmp_path / "out.gguf").exists()

@@ -188,7 +188,7 @@ def _llama_cpp_quantizer():
         import llama_cpp
     except ImportError:
         raise ExportError("--outtype q4_k_m, q5_k_m and q6_k use llama.cpp's own quantizer, from "
-                          "llama-cpp-python: pip install -e \".[smollm2]\" (or pip install llama-cpp-python)") from None
+                          "llama-cpp-python: pip install -e \".[llamacpp]\" (or pip install llama-cpp-python)") from None
     return llama_cpp
 
 
