@@ -139,3 +139,15 @@ def test_the_trainer_trains_on_the_shaped_rewards(tmp_path, shaping):
             assert r["raw_reward"] == pytest.approx(c + fmt)
             side_counted += expected != c
     assert side_counted > 0  # the case where the modes differ from plain correctness did occur
+
+
+def test_the_crafted_side_reward_of_the_shaping_measurement():
+    from pathlib import Path
+
+    from mlx_grpo.tasks.rewarding import load_reward_functions
+
+    path = Path(__file__).parent.parent / "examples" / "side_rewards.py"
+    main, side = load_reward_functions(str(path), ["correctness_reward", "single_digit_reward"])
+    texts = ["3 + 4 = 7\n#### 7", "9 + 7 = 16\n#### 16", "#### -3", "no answer", "#### 12"]
+    assert side(None, texts) == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert main(None, texts, answer=["7", "16", "3", "1", "13"]) == [1.0, 1.0, 0.0, 0.0, 0.0]
