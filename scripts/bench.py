@@ -406,7 +406,7 @@ def with_generator_decode():
     """Rollouts through mlx-lm's BatchGenerator (growing caches, nothing compiled), as models without plain caches do."""
     from mlx_grpo.sampling import fixed_decode
 
-    return _replaced(fixed_decode, "supports_fixed_decode", lambda model: False)
+    return _replaced(fixed_decode, "supports_fixed_decode", lambda model, length=None: False)
 
 
 def without_merged_adapters():
