@@ -436,7 +436,7 @@ def without_shared_prompt_forward():
 
     import mlx.nn as nn
 
-    from mlx_grpo.run import trainer
+    from mlx_grpo.update import step
     from mlx_grpo.update.logprobs import prompt_pass
 
     def per_sequence(model, parts, refs, after_prompt, loss_of):
@@ -453,7 +453,7 @@ def without_shared_prompt_forward():
             mx.eval(loss, stats, grads)
             yield loss, stats, grads
 
-    return _replaced(trainer, "micro_batch_gradients", per_sequence)
+    return _replaced(step, "micro_batch_gradients", per_sequence)
 
 
 def synthetic_rollouts():
