@@ -33,7 +33,7 @@ import numpy as np
 
 from ..tasks.data import encode_prompt
 from ..tasks.rewarding import Scores
-from .environment import Environment
+from .environment import Environment, Rendered
 from .rollout import SamplingConfig
 from .turns import Stats, player_for
 from .width import decode_width
@@ -82,9 +82,13 @@ class ChatJoin:
     end_text: str  # the end-of-turn token as text (added when a turn was cut before it)
     before: str
     after: str
+    tail: str = ""  # what the template writes after the end-of-turn token (Qwen: "\n")
 
     def text(self, observation: str, turn_ended: bool) -> str:
-        return ("" if turn_ended else self.end_text) + self.before + observation + self.after
+        end = "" if turn_ended else self.end_text
+        if isinstance(observation, Rendered):  # headers included already (a tool episode's results)
+            return end + self.tail + observation
+        return end + self.before + observation + self.after
 
 
 def chat_join(tokenizer, system_prompt: str | None = None) -> ChatJoin:
@@ -102,7 +106,7 @@ def chat_join(tokenizer, system_prompt: str | None = None) -> ChatJoin:
     tail = first[first.rindex("A") + 1:]
     tail = tail[len(eos):] if eos and tail.startswith(eos) else tail
     before, after = both[len(first):].split(_MARK)
-    return ChatJoin(eos, tail + before, after)
+    return ChatJoin(eos, tail + before, after, tail)
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -134,7 +138,9 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
     for i, first in enumerate(firsts):
         if first != firsts[i - i % group_size]:
             raise ValueError("the environments of one group start differently; reset() must be deterministic")
-        episodes.append(Episode(i // group_size, encode_prompt(tokenizer, first, system_prompt)))
+        prompt = (_encode(tokenizer, first) if isinstance(first, Rendered)  # a tool episode's prompt, tools in it
+                  else encode_prompt(tokenizer, first, system_prompt))
+        episodes.append(Episode(i // group_size, prompt))
     if seed is None:
         seed = int(mx.random.randint(0, 2**31 - 1, ()).item())
 
@@ -229,7 +235,8 @@ def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, ma
             if turn == max_turns - 1:
                 ep.finish_reason = "max_turns"
                 continue
-            joined = _encode(tokenizer, join.text(str(observation), out.finish_reason == "stop"))
+            joined = _encode(tokenizer, join.text(observation if isinstance(observation, Rendered) else str(observation),
+                                                  out.finish_reason == "stop"))
             if len(ep.tokens) + len(joined) >= max_episode_tokens:  # no room left for a model turn
                 ep.finish_reason = "max_tokens"
                 continue
