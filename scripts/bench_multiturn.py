@@ -12,7 +12,8 @@ longest context, tokens prefilled, prefill and decode seconds, and the peak
 MLX memory above what the process held before the rollout, next to the
 keys and values the turn's rows need (rows x (longest context + max_tokens)).
 Totals: the rollout's seconds, tokens prefilled against the prompt and
-observation tokens (each group's first prompt once), and the load average.
+observation tokens (each group's first prompt once), the rollout's peak
+against the largest key/value need of any turn, and the load average.
 stdout is one JSON object; the tables go to stderr.
 """
 
@@ -99,6 +100,9 @@ def run_mode(args, mode: str) -> dict:
         "model_tokens": sum(int(sum(ep.mask)) for ep in episodes),
         "kv_bytes_per_token": per_token, "weights_and_start_gb": round(before / 1e9, 3),
         "max_peak_over_kv": max(t["peak_over_kv"] for t in turns),
+        # The whole rollout: its highest peak against the most keys and values any turn's rows need.
+        "rollout_peak_over_kv": round(max(t["peak_above_start_gb"] for t in turns)
+                                      / max(t["kv_needed_gb"] for t in turns), 2),
         "mean_reward": round(sum(rewards) / len(rewards), 4),
         "max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3),
         "turns": turns,
@@ -110,7 +114,8 @@ def table(result: dict) -> str:
             "peak_over_kv")
     lines = [f"{result['mode']}: {result['rollout_s']} s (prefill {result['prefill_s']}, decode {result['decode_s']}), "
              f"prefilled {result['tokens_prefilled']} = {result['prefilled_over_new']}x the prompt and observation "
-             f"tokens, max RSS {result['max_rss_gb']} GB, blas {result['blas']}",
+             f"tokens, peak {result['rollout_peak_over_kv']}x the most keys and values a turn needs, "
+             f"max RSS {result['max_rss_gb']} GB, blas {result['blas']}",
              "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for t in result["turns"]:
         lines.append("| " + " | ".join(str(t[c]) for c in cols) + " |")

@@ -220,3 +220,29 @@ def test_progress_reports_turns_episodes_and_tokens(random_policy):
     assert [r["turn"] for r in reports] == [1, 1, 2, 2]
     assert [r["playing"] for r in reports] == [4, 4, 4, 0] and reports[-1]["finished"] == 4
     assert reports[-1]["tokens"] > 0 and reports[-1]["tokens_per_s"] > 0 and reports[-1]["episodes"] == 4
+
+
+def test_the_multi_turn_bench_reports_both_modes_alike_where_they_must_agree(capsys, tmp_path):
+    """scripts/bench_multiturn.py on the tiny web model, greedy: the two modes play the same episodes,
+    "after" prefills at most the prompt and observation tokens, "before" more."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    if tiny_web_model() is None:
+        pytest.skip("the tiny web model has not been built (scripts/build_tiny_web_model.py)")
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_multiturn.py"
+    spec = importlib.util.spec_from_file_location("bench_multiturn", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--model", str(tiny_web_model()), "--prompts", "2", "--samples", "2", "--temperature", "0",
+                 "--max-tokens", "8", "--max-turns", "4", "--out", str(tmp_path / "b.json")])
+    out = json.loads(capsys.readouterr().out)
+    assert out == json.loads((tmp_path / "b.json").read_text())
+    before, after = out["runs"]
+    assert (before["mode"], after["mode"]) == ("before", "after") and "speedup" in out
+    assert before["model_tokens"] == after["model_tokens"] and before["mean_reward"] == after["mean_reward"]
+    assert before["prompt_and_observation_tokens"] == after["prompt_and_observation_tokens"]
+    assert after["prefilled_over_new"] <= 1.1 < before["tokens_prefilled"] / after["tokens_prefilled"]
+    assert [t["rows"] for t in after["turns"]] == [t["rows"] for t in before["turns"]]
+    assert after["rollout_peak_over_kv"] > 0 and after["kv_bytes_per_token"] == before["kv_bytes_per_token"]
