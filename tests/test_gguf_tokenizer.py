@@ -35,15 +35,16 @@ from mlx_grpo.models.loading import load_policy  # noqa: E402
 
 PRE_NAMES = ["qwen2", "smollm", "llama-bpe", "gpt-2"]
 # Checked against llama.cpp only (the plain reference in gguf_files.py knows the four above).
-MORE_PRE_NAMES = ["falcon", "deepseek-coder", "deepseek-v3", "tekken", "gpt-4o", "default", "starcoder", "command-r",
-                  "dbrx", "mpt", "deepseek-r1-qwen", "pixtral", "llama4"]
+MORE_PRE_NAMES = ["falcon", "deepseek-coder", "deepseek-v3", "tekken", "gpt-4o", "qwen35", "default", "starcoder",
+                  "command-r", "dbrx", "mpt", "deepseek-r1-qwen", "pixtral", "llama4"]
 # Text that the pre-tokenizers above split in their own ways, beyond SAMPLE_TEXTS: case changes inside a
 # word (tekken, gpt-4o), slashes after symbols, digit runs, symbols the default split cuts alone, CJK
-# runs beside other scripts and spaces (the deepseek splits), and contractions in every case.
+# runs beside other scripts and spaces (the deepseek splits), contractions in every case, and combining
+# accents (letters to qwen35).
 MORE_TEXTS = ["HelloWorld camelCase XMLHttpRequest ÉCOLE école ǅungla İstanbul ŸES",
               "path/to/file/ a//b http://x.org/a?b=1 ~/.bashrc", "1234567 $5 +1 <=> a^b ~c |d `x` 12,345,678",
               "中文字符 日本語のテキスト 한국어 カタカナ\u3000全角　スペース ＡＢＣａｂｃ", "they'LL we'Ve I'd SHE'S it’s",
-              "x\r\ny\r\n\r\n  \n\t end…。，¿¡©½²٣"]
+              "x\r\ny\r\n\r\n  \n\t end…。，¿¡©½²٣", "cafe\u0301 nai\u0308ve \u0915\u093f\u0924\u093e\u092c"]
 CHAT = [{"role": "system", "content": "Answer with only the final number."},
         {"role": "user", "content": "Tom has 12 apples and eats 3. How many are left?  "},
         {"role": "assistant", "content": "9"}, {"role": "user", "content": "And with 1,024 apples?"}]
@@ -133,7 +134,9 @@ def bpe_metadata(bpe, pre, **extra):
 def test_the_pre_tokenizers_really_differ(bpe):
     """Otherwise the comparisons above could not catch a name mapped to the wrong split; and export, which
     names the split of a Hugging Face tokenizer by how it cuts _PROBE, could not tell them apart."""
-    encodings = {pre: [build_tokenizer(bpe_metadata(bpe, pre)).encode(t).ids for t in SAMPLE_TEXTS + MORE_TEXTS]
+    # plus a merge of "e" with the first byte of a combining accent, which only qwen35 keeps in the word
+    accent = {"tokens": bpe["tokens"] + ["e\u00cc"], "merges": bpe["merges"] + ["e \u00cc"], "types": bpe["types"] + [1]}
+    encodings = {pre: [build_tokenizer(bpe_metadata(accent, pre)).encode(t).ids for t in SAMPLE_TEXTS + MORE_TEXTS]
                  for pre in PRE_TOKENIZERS}
     assert len({tuple(map(tuple, e)) for e in encodings.values()}) == len(PRE_TOKENIZERS)
     probes = {tuple(piece for piece, _ in _pre_tokenizer(name).pre_tokenize_str(_PROBE)) for name in PRE_TOKENIZERS}
@@ -215,6 +218,23 @@ def test_turn_ends_are_control_tokens_whatever_the_file_says(tmp_path, bpe):
     if importlib.util.find_spec("llama_cpp") is not None:
         assert llama_cpp_vocab(write_vocab_file(tmp_path / "v.gguf", meta)).tokenize(
             text.encode(), add_bos=False, special=True) == ids
+
+
+def test_user_defined_letters_decode_as_text(tmp_path, bpe):
+    """DeepSeek's vocabularies add letters such as "ü" as user-defined tokens: found whole in the text and
+    decoded as the letter (llama.cpp), not as the byte its byte-level spelling stands for (0xFC)."""
+    letters = [bpe["tokens"].index(letter) for letter in ("ü", "ö")]  # the byte tokens of 0xFC and 0xF6
+    meta = {**bpe_metadata(bpe, "deepseek-coder"),
+            "tokenizer.ggml.token_type": [4 if i in letters else kind for i, kind in enumerate(bpe["types"])]}
+    tokenizer = build_tokenizer(meta)
+    text = "Grüße, schön ü!"
+    ids = tokenizer.encode(text).ids
+    assert ids.count(letters[0]) == 2 and letters[1] in ids
+    assert tokenizer.decode(ids) == text
+    if importlib.util.find_spec("llama_cpp") is not None:
+        reference = llama_cpp_vocab(write_vocab_file(tmp_path / "v.gguf", meta))
+        assert reference.tokenize(text.encode(), add_bos=False, special=True) == ids
+        assert reference.detokenize(ids).decode() == text
 
 
 def test_unknown_pre_tokenizer_and_tokenizer_model_are_refused(tmp_path, bpe):

@@ -33,9 +33,9 @@ _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 
 
-def _llama3_like(digits: str) -> str:
-    return (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|" + digits
-            + r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+def _llama3_like(digits: str, letters: str = r"\p{L}") -> str:
+    return (_CONTRACTIONS + rf"|[^\r\n\p{{L}}\p{{N}}]?[{letters}]+|" + digits
+            + rf"| ?[^\s{letters}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _cased_words(digits: str, suffix: str) -> str:
@@ -58,6 +58,7 @@ PRE_TOKENIZERS = {
     "smollm": [r"\p{N}", _GPT2],  # single digits first, then GPT-2's split
     "llama-bpe": [_llama3_like(r"\p{N}{1,3}")],  # runs of up to three digits
     "qwen2": [_llama3_like(r"\p{N}")],  # single digits
+    "qwen35": [_llama3_like(r"\p{N}", r"\p{L}\p{M}")],  # and accents count as letters
     "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"],
     "deepseek-coder": [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"],
     "deepseek-v3": [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
@@ -77,7 +78,8 @@ PRE_TOKENIZER_ALIASES = {
     "starcoder": "smollm", "refact": "smollm", "command-r": "smollm", "codeshell": "smollm", "exaone": "smollm",
     "minerva-7b": "smollm",
     "deepseek-r1-qwen": "qwen2", "stablelm2": "qwen2", "kormo": "qwen2", "megrez": "qwen2", "hunyuan": "qwen2",
-    "grok-2": "qwen2", "hunyuan-dense": "deepseek-v3", "llama4": "gpt-4o", "minimax-m2": "gpt-4o",
+    "grok-2": "qwen2", "hunyuan-dense": "deepseek-v3", "joyai-llm": "deepseek-v3",
+    "llama4": "gpt-4o", "minimax-m2": "gpt-4o", "kanana2": "gpt-4o", "talkie": "gpt-4o",
 }
 # llama.cpp's settings by the name in the file (names sharing a split may differ here): llama3's and
 # tekken's BPE take a word that is in the vocabulary whole before merging, and add BOS by default.
@@ -90,8 +92,9 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED = 1, 2, 3, 4, 5
 _ENDS_TURN = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
               "<|end_of_text|>", "<EOT>", "_<EOT>", "<end_of_utterance>", "<|return|>", "<|call|>"}
 # Text whose pre-tokenization tells the supported pre-tokenizers apart (digit runs, the case
-# of contractions, newlines after symbols, whitespace runs, case changes inside a word, slashes, backticks).
-_PROBE = "Hello World's 1234567 DON'T it'S  \n\n  x\t3.14!!\n ÀÉ 日本 😀 ''  end camelCase a/b/\n`x`!"
+# of contractions, newlines after symbols, whitespace runs, case changes inside a word, slashes, backticks,
+# a combining accent).
+_PROBE = "Hello World's 1234567 DON'T it'S  \n\n  x\t3.14!!\n ÀÉ 日本 😀 ''  end camelCase a/b/\n`x`! cafe\u0301"
 
 
 def pre_tokenizer_name(metadata: dict) -> str:
@@ -140,10 +143,30 @@ def build_tokenizer(metadata: dict):
         merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
         tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in _WHOLE_WORDS))
         tokenizer.pre_tokenizer = _pre_tokenizer(_split_name(pre))
-        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.decoder = _byte_level_decoder(metadata)
     _add_whole_tokens(tokenizer, metadata)
     _add_bos_eos(tokenizer, metadata)
     return tokenizer
+
+
+def _byte_level_decoder(metadata: dict):
+    """Byte-level decoding, where user-defined tokens stay the text they are (as llama.cpp decodes them).
+    DeepSeek's vocabularies add the letters whose byte-level meaning is a byte UTF-8 never has (0xC0,
+    0xC1, 0xF5-0xFF: "À", "ü", ...) as user-defined tokens, and a byte-level decoder would read "ü" as
+    0xFC. Such a token is spelled in byte-level letters before decoding. (A normal token holding one of
+    those letters decodes to U+FFFD either way, so this changes nothing else.)"""
+    from tokenizers import decoders, pre_tokenizers
+
+    tokens = metadata["tokenizer.ggml.tokens"]
+    types = metadata.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    user = [t for t, kind in zip(tokens, types) if kind == USER_DEFINED and any(126 < ord(c) < 324 for c in t)]
+    if not user:
+        return decoders.ByteLevel()
+    safe = {chr(b) for b in (0xC0, 0xC1, *range(0xF5, 0x100))}  # letters of bytes UTF-8 never has
+    used = {c for t, kind in zip(tokens, types) if kind != USER_DEFINED for c in t} - safe
+    spell = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    return decoders.Sequence([decoders.Replace(t, spell.pre_tokenize_str(t)[0][0])
+                              for t in user if not used & set(t)] + [decoders.ByteLevel()])
 
 
 def _add_whole_tokens(tokenizer, metadata: dict) -> None:
@@ -153,7 +176,8 @@ def _add_whole_tokens(tokenizer, metadata: dict) -> None:
 
     tokens = metadata["tokenizer.ggml.tokens"]
     types = metadata.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
-    # Phi-3's files (llama.cpp goes by the model's name) drop the whitespace after these tokens.
+    # Phi-3's files (llama.cpp goes by the model's name) drop the whitespace after these tokens. (ASCII
+    # whitespace only, in llama.cpp; `tokenizers` drops U+00A0 or U+3000 there too.)
     phi3 = any(name in str(metadata.get("general.name", "")).lower() for name in ("phi-3", "phi3"))
 
     def whole(i, special):
