@@ -102,7 +102,10 @@ def pre_tokenizer_name(metadata: dict) -> str:
     name = metadata.get("tokenizer.ggml.pre")
     if name not in PRE_TOKENIZERS and name not in PRE_TOKENIZER_ALIASES:
         known = ", ".join(sorted([*PRE_TOKENIZERS, *PRE_TOKENIZER_ALIASES]))
-        raise GGUFError(f"GGUF pre-tokenizer {name!r} is not supported (supported: {known})")
+        what = (f"pre-tokenizer {name!r} is not supported" if name is not None else
+                "file names no pre-tokenizer (tokenizer.ggml.pre: an old conversion, which llama.cpp splits as "
+                "'default' with a warning that output degrades; convert it again)")
+        raise GGUFError(f"GGUF {what} (supported: {known})")
     return name
 
 
