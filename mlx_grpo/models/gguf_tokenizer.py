@@ -136,7 +136,7 @@ def _pre_tokenizer(name: str):
 
 def build_tokenizer(metadata: dict):
     """A `tokenizers.Tokenizer` that encodes and decodes as llama.cpp does with this file."""
-    from tokenizers import Tokenizer, decoders, models
+    from tokenizers import Tokenizer, models
 
     if tokenizer_model(metadata) == "llama":
         tokenizer = build_spm_tokenizer(metadata)
