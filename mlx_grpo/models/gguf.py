@@ -41,7 +41,7 @@ __all__ = ["GGUFError", "converted_folder", "is_gguf", "types_note"]
 
 GROUP_SIZE = 32  # every GGUF quantization kept as MLX's is in groups of 32
 # Changing how files are converted must not reuse folders converted the old way.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3  # 3: llama.cpp's token rules for both tokenizer kinds (gguf_tokenizer.py)
 TYPES_FILE = "gguf_types.json"
 
 
@@ -121,13 +121,13 @@ def convert(path: str | Path, folder: Path) -> None:
     header = read_header(path)
     config = model_config(header)
     check_tensor_types(header)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_tokenizer(header.metadata, folder, config["max_position_embeddings"])  # before the slow tensor read
     arrays, carried = read_tensors(path, header)
     weights = hf_weights(arrays, config)
     quantization = quantization_config(weights)
     if quantization:
         config["quantization"] = quantization
-    folder.mkdir(parents=True, exist_ok=True)
-    write_tokenizer(header.metadata, folder, config["max_position_embeddings"])
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
     (folder / TYPES_FILE).write_text(json.dumps({"summary": types_summary(header, carried),
                                                  "tensors": carried}, indent=1), encoding="utf-8")
