@@ -37,6 +37,8 @@ class TrainConfig:
     reward: list[str] = field(default_factory=list)  # reward function names (from reward_file or the task)
     reward_weights: list[float] | None = None  # one per reward; default 1.0 each
     reward_timeout: float = 60.0  # seconds a reward call may take; then its examples count as failed (0: no limit)
+    tools: str | None = None  # Python file whose public functions are tools: each row is a tool-calling episode
+    tool_timeout: float = 10.0  # seconds a tool call may take; then the model reads a timeout error as its result
     system_prompt: str | None = None  # overrides the task's system prompt
     prompt_format: str | None = None  # plain-text frame for a model with no chat template (a base model): "{prompt}" marks the prompt
     stop: list[str] = field(default_factory=list)  # a completion also ends at a token whose text starts with one of these (e.g. "\n")
@@ -277,6 +279,7 @@ def validate(c: TrainConfig) -> None:
             need(not isinstance(v, int) or name == "seed" or abs(v) < 2**31, f"{name} is too large: {v}")
     need(c.max_turns >= 1 and c.max_episode_tokens >= 1, "max_turns and max_episode_tokens must be at least 1")
     need(c.curriculum in ("none", "ued"), f"curriculum must be none or ued; got {c.curriculum!r}")
+    need(c.tool_timeout > 0, f"tool_timeout must be > 0 seconds, got {c.tool_timeout}")
     need(c.shaping in SHAPING, f"shaping must be one of {', '.join(SHAPING)}; got {c.shaping!r}")
     need(c.prefilter == 0 or c.prefilter >= 2,
          f"prefilter must be 0 (off) or at least 2 samples a prompt, got {c.prefilter}")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.models.loading import load_policy
-from mlx_grpo.sampling import tool_env
+from mlx_grpo.tools import episode as tool_env
 from mlx_grpo.sampling.environment import Rendered
 from mlx_grpo.sampling.multiturn import rollout_episodes
 from mlx_grpo.sampling.rollout import SamplingConfig
@@ -91,3 +91,31 @@ def test_tool_results_are_masked_and_logprobs_match_a_full_forward_pass(policy, 
     grad = np.array(grad)
     assert np.all(grad[batch.mask == 0] == 0) and np.abs(grad[batch.mask == 1]).max() > 0
     assert (batch.mask == 0).sum() > 0
+
+
+def test_train_and_eval_with_tools_from_the_command_line(tmp_path, tiny_model_path):
+    """--tools FILE.py: every row a tool episode, through train and eval; a broken tools file is one line."""
+    from typer.testing import CliRunner
+
+    from mlx_grpo.cli import app
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(f'{{"prompt": "What is the capital of page {i}?", "answer": "Oslo"}}\n' for i in range(12)))
+    (tmp_path / "rewards.py").write_text(
+        "def exact(prompts, completions, answer, **kw):\n"
+        "    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]\n")
+    (tmp_path / "tools.py").write_text(
+        "def lookup(title: str) -> str:\n    '''Read a page.'''\n    return 'Oslo'\n")
+    common = ["--model", str(tiny_model_path), "--task", "custom", "--data", str(data),
+              "--reward-file", str(tmp_path / "rewards.py"), "--reward", "exact", "--max-tokens", "8"]
+    runner = CliRunner()
+    result = runner.invoke(app, ["train", *common, "--tools", str(tmp_path / "tools.py"), "--steps", "1",
+                                 "--batch-size", "2", "--group-size", "2", "--max-turns", "2",
+                                 "--eval-num-problems", "2", "--output", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "tools: " in (tmp_path / "run" / "config.yaml").read_text()
+    (tmp_path / "bad.py").write_text("import not_a_module\n")
+    result = runner.invoke(app, ["train", *common, "--tools", str(tmp_path / "bad.py"), "--steps", "1",
+                                 "--output", str(tmp_path / "bad-run")])
+    assert result.exit_code != 0 and "importing it raised ModuleNotFoundError" in result.output
+    assert "Traceback" not in result.output

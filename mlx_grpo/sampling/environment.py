@@ -20,16 +20,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from ..tasks.rewarding import RewardFn, reward_name, score_completions
-
-
-class Rendered(str):
-    """An observation the environment wrote as the chat template writes it, headers included.
-
-    From `reset`: the whole first prompt. From `step`: everything after the
-    model's end-of-turn up to the next assistant header (a tool episode's
-    results: sampling/tool_env.py). The rollout tokenizes it as it is instead of
-    wrapping it in a user turn.
-    """
+from ..tools.template import Rendered  # noqa: F401 (environments return it; public here)
 
 
 @runtime_checkable

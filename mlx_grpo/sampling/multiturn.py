@@ -133,6 +133,9 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
     each turn's costs.
     """
     join = chat_join(tokenizer, system_prompt)
+    for env in envs:
+        if hasattr(env, "bind"):  # a tool episode renders through this model's template
+            env.bind(tokenizer)
     firsts = [env.reset() for env in envs]
     episodes = []
     for i, first in enumerate(firsts):

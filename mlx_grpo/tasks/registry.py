@@ -106,6 +106,18 @@ def _custom_rewards(config: TrainConfig) -> list[RewardFn]:
         raise ConfigError(str(e)) from None
 
 
+def _tool_episodes(config: TrainConfig, functions: list[RewardFn], weights: list[float], system_prompt):
+    """make_env for --tools: the file's functions, loaded once; the rollout binds the tokenizer."""
+    from ..tools.episode import ToolEnv
+    from ..tools.running import ToolsFileError, load_tools
+
+    try:
+        tools = load_tools(config.tools)
+    except ToolsFileError as e:
+        raise ConfigError(str(e)) from None
+    return lambda row: ToolEnv(row, tools, None, functions, weights, system_prompt, config.tool_timeout)
+
+
 def _judge(config: TrainConfig, rows: list[dict], default_rubric: str | None) -> RewardFn:
     """The judge reward (rewards/judge.py); a rubric or judge that cannot work is a ConfigError, before training."""
     from rewards.judge import JudgeError, load_rubric, make_judge_reward
@@ -193,13 +205,18 @@ def load_task(config: TrainConfig) -> Task:
         functions = [*functions, _judge(config, train + (test or []), JUDGE_RUBRICS.get(config.task))]
         weights = [*weights, config.judge_weight]
 
+    system_prompt = config.system_prompt if config.system_prompt is not None else system_prompt
+    if config.tools:  # every row a tool-calling episode, scored by the task's rewards on its final answer
+        if make_env is not None:
+            raise ConfigError(f"task {config.task!r} plays its own environment: --tools does not apply")
+        make_env = _tool_episodes(config, functions, weights, system_prompt)
     return Task(
         name=config.task,
         train_rows=train,
         eval_rows=test[: config.eval_num_problems],
         reward_functions=functions,
         reward_weights=weights,
-        system_prompt=config.system_prompt if config.system_prompt is not None else system_prompt,
+        system_prompt=system_prompt,
         accuracy_reward=accuracy,
         warnings=warnings,
         make_env=make_env,

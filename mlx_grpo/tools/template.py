@@ -32,6 +32,16 @@ FALLBACK_INSTRUCTIONS = (
 )
 
 
+class Rendered(str):
+    """An observation written as the chat template writes it, headers included.
+
+    From an environment's `reset`: the whole first prompt. From `step`: everything
+    after the model's end-of-turn up to the next assistant header (a tool episode's
+    results). The multi-turn rollout tokenizes it as it is instead of wrapping it
+    in a user turn.
+    """
+
+
 class ToolTemplateError(ValueError):
     """A chat template that cannot carry tool episodes as trained, said in one line."""
 

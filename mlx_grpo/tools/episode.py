@@ -10,8 +10,9 @@ tool's result text for the model to read, and is counted in `info`; nothing
 ends the episode early but `max_turns` and the token budget (multiturn.py).
 
 The results come back as `Rendered` text, so the rollout inserts exactly what
-the template writes between turns (tools/template.py) and masks all of it:
-only the model's own tokens are trained.
+the template writes between turns (template.py) and masks all of it: only the
+model's own tokens are trained. `--tools FILE.py` makes every row of a task
+such an episode (tasks/registry.py); the rollout binds the tokenizer.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ from typing import Callable
 
 from ..tasks.data import prompt_messages
 from ..tasks.rewarding import RewardFn, reward_name, score_completions
-from ..tools.calls import parse_calls, style_for_template
-from ..tools.running import DEFAULT_TIMEOUT, run_calls
-from ..tools.schema import schema_of
-from ..tools.template import assistant_message, inserted_text, render, result_messages, template_supports_tools
-from .environment import Rendered
+from .calls import parse_calls, style_for_template
+from .running import DEFAULT_TIMEOUT, run_calls
+from .schema import schema_of
+from .template import Rendered, assistant_message, inserted_text, render, result_messages, template_supports_tools
 
 COUNTS = ("calls", "parse", "invalid", "raised", "timeout")
 
@@ -36,13 +36,18 @@ class ToolEnv:
     def __init__(self, row: dict, tools: dict[str, Callable], tokenizer, rewards: list[RewardFn],
                  weights: list[float] | None = None, system_prompt: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT, style: str | None = None):
-        self.row, self.tools, self.tokenizer = row, tools, tokenizer
+        self.row, self.tools = row, tools
         self.rewards, self.weights = rewards, weights or [1.0] * len(rewards)
-        self.system_prompt, self.timeout = system_prompt, timeout
-        self.native = template_supports_tools(tokenizer)
-        self.style = style or style_for_template(getattr(tokenizer, "chat_template", None))
+        self.system_prompt, self.timeout, self.chosen_style = system_prompt, timeout, style
         self.schemas = [schema_of(fn) for fn in tools.values()]
-        self.reset()
+        if tokenizer is not None:
+            self.bind(tokenizer)
+
+    def bind(self, tokenizer) -> None:
+        """The model's tokenizer, which the rollout hands over when a task made the environment."""
+        self.tokenizer = tokenizer
+        self.native = template_supports_tools(tokenizer)
+        self.style = self.chosen_style or style_for_template(getattr(tokenizer, "chat_template", None))
 
     def reset(self) -> str:
         self.messages = prompt_messages(self.row["prompt"], self.system_prompt)
