@@ -63,6 +63,7 @@ class TrainConfig:
     prefilter: int = 0  # sample this many answers to each training prompt from the base model first; train only on prompts solved in some but not all (0: off; docs/rare-rewards.md)
     prefilter_prompts: int = 0  # the most training prompts the prefilter samples, in the run's order (0: all)
     web_kinds: list[str] = field(default_factory=list)  # web task: only these families/levels (fact/1 ... account/3); empty: all
+    multihop_hops: list[int] = field(default_factory=list)  # multihop task: questions of these many hops (2, 3, 4); empty: all
 
     # Objective
     loss: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo | gspo | sapo (docs/algorithms.md)

@@ -48,7 +48,7 @@ SPLITS = ("test", "train")
 SUCCESS = 0.5
 # Settings a run folder passes on to a comparison: what its task and prompts were.
 _TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "prompt_format", "stop",
-              "web_kinds", *JUDGE_KEYS)
+              "web_kinds", "multihop_hops", "tools", "tool_timeout", *JUDGE_KEYS)
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "decode_concurrency",
                   "eval_num_problems", "max_turns", "max_episode_tokens")
 

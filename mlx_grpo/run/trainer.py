@@ -294,6 +294,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     monitor = HealthMonitor.from_config(config, run_dir if resumed else None)
     if main:
         ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
+        if task.train_rows and not (run_dir / "prompt.txt").exists():  # what the model is shown, once per run
+            ckpt.atomic_write_text(run_dir / "prompt.txt", multiturn.prompt_as_seen(task, tokenizer, task.train_rows[0]))
     notes = [n for n in (gguf_types_note(config.model), weights_note, prefilter_note) if n]
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
                    "warnings": task.warnings, "notes": notes})

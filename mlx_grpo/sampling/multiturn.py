@@ -280,6 +280,20 @@ def episode_metrics(episodes: list[Episode]) -> dict:
     return out
 
 
+def prompt_as_seen(task, tokenizer, row: dict) -> str:
+    """A row's first prompt exactly as the model reads it: template, system prompt and tools included."""
+    if task.make_env is None:
+        ids = encode_prompt(tokenizer, row["prompt"], task.system_prompt, task.prompt_format)
+    else:
+        env = task.make_env(row)
+        if hasattr(env, "bind"):
+            env.bind(tokenizer)
+        first = env.reset()
+        ids = _encode(tokenizer, first) if isinstance(first, Rendered) else encode_prompt(tokenizer, first,
+                                                                                            task.system_prompt)
+    return tokenizer.decode(ids)
+
+
 def make_envs(task, rows: list[dict], group_size: int) -> list[Environment]:
     return [task.make_env(row) for row in rows for _ in range(group_size)]
 

@@ -14,6 +14,11 @@ A built-in task is a module in `rewards` (registered in BUILTIN_TASKS) that defi
                                        None: read --data with the generic loader
     recommended_settings(model: str | None) -> dict                   below YAML and flags
 
+A task whose environment needs the run's settings and rewards (multihop: the
+tool time limit, --reward-weights) defines `episode_factory(config, functions,
+weights, system_prompt) -> make_env` instead of make_env; one that reads
+--data itself (multihop: MuSiQue rows) sets READS_DATA = True.
+
 and, where a chat model needs to be told something else than the embedded
 model (which was trained on the task's own format and gets no instructions),
 the chat variant used for every other model (see `is_chat_model`):
@@ -44,7 +49,7 @@ from .data import DataError, load_rows
 from .rewarding import RewardFn, load_reward_functions, reward_name
 
 BUILTIN_TASKS = {"arith": "rewards.arith", "gsm8k": "rewards.gsm8k", "web": "rewards.web_browsing",
-                 "ocaml": "rewards.ocaml"}
+                 "ocaml": "rewards.ocaml", "multihop": "rewards.multihop"}
 TASKS = (*BUILTIN_TASKS, "custom")
 # The rubric --judge uses when none is given (rewards/rubrics/); other tasks: "general".
 JUDGE_RUBRICS = {"ocaml": "ocaml_quality"}
@@ -164,11 +169,15 @@ def load_task(config: TrainConfig) -> Task:
         system_prompt = module.CHAT_SYSTEM_PROMPT if chat else module.SYSTEM_PROMPT
         accuracy = module.chat_accuracy_reward if chat else module.accuracy_reward
         make_env = getattr(module, "make_env", None)
+        factory = getattr(module, "episode_factory", None)
+        reads_data = getattr(module, "READS_DATA", False)
     else:
         train = test = None
-        functions, weights, system_prompt, accuracy, make_env = [], [], None, None, None
+        functions, weights, system_prompt, accuracy, make_env, factory, reads_data = [], [], None, None, None, None, False
     if make_env is not None and (config.data or config.reward_file or config.reward):
         raise ConfigError(f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not apply")
+    if factory is not None and config.data and not reads_data:
+        raise ConfigError(f"task {config.task!r} makes its own rows: --data does not apply")
 
     if config.data and train is None:
         try:
@@ -200,12 +209,16 @@ def load_task(config: TrainConfig) -> Task:
     if config.reward_weights is not None:
         weights = list(config.reward_weights)
     if config.judge:
-        if make_env is not None:
+        if make_env is not None or factory is not None:
             raise ConfigError(f"task {config.task!r} is scored by its environment: --judge does not apply")
         functions = [*functions, _judge(config, train + (test or []), JUDGE_RUBRICS.get(config.task))]
         weights = [*weights, config.judge_weight]
 
     system_prompt = config.system_prompt if config.system_prompt is not None else system_prompt
+    if factory is not None:
+        if config.tools:
+            raise ConfigError(f"task {config.task!r} brings its own tools: --tools does not apply")
+        make_env = factory(config, functions, weights, system_prompt)
     if config.tools:  # every row a tool-calling episode, scored by the task's rewards on its final answer
         if make_env is not None:
             raise ConfigError(f"task {config.task!r} plays its own environment: --tools does not apply")

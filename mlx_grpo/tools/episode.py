@@ -73,8 +73,12 @@ class ToolEnv:
         self.messages += [turn, *new]
         return Rendered(inserted), False, self.info()
 
+    def columns(self) -> dict[str, list]:
+        """The reward functions' columns: the row's own (a task's environment may add its episode's)."""
+        return {k: [v] for k, v in self.row.items() if k != "prompt"}
+
     def _score(self, answer: str) -> None:
-        columns = {k: [v] for k, v in self.row.items() if k != "prompt"}
+        columns = self.columns()
         prompt = self.row["prompt"] if isinstance(self.row["prompt"], str) else str(self.row["prompt"])
         scores = score_completions(self.rewards, self.weights, [prompt], [answer], columns)
         self._parts = {reward_name(f): scores.parts[reward_name(f)][0] or 0.0 for f in self.rewards}

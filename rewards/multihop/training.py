@@ -1,0 +1,93 @@
+"""The multihop task for `mlx-grpo train --task multihop` (the task protocol of mlx_grpo/tasks/registry.py).
+
+Every row is a tool-calling episode (mlx_grpo/tools/episode.py): the model
+gets the question and two tools over the row's own paragraphs, `search(query)`
+(BM25) and `read(title)`, calls them as its chat template writes calls (or
+the Hermes-style fallback), and answers in a turn without a call.
+
+Rows are synthetic (world.py: a seeded fictional world a row, 2 to 4 hops,
+`multihop_hops` picks) or MuSiQue rows from `--data` (musique.py). Train and
+test rows never share a world. Rewards: exact match (the accuracy, weight 1),
+token F1 and supporting-paragraph recall (weight 0: logged, not trained on;
+`--reward-weights 1,0.5,0.1` turns them on).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mlx_grpo.config import ConfigError
+from mlx_grpo.tools.episode import ToolEnv
+
+from .answers import exact_match, exact_match_reward, f1_reward, support_reward
+from .corpus import Corpus
+from .musique import load_musique
+from .world import HOPS, make_row
+
+SYSTEM_PROMPT = ("Answer the question by looking facts up with the tools: every name in the encyclopedia is the "
+                 "title of its paragraph. When you know the answer, reply with the answer alone.")
+REWARDS = [(exact_match_reward, 1.0), (f1_reward, 0.0), (support_reward, 0.0)]
+accuracy_reward = exact_match_reward
+READS_DATA = True  # --data names MuSiQue rows instead of the synthetic ones
+
+TRAIN_ROWS = 3000
+
+
+def parse_hops(hops) -> list[int]:
+    bad = [h for h in hops or [] if h not in HOPS]
+    if bad:
+        raise ConfigError(f"multihop_hops: questions have {', '.join(map(str, HOPS))} hops, not {bad[0]}")
+    return list(hops) or list(HOPS)
+
+
+def synthetic_rows(split: str, hops: list[int], n: int, seed: int) -> list[dict]:
+    """n rows, hops taken in turn; worlds seeded apart by split (and train by the run's seed)."""
+    prefix = "test" if split == "test" else f"train/{seed}"
+    return [make_row(f"{prefix}/{i}", hops[i % len(hops)]) for i in range(n)]
+
+
+def load_rows(split: str, config) -> list[dict]:
+    if config.data:
+        rows, note = load_musique(config.data, split, config.on_bad_data)
+        if note:
+            print(f"warning: {note}", file=sys.stderr)
+        return rows
+    n = config.eval_num_problems if split == "test" else TRAIN_ROWS
+    return synthetic_rows(split, parse_hops(config.multihop_hops), n, config.seed)
+
+
+class MultihopEnv(ToolEnv):
+    """A row's episode: its own paragraphs behind search and read; the recall of supporting ones is logged."""
+
+    def __init__(self, row: dict, rewards, weights, system_prompt, timeout: float):
+        self.corpus = Corpus(row["paragraphs"])
+        super().__init__(row, self.corpus.tools(), None, rewards, weights, system_prompt, timeout)
+
+    def reset(self) -> str:
+        self.corpus.retrieved = []
+        return super().reset()
+
+    def columns(self) -> dict:
+        return {**super().columns(), "retrieved": [list(self.corpus.retrieved)]}
+
+    def info(self) -> dict:
+        supporting = {p["title"] for p in self.row["paragraphs"] if p.get("is_supporting")}
+        recall = len(supporting & set(self.corpus.retrieved)) / len(supporting) if supporting else 0.0
+        solved = self.answer is not None and bool(exact_match(self.answer, self.row["answer"],
+                                                              self.row.get("answer_aliases")))
+        return {**super().info(), "solved": solved, "tools/support_recall": recall}
+
+
+def episode_factory(config, functions, weights, system_prompt):
+    """make_env for the registry: each row its MultihopEnv, with the run's rewards and tool time limit."""
+    return lambda row: MultihopEnv(row, functions, weights, system_prompt, config.tool_timeout)
+
+
+def recommended_settings(model: str | None) -> dict:
+    """Room for a few calls and their results; the tiny tool model (when built) for the embedded default."""
+    settings = {"max_tokens": 96, "max_turns": 6, "max_episode_tokens": 1536, "eval_num_problems": 100}
+    from . import tiny_model
+
+    if model in (None, "") and tiny_model.tiny_tool_model() is not None:
+        settings.update(tiny_model.TINY_TOOL_SETTINGS, model=str(tiny_model.tiny_tool_model()))
+    return settings

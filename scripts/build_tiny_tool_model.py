@@ -1,0 +1,231 @@
+"""Build the tiny tool model: rewards/multihop/assets/tiny-tools/.
+
+    python scripts/build_tiny_tool_model.py [--seed 0] [--steps N]
+
+A byte-level BPE tokenizer learnt from the multihop task's own episodes (the
+fallback tool prompt, questions, paragraphs, calls), and a tiny Qwen2 model
+(mlx-lm's qwen2) pre-trained by supervised learning on whole 2-hop tool
+episodes, rendered exactly as `mlx-grpo train --task multihop` renders them
+(rewards/multihop/training.py's MultihopEnv, the Hermes-style fallback
+template): read the question's entity, read the entity its paragraph names,
+answer. The loss covers the model's turns only.
+
+Like the arithmetic and web models, the episodes are deliberately imperfect,
+to leave reinforcement learning a way up: with probability 1 - P_CALL the
+model answers at once with the question's own entity (always wrong), and on
+the second hop it follows the right name with probability P_RIGHT (otherwise
+the paragraph's other name: the chief executive instead of the founder, the
+founder instead of the home city, or it answers the city one hop short).
+The script ends by measuring greedy and sampled (T = 1) accuracy on held-out
+questions through the trainer's own rollout, and writes build_info.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import build_tiny_model as base  # noqa: E402  (tokenizer files, model config, SFT loop)
+from build_tiny_web_model import batches  # noqa: E402
+
+from rewards.multihop.answers import exact_match_reward  # noqa: E402
+from rewards.multihop.tiny_model import TINY_TOOL_MODEL  # noqa: E402
+from rewards.multihop.training import SYSTEM_PROMPT, MultihopEnv, synthetic_rows  # noqa: E402
+from rewards.multihop.world import make_world  # noqa: E402
+
+P_CALL = 0.5  # reads the question's entity first; otherwise answers at once with that entity's name
+P_RIGHT = 0.5  # on the second hop, follows the name the question asks about
+MAX_TOKENS, MAX_TURNS, MAX_EPISODE_TOKENS = 32, 4, 320
+
+
+def call(title: str) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "read", "arguments": {"title": title}}) + "\n</tool_call>"
+
+
+def model_turns(row: dict, rng: random.Random, noisy: bool = True) -> list[str]:
+    """The model's turns of one (possibly mistaken) 2-hop episode on a synthetic row."""
+    world = make_world(row["seed"])
+    steps = row["question_decomposition"]
+    start = next(p["title"] for p in row["paragraphs"] if p["idx"] == steps[0]["paragraph_support_idx"])
+    if noisy and rng.random() > P_CALL:
+        return [start]  # answers without looking anything up: the question's own entity
+    first, right = world[start], steps[0]["answer"]
+    if not noisy or rng.random() < P_RIGHT:
+        return [call(start), call(right), row["answer"]]
+    if first.kind == "company" and steps[0]["question"].startswith("Who founded"):
+        other = first.facts["chief"]
+        return [call(start), call(other), world[other].facts["born_in"]]
+    if first.kind == "company":  # asked for its country: follows the founder, names where they were born
+        other = first.facts["founder"]
+        return [call(start), call(other), world[other].facts["born_in"]]
+    return [call(start), right]  # a person: answers the birthplace, one hop short
+
+
+def episode_ids(tokenizer, join, row: dict, turns: list[str]) -> tuple[list[int], list[float]]:
+    """Token ids of the episode as the rollout builds them, and the mask of the model's next tokens."""
+    env = MultihopEnv(row, [exact_match_reward], [1.0], SYSTEM_PROMPT, 5.0)
+    env.bind(tokenizer)
+    ids = list(tokenizer.encode(env.reset(), add_special_tokens=False))
+    owner = [0.0] * len(ids)
+    for turn in turns:
+        new = list(tokenizer.encode(turn, add_special_tokens=False)) + [tokenizer.eos_token_id]
+        ids += new
+        owner += [1.0] * len(new)
+        observation, done, _ = env.step(turn)
+        if done:
+            break
+        joined = list(tokenizer.encode(join.text(observation, True), add_special_tokens=False))
+        ids += joined
+        owner += [0.0] * len(joined)
+    return ids, owner[1:] + [0.0]
+
+
+def episode_texts(tokenizer, row: dict, turns: list[str]) -> list[str]:
+    env = MultihopEnv(row, [exact_match_reward], [1.0], SYSTEM_PROMPT, 5.0)
+    env.bind(tokenizer)
+    texts = [str(env.reset())]
+    for turn in turns:
+        observation, done, _ = env.step(turn)
+        texts += [turn, str(observation)]
+        if done:
+            break
+    return texts
+
+
+def build_tokenizer(texts: list[str]):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(base.QWEN2_SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1600, min_frequency=2, special_tokens=base.SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def write_tokenizer(hf_tokenizer, folder: Path):
+    from mlx_lm.utils import load_tokenizer
+
+    base.save_tokenizer(hf_tokenizer, folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings["model_max_length"] = 4096
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    return load_tokenizer(folder)
+
+
+def accuracy(folder: Path, rows: list[dict], samples: int, seed: int) -> dict:
+    """Greedy and sampled (T = 1) exact match of whole episodes, through the trainer's rollout code."""
+    from mlx_grpo.models.loading import load_policy
+    from mlx_grpo.sampling.multiturn import rollout_episodes
+    from mlx_grpo.sampling.rollout import SamplingConfig
+
+    model, tokenizer = load_policy(str(folder))
+    out = {}
+    for name, temperature, group in (("greedy", 0.0, 1), ("sampled", 1.0, samples)):
+        envs = [MultihopEnv(r, [exact_match_reward], [1.0], SYSTEM_PROMPT, 5.0) for r in rows for _ in range(group)]
+        episodes = rollout_episodes(model, tokenizer, envs, group, SamplingConfig(temperature, max_tokens=MAX_TOKENS),
+                                    MAX_TURNS, MAX_EPISODE_TOKENS, seed=seed)
+        solved = [bool(ep.info.get("solved")) for ep in episodes]
+        out[f"{name}_accuracy"] = round(sum(solved) / len(solved), 4)
+        out[f"{name}_calls"] = round(sum(ep.info.get("tools/calls", 0) for ep in episodes) / len(episodes), 3)
+        if name == "sampled":
+            out[f"pass@{samples}"] = round(sum(any(solved[i:i + group]) for i in range(0, len(solved), group))
+                                           / len(rows), 4)
+        else:
+            out["greedy_examples"] = [ep.text for ep in episodes[:3]]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--examples", type=int, default=4000)
+    parser.add_argument("--hidden", type=int, default=96)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--eval-rows", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=TINY_TOOL_MODEL)
+    args = parser.parse_args()
+    from mlx_grpo.blas import use_openblas
+
+    use_openblas()  # re-executes the script with OpenBLAS preloaded, when there is one
+
+    started = time.time()
+    rng = random.Random(f"build-tools/{args.seed}")
+    mx.random.seed(args.seed)
+    staging = args.out.with_name(args.out.name + ".building")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+
+    # Rendering needs only the chat template: a first tokenizer renders the corpus the real one is learnt from.
+    rows = synthetic_rows("train", [2], args.examples, seed=10_000 + args.seed)  # worlds no run trains or tests on
+    turns = [model_turns(r, rng) for r in rows]
+    bootstrap = write_tokenizer(build_tokenizer(["user", "assistant"]), staging)
+    corpus = [t for r, ts in zip(rows[:1500], turns) for t in episode_texts(bootstrap, r, ts)]
+    corpus += [t for r in rows[1500:2500] for t in episode_texts(bootstrap, r, model_turns(r, rng, noisy=False))]
+    hf_tokenizer = build_tokenizer(corpus)
+    tokenizer = write_tokenizer(hf_tokenizer, staging)
+    eos_id, pad_id = hf_tokenizer.token_to_id(base.IM_END), hf_tokenizer.token_to_id(base.PAD)
+    config = base.model_config(hf_tokenizer.get_vocab_size(), eos_id, hidden=args.hidden, layers=args.layers,
+                               intermediate=4 * args.hidden)
+    config["max_position_embeddings"] = 4096
+    (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    print(f"tokenizer: {hf_tokenizer.get_vocab_size()} tokens")
+
+    from mlx_grpo.sampling.multiturn import chat_join
+
+    join = chat_join(tokenizer)
+    model = base.make_model(config)
+    mx.eval(model.parameters())
+    examples = [episode_ids(tokenizer, join, r, ts) for r, ts in zip(rows, turns)]
+    mean_len = sum(len(ids) for ids, _ in examples) / len(examples)
+    print(f"model: {base.count_parameters(model):,} parameters; data: {len(examples)} episodes, "
+          f"{mean_len:.0f} tokens each")
+
+    train_start = time.time()
+    history = base.train(model, batches(examples, args.batch_size, rng, pad_id), args.steps, args.lr,
+                         max(1, args.steps // 20), log_every=50)
+    train_seconds = time.time() - train_start
+    mx.save_safetensors(str(staging / "model.safetensors"), dict(tree_flatten(model.parameters())),
+                        metadata={"format": "mlx"})
+
+    test = synthetic_rows("test", [2], args.eval_rows, seed=0)  # the task's own held-out questions
+    metrics = accuracy(staging, test, samples=8, seed=args.seed)
+    print({k: v for k, v in metrics.items() if k != "greedy_examples"})
+    info = {
+        "seed": args.seed, "parameters": base.count_parameters(model), "config": config,
+        "data": {"hops": 2, "episodes": len(examples), "mean_tokens": round(mean_len, 1), "p_call": P_CALL,
+                 "p_right": P_RIGHT},
+        "sft": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+                "train_seconds": round(train_seconds, 1), "loss_history": history},
+        "eval": {"rows": f"synthetic_rows('test', [2], {args.eval_rows})", "max_turns": MAX_TURNS,
+                 "max_tokens": MAX_TOKENS, **metrics},
+        "build_seconds": round(time.time() - started, 1),
+    }
+    (staging / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    shutil.rmtree(args.out, ignore_errors=True)
+    staging.rename(args.out)
+    print(f"wrote {args.out} in {info['build_seconds']:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
