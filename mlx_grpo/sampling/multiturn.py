@@ -24,6 +24,7 @@ only (batch.build_batch takes the mask from here).
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -39,6 +40,7 @@ from .turns import Stats, player_for
 from .width import decode_width
 
 _MARK = "\x00OBSERVATION\x00"
+STEP_THREADS = 16  # environments stepped at once after a turn (their tool calls wait on I/O, not the GIL)
 # Who hears about a rollout's turns when rollout_episodes is not told (on_progress): the
 # live display of train, eval and compare sets it, so that the layers between need not pass it on.
 PROGRESS: ContextVar[Callable[[dict], None] | None] = ContextVar("multiturn_progress", default=None)
@@ -214,7 +216,7 @@ def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, ma
             stats.add(turn=turn, rows=len(active), longest=max(len(episodes[i].prompt_tokens) + len(episodes[i].tokens)
                                                                 for i in active),
                       generated=sum(len(o.tokens) for o in outs), peak_gb=mx.get_peak_memory() / 1e9, **costs)
-        still = []
+        still, stepping = [], []
         for i, out in zip(active, outs):
             ep = episodes[i]
             tokens, logprobs = out.tokens[:budget[i]], out.logprobs[:budget[i]]
@@ -226,11 +228,14 @@ def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, ma
                 ep.finish_reason = "max_tokens"
                 continue
             ep.turns.append(out.text)
-            try:
-                observation, done, info = envs[i].step(out.text)
-            except Exception as e:  # an environment bug ends its episode, not the run
-                ep.error, ep.finish_reason = f"{type(e).__name__}: {e}", "env_error"
+            stepping.append((i, out))
+        results = _step_envs(envs, [(i, out.text) for i, out in stepping])
+        for (i, out), (result, error) in zip(stepping, results):
+            ep = episodes[i]
+            if error is not None:  # an environment bug ends its episode, not the run
+                ep.error, ep.finish_reason = f"{type(error).__name__}: {error}", "env_error"
                 continue
+            observation, done, info = result
             ep.info = info
             if done:
                 ep.finish_reason = "done"
@@ -253,6 +258,23 @@ def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, ma
         progress.update(finished=len(active) - len(still), playing=len(still),
                         tokens=sum(len(o.tokens) for o in outs), prefilled=costs["prefilled"])
         active = still
+
+
+def _step_envs(envs, moves: list[tuple[int, str]]) -> list[tuple[tuple | None, Exception | None]]:
+    """env.step(text) for each (episode, text) of a turn, all at once: one episode's slow tool call
+    (a web API, a sandbox) does not hold up the others'. (result, None) or (None, the exception)."""
+
+    def step(move):
+        i, text = move
+        try:
+            return envs[i].step(text), None
+        except Exception as e:  # noqa: BLE001 - reported on the episode by the caller
+            return None, e
+
+    if len(moves) <= 1:
+        return [step(m) for m in moves]
+    with ThreadPoolExecutor(max_workers=min(STEP_THREADS, len(moves))) as pool:
+        return list(pool.map(step, moves))
 
 
 def episode_scores(episodes: list[Episode]) -> Scores:
