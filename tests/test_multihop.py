@@ -148,3 +148,18 @@ def test_an_episode_reads_two_hops_and_its_answer_is_scored(tmp_path, tiny_model
     env.reset()
     _, done, info = env.step("I do not know")
     assert done and env.reward() == 0.0 and info["tools/answered_without_call"] and info["tools/support_recall"] == 0.0
+
+
+def test_eval_on_multihop_reports_turns_and_tool_use(tmp_path, tiny_model_path):
+    """`eval --task multihop`: the report carries the episodes' turns (and tool counts) beside the rewards."""
+    from typer.testing import CliRunner
+
+    from mlx_grpo.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--task", "multihop", "--n", "2",
+                                      "--max-tokens", "4", "--output", str(tmp_path / "eval")])
+    assert result.exit_code == 0, result.output
+    assert "exact_match_reward" in result.output and "turns" in result.output
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    (model,) = report["models"] if isinstance(report["models"], list) else report["models"].values()
+    assert model["episode"]["episode/turns"] >= 1

@@ -248,6 +248,7 @@ class ModelResult:
     error_examples: dict[str, str]
     seconds: float  # decoding only
     samples: int
+    episode: dict = field(default_factory=dict)  # a multi-turn task's episode and tool metrics (multiturn.episode_metrics)
 
     def per_prompt(self, values: np.ndarray) -> np.ndarray:
         return values.reshape(-1, self.samples).mean(axis=1)
@@ -269,6 +270,8 @@ class ModelResult:
             "seconds": self.seconds,
             "tokens_per_s": float(lengths.sum() / max(self.seconds, 1e-9)),
         }
+        if self.episode:
+            out["episode"] = dict(self.episode)
         if self.samples > 1 and self.accuracy is not None:
             right = (self.accuracy.reshape(-1, self.samples) >= SUCCESS).sum(axis=1)
             out["pass_at_k"] = {str(k): mean_pass_at_k(right, self.samples, k) for k in pass_ks(self.samples)}
@@ -322,7 +325,13 @@ def evaluate_model(name: str, spec: ModelSpec, task: Task, rows: list[dict], set
     del model
     mx.clear_cache()  # the next model gets the memory
     totals, parts, accuracy, errors, examples = score(task, rows, answers, settings.samples, episodes)
-    return ModelResult(name, spec, answers, totals, parts, accuracy, errors, examples, seconds, settings.samples)
+    episode = {}
+    if episodes:
+        from ..sampling.multiturn import episode_metrics
+
+        episode = episode_metrics(episodes)
+    return ModelResult(name, spec, answers, totals, parts, accuracy, errors, examples, seconds, settings.samples,
+                       episode)
 
 
 # ---------------------------------------------------------------------------

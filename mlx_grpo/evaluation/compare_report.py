@@ -63,6 +63,10 @@ def table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
         rows.append(line(f"pass@{k}", lambda m, k=k: m["pass_at_k"][k]))
     if "best_of_n_reward" in first:
         rows.append(line(f"best-of-{report.data['samples']} reward", lambda m: m["best_of_n_reward"]))
+    for key in first.get("episode", {}):  # turns and, for tool episodes, calls and their failures
+        if key == "episode/turns" or key.startswith("tools/"):
+            rows.append(line(key.split("/", 1)[1].replace("_", " "), lambda m, key=key: m.get("episode", {}).get(key),
+                             ".2f"))
     rows.append(line("length (tokens)", lambda m: m["mean_length"], ".1f"))
     rows.append(line("truncated", lambda m: m["truncated_frac"]))
     rows.append(line("tokens/s", lambda m: m["tokens_per_s"], ".0f"))
