@@ -242,3 +242,15 @@ def test_ocaml_answers_are_graded_by_the_tasks_rewards(tiny_model_path):
     totals, parts, accuracy, errors, _ = cmp.score(task, rows, [right, wrong], 1)
     assert list(accuracy) == [1.0, 0.0] and not errors
     assert totals[0] > totals[1] and parts["ocaml_compiles"] == [1.0, 0.0]
+
+
+def test_the_settings_line_shows_a_system_prompt_with_brackets_as_written(tiny_model_path):
+    """A system prompt's "[n]" or "search[query]" is text, not rich markup (it vanished from the line)."""
+    from typer.testing import CliRunner
+
+    from mlx_grpo.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--n", "2", "--max-tokens", "4",
+                                      "--system-prompt", "Reply with search[query] or [n]."])
+    assert result.exit_code == 0, result.output
+    assert "Reply with search[query] or [n]." in " ".join(result.output.split())

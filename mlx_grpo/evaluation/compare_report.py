@@ -251,6 +251,7 @@ def print_report(report: Report, console, written: list[Path] = ()) -> None:
     """The rich table, the verdict, and where the files went."""
     from rich import box
     from rich.table import Table
+    from rich.markup import escape
 
     header, rows = table_rows(report)
     table = Table(box=box.SIMPLE_HEAD)
@@ -259,8 +260,9 @@ def print_report(report: Report, console, written: list[Path] = ()) -> None:
     for row in rows:
         table.add_row(*row)
     for r in report.results:
-        console.print(f"[bold]{r.name}[/]: {r.spec.label}", highlight=False, soft_wrap=True)
-    console.print(settings_line(report), highlight=False, soft_wrap=True)
+        console.print(f"[bold]{r.name}[/]: {escape(r.spec.label)}", highlight=False, soft_wrap=True)
+    # Plain text: a system prompt's "[n]" or "search[query]" is not rich markup.
+    console.print(settings_line(report), highlight=False, soft_wrap=True, markup=False)
     console.print(table)
     line = verdict(report)
     if line:
