@@ -1,0 +1,125 @@
+"""What a model name means to `compare` and `eval`: a run folder, an adapter folder, or a model.
+
+  - a run folder (config.yaml + adapters.safetensors): its base model plus its
+    adapters (or its full weights, for fine_tune_type full); the run's task,
+    data, rewards and max_tokens become the defaults;
+  - an adapter folder (adapter_config.json, e.g. RUN/checkpoints/step_N): its
+    base model ("model" in adapter_config.json) plus those adapters;
+  - a model folder, .gguf file, Hugging Face id, packaged model (smollm2-135m) or
+    store name (ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO); "embedded": the tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import JUDGE_KEYS, ConfigError, TrainConfig, build_config, load_yaml
+from ..models.loading import EMBEDDED_MODEL, PACKAGED_MODELS
+from ..tasks.registry import recommended_settings
+
+# Settings a run folder passes on to a comparison: what its task and prompts were.
+_TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "prompt_format", "stop",
+              "web_kinds", "multihop_hops", "tools", "tool_timeout", *JUDGE_KEYS)
+_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "decode_concurrency",
+                  "eval_num_problems", "max_turns", "max_episode_tokens")
+
+
+class CompareError(ValueError):
+    """A mistake in what to compare (a missing folder, a model that does not load); one line."""
+
+
+# ---------------------------------------------------------------------------
+# What a model name means
+
+
+@dataclass
+class ModelSpec:
+    model: str | None  # mlx-lm model folder or HF id; None: the embedded model
+    adapter: str | None = None  # adapter folder applied on top (LoRA/DoRA or full weights)
+    run_dir: Path | None = None  # the training run this came from, if any
+
+    @property
+    def label(self) -> str:
+        base = self.model or "embedded tiny-arith"
+        return f"{base} + {self.adapter}" if self.adapter else base
+
+
+def _run_dir_of(adapter_dir: Path) -> Path | None:
+    """The run a folder of adapters belongs to: itself, or RUN for RUN/checkpoints/step_N."""
+    for candidate in (adapter_dir, adapter_dir.parent.parent):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    return None
+
+
+def _adapter_run(adapter: str | None) -> Path | None:
+    """The run an --adapter folder came from (its task becomes the default), if any."""
+    path = Path(adapter).expanduser() if adapter else None
+    return _run_dir_of(path) if path is not None and path.is_dir() else None
+
+
+def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
+    """Read a --trained/--base/--model value (see the module docstring)."""
+    if name in ("", EMBEDDED_MODEL):
+        return ModelSpec(None, adapter, _adapter_run(adapter))
+    if name in PACKAGED_MODELS or name.startswith(("ollama:", "lmstudio:")):  # resolved where it loads
+        return ModelSpec(name, adapter, _adapter_run(adapter))
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        if adapter is not None:
+            raise CompareError(f"{name} is an adapter folder already; --adapter goes with a plain model")
+        run_dir = _run_dir_of(path)
+        try:
+            adapter_config = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise CompareError(f"{path / 'adapter_config.json'}: unreadable ({e})") from None
+        base = adapter_config.get("model")
+        if run_dir is not None:
+            run_model = _run_settings(run_dir).get("model", base)
+            base = run_model if run_model not in ("", None) else None  # None: the embedded model
+        elif not base:
+            raise CompareError(f"{path / 'adapter_config.json'} does not name its base model (key 'model')")
+        if not (path / "adapters.safetensors").is_file():
+            raise CompareError(f"{path}: no adapters.safetensors")
+        return ModelSpec(base, str(path), run_dir)
+    if path.is_dir() and (path / "config.yaml").is_file() and not (path / "config.json").is_file():
+        raise CompareError(f"{name}: a run folder with no saved weights yet (no adapters.safetensors)")
+    if not path.exists() and ("/" not in name or name.startswith((".", "/", "~"))):
+        raise CompareError(f"{name}: not found (not a run folder, an adapter folder, a model folder, a .gguf "
+                           f"file, a Hugging Face id or a packaged model: {', '.join(PACKAGED_MODELS)})")
+    return ModelSpec(name, adapter, _adapter_run(adapter))
+
+
+def _run_settings(run_dir: Path) -> dict:
+    try:
+        return load_yaml(run_dir / "config.yaml")
+    except ConfigError as e:
+        raise CompareError(str(e)) from None
+
+
+def task_config(run_dir: Path | None, model: str | None, overrides: dict) -> TrainConfig:
+    """The TrainConfig a comparison reads its task from.
+
+    The run's settings (task, data, rewards, max_tokens, ...) come first, then
+    the typed flags. A different --task drops the run's data and rewards, which
+    belonged to the run's task.
+    """
+    values = {}
+    if run_dir is not None:
+        settings = _run_settings(run_dir)
+        values = {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS) if k in settings}
+        if overrides.get("task") not in (None, values.get("task")):
+            values = {k: v for k, v in values.items() if k not in _TASK_KEYS}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    values["model"] = model
+    return build_config(values, task_defaults=recommended_settings)
+
+
+def default_base(trained: ModelSpec) -> ModelSpec:
+    """The model the trained one started from: its adapters' base."""
+    if trained.adapter is None:
+        raise CompareError(f"{trained.label} is a whole model with no record of its base; "
+                           "name the model to compare against with --base")
+    return ModelSpec(trained.model, None)
