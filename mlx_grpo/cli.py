@@ -251,18 +251,28 @@ def plot(run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...", help="
 
 
 @app.command(name="inspect")
-def inspect_command(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run folder")):
-    """Summarise a run from its files: settings, first/last/best metrics, health events, checkpoints."""
+def inspect_command(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run folder"),
+                    step: Optional[int] = typer.Option(None, help="show this step's completion or episode only"),
+                    index: Optional[int] = typer.Option(None, help="which of the step's completions (from 0; "
+                                                                   "default 0), in completions.jsonl's order")):
+    """Summarise a run from its files: settings, first/last/best metrics, health events, checkpoints; and for a
+    multi-turn run one episode turn by turn, masked spans marked (--step N --index K picks the one)."""
+    from .evaluation.inspect_episode import OPEN, last_episode_lines, record_lines
     from .evaluation.inspect_run import summarize
     from .evaluation.plot import PlotError
 
     try:
-        lines = summarize(run_dir)
+        if step is not None or index is not None:
+            lines = record_lines(run_dir, step, index or 0)
+        else:
+            episode = last_episode_lines(run_dir)  # a multi-turn run's last step's first episode
+            lines = summarize(run_dir) + ([""] + episode if episode else [])
     except PlotError as e:
         fail(str(e))
     out = Console()
-    for line in lines:
-        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    for line in lines:  # masked spans dimmed as well as bracketed
+        out.print(line, highlight=False, markup=False, soft_wrap=True,
+                  style="dim" if line.lstrip().startswith(OPEN) else None)
 
 
 @app.command("export")

@@ -39,6 +39,7 @@ class TrainConfig:
     reward_timeout: float = 60.0  # seconds a reward call may take; then its examples count as failed (0: no limit)
     tools: str | None = None  # Python file whose public functions are tools: each row is a tool-calling episode
     tool_timeout: float = 10.0  # seconds a tool call may take; then the model reads a timeout error as its result
+    tool_style: str | None = None  # how tool calls are read: hermes, llama3 or mistral (default: what the chat template teaches)
     system_prompt: str | None = None  # overrides the task's system prompt
     prompt_format: str | None = None  # plain-text frame for a model with no chat template (a base model): "{prompt}" marks the prompt
     stop: list[str] = field(default_factory=list)  # a completion also ends at a token whose text starts with one of these (e.g. "\n")
@@ -138,10 +139,14 @@ class TrainConfig:
     health_judge_unreadable: float = 0.2  # the judge's answers could not be read as a score more often than this
     health_takeover_share: float = 0.5  # a side reward carries more than this share of the within-group reward variance
     health_collapse_share: float = 0.5  # one answer is more than this share of completions, or lengths fall below it
+    health_tool_parse_fail: float = 0.9  # tool episodes: more than this share of attempted calls could not be read
+    health_tool_call_drop: float = 0.1  # tool calls per episode fell below this fraction of their earlier level
+    health_closed_book: float = 0.5  # tool episodes: more than this share answered without any call
     max_nonfinite_steps: int = 3  # stop after this many steps in a row with a NaN/Inf loss or gradient (0: never)
 
 
 SHAPING = ("always", "gated", "scaled")  # tasks/shaping.py applies them
+TOOL_STYLES = ("hermes", "llama3", "mistral")  # tools/calls.py reads them (STYLES there; a test keeps both equal)
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 JUDGE_KEYS = ("judge", "judge_rubric", "judge_weight")  # a judge reward's settings: train, eval and compare share them
 _HINTS = typing.get_type_hints(TrainConfig)
@@ -281,6 +286,8 @@ def validate(c: TrainConfig) -> None:
     need(c.max_turns >= 1 and c.max_episode_tokens >= 1, "max_turns and max_episode_tokens must be at least 1")
     need(c.curriculum in ("none", "ued"), f"curriculum must be none or ued; got {c.curriculum!r}")
     need(c.tool_timeout > 0, f"tool_timeout must be > 0 seconds, got {c.tool_timeout}")
+    need(c.tool_style in (None, *TOOL_STYLES),
+         f"tool_style must be one of {', '.join(TOOL_STYLES)}; got {c.tool_style!r}")
     need(c.shaping in SHAPING, f"shaping must be one of {', '.join(SHAPING)}; got {c.shaping!r}")
     need(c.prefilter == 0 or c.prefilter >= 2,
          f"prefilter must be 0 (off) or at least 2 samples a prompt, got {c.prefilter}")
@@ -354,7 +361,8 @@ def _validate_health(c: TrainConfig, need) -> None:
                  "health_adv_factor", "health_min_update"):
         need(getattr(c, name) >= 0, f"{name} must be >= 0, got {getattr(c, name)}")
     for name in ("health_clip_frac", "health_zero_std", "health_entropy_drop", "health_truncated_frac",
-                 "health_judge_unreadable", "health_takeover_share", "health_collapse_share"):
+                 "health_judge_unreadable", "health_takeover_share", "health_collapse_share",
+                 "health_tool_parse_fail", "health_tool_call_drop", "health_closed_book"):
         need(0 <= getattr(c, name) <= 1, f"{name} must be in [0, 1], got {getattr(c, name)}")
     problem = check_reporters(c.report_to)
     need(problem is None, problem or "")

@@ -100,6 +100,12 @@ CASES = {
                                 "advantage/max": 1.47}),
     "lr_too_low": lambda m, s: m.update({"update/rel_change": 2e-6, "reward/mean": 0.45 + 0.01 * math.sin(s)}),
     "judge_unreadable": set_(**{"judge/unreadable_frac": 0.25, "judge/unreadable_example": "#### 7"}),
+    # tool episodes (health_tools.py; tests/test_health_tools.py has more)
+    "no_tool_calls_parse": set_(**{"tools/calls_per_episode": 1.5, "tools/parse_fail_frac": 1.0,
+                                   "tools/unreadable_example": '<tool_call>{"name": "search"'}),
+    "stopped_calling_tools": lambda m, s: m.update({"tools/calls_per_episode": 2.0 if s < 40 else 0.0}),
+    "answers_without_searching": set_(**{"tools/calls_per_episode": 0.1, "tools/parse_fail_frac": 0.0,
+                                         "tools/answered_without_call_frac": 0.9}),
 }
 
 

@@ -64,7 +64,8 @@ def table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     if "best_of_n_reward" in first:
         rows.append(line(f"best-of-{report.data['samples']} reward", lambda m: m["best_of_n_reward"]))
     for key in first.get("episode", {}):  # turns and, for tool episodes, calls and their failures
-        if key == "episode/turns" or key.startswith("tools/"):
+        # numbers only: tools/unreadable_example is a piece of text
+        if key == "episode/turns" or (key.startswith("tools/") and not isinstance(first["episode"][key], str)):
             rows.append(line(key.split("/", 1)[1].replace("_", " "), lambda m, key=key: m.get("episode", {}).get(key),
                              ".2f"))
     rows.append(line("length (tokens)", lambda m: m["mean_length"], ".1f"))

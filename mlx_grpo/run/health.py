@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from .health_rewards import REWARD_RULES
+from .health_tools import TOOL_RULES
 
 
 @dataclass
@@ -41,6 +42,9 @@ class Thresholds:
     judge_unreadable: float = 0.2  # judge_unreadable: share of the judge's answers that are not a score
     takeover_share: float = 0.5  # reward_takeover: a side reward's share of the within-group variance
     collapse_share: float = 0.5  # answer_collapse: one answer's share; recent/early completion length
+    tool_parse_fail: float = 0.9  # no_tool_calls_parse: share of attempted tool calls that could not be read
+    tool_call_drop: float = 0.1  # stopped_calling_tools: recent calls per episode over their earlier level
+    closed_book: float = 0.5  # answers_without_searching: share of episodes answered without any call
     # Facts about the run the rules compare against (not thresholds).
     max_grad_norm: float = 1.0
     max_tokens: int | None = None
@@ -48,15 +52,9 @@ class Thresholds:
 
     @classmethod
     def from_config(cls, config) -> "Thresholds":
-        return cls(window=config.health_window, clip_frac=config.health_clip_frac,
-                   spike_factor=config.health_spike_factor, zero_std=config.health_zero_std,
-                   reward_drop=config.health_reward_drop, loss_spike=config.health_loss_spike,
-                   kl_max=config.health_kl_max, entropy_drop=config.health_entropy_drop,
-                   truncated_frac=config.health_truncated_frac, adv_factor=config.health_adv_factor,
-                   min_update=config.health_min_update, judge_unreadable=config.health_judge_unreadable,
-                   takeover_share=config.health_takeover_share, collapse_share=config.health_collapse_share,
-                   max_grad_norm=config.max_grad_norm,
-                   max_tokens=config.max_tokens, lr=config.lr)
+        facts = {"max_grad_norm": config.max_grad_norm, "max_tokens": config.max_tokens, "lr": config.lr}
+        # every other field is a threshold, the setting health_<field>
+        return cls(**facts, **{f.name: getattr(config, f"health_{f.name}") for f in fields(cls) if f.name not in facts})
 
 
 @dataclass
@@ -342,7 +340,7 @@ RULES: tuple[Rule, ...] = (
          "'Score: N' on one line, or use a larger instruct model as judge",
          "health_judge_unreadable",
          "seed 003: an AI-feedback reward with high variance, 'reward signal noise' named as a root cause"),
-) + tuple(Rule(*rule) for rule in REWARD_RULES)  # health_rewards.py: what the rewards did in the groups
+) + tuple(Rule(*rule) for rule in REWARD_RULES + TOOL_RULES)  # health_rewards.py, health_tools.py
 
 
 @dataclass

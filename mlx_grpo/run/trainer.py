@@ -28,6 +28,7 @@ from ..models.adapters import prepare_for_training, save_adapters
 from ..models.loading import gguf_types_note, load_policy, resolve_model_path
 from ..models.quantized import prepare_base
 from ..sampling import multiturn
+from ..sampling.episode_record import episode_record
 from ..sampling.heldout import evaluate_accuracy, evaluate_pass_at_k
 from ..tasks.data import screen_task
 from ..tasks.registry import Task, load_task
@@ -208,6 +209,8 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
             # None: the group was filtered out and not trained on
             "advantage": float(advantage_of[i]) if i in advantage_of else None,
             "finish_reason": c.finish_reason, "length": len(c.tokens),
+            # an episode's turns as trained and masked text, and its tool calls (inspect shows them)
+            **(episode_record(tokenizer, c) if task.make_env is not None else {}),
         })
     for name, example in sampled.error_examples.items():
         metrics[f"reward/{name}/error_example"] = example

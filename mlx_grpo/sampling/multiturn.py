@@ -34,6 +34,7 @@ import numpy as np
 
 from ..tasks.data import encode_prompt
 from ..tasks.rewarding import Scores
+from ..tools.episode import tool_metrics
 from .environment import Environment, Rendered
 from .rollout import SamplingConfig
 from .turns import Stats, player_for
@@ -288,7 +289,7 @@ def episode_scores(episodes: list[Episode]) -> Scores:
 
 
 def episode_metrics(episodes: list[Episode]) -> dict:
-    """Turns, solved rate and why episodes ended, for metrics.jsonl."""
+    """Turns, solved rate, why episodes ended and, for tool episodes, their calls; for metrics.jsonl."""
     reasons = [ep.finish_reason for ep in episodes]
     out = {
         "episode/turns": float(np.mean([len(ep.turns) for ep in episodes])),
@@ -299,6 +300,7 @@ def episode_metrics(episodes: list[Episode]) -> dict:
         out[f"episode/{reason}_frac"] = float(np.mean([r == reason for r in reasons]))
     if any("solved" in ep.info for ep in episodes):  # environments that say so; others leave it out
         out["episode/solved"] = sum(bool(ep.info.get("solved")) for ep in episodes) / len(episodes)
+    out.update(tool_metrics([ep.info for ep in episodes]))  # tool episodes only: the tool health rules read them
     return out
 
 

@@ -120,7 +120,8 @@ def _tool_episodes(config: TrainConfig, functions: list[RewardFn], weights: list
         tools = load_tools(config.tools)
     except ToolsFileError as e:
         raise ConfigError(str(e)) from None
-    return lambda row: ToolEnv(row, tools, None, functions, weights, system_prompt, config.tool_timeout)
+    return lambda row: ToolEnv(row, tools, None, functions, weights, system_prompt, config.tool_timeout,
+                               config.tool_style)
 
 
 def _judge(config: TrainConfig, rows: list[dict], default_rubric: str | None) -> RewardFn:

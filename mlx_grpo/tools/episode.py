@@ -13,6 +13,9 @@ The results come back as `Rendered` text, so the rollout inserts exactly what
 the template writes between turns (template.py) and masks all of it: only the
 model's own tokens are trained. `--tools FILE.py` makes every row of a task
 such an episode (tasks/registry.py); the rollout binds the tokenizer.
+
+`tool_metrics` turns a step's episode infos into the step metrics that the
+tool health rules read (run/health_tools.py).
 """
 
 from __future__ import annotations
@@ -20,14 +23,19 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
+import numpy as np
+
 from ..tasks.data import prompt_messages
 from ..tasks.rewarding import RewardFn, reward_name, score_completions
-from .calls import parse_calls, style_for_template
+from .calls import STYLES, parse_calls, style_for_template
 from .running import DEFAULT_TIMEOUT, run_calls
 from .schema import schema_of
 from .template import Rendered, assistant_message, inserted_text, render, result_messages, template_supports_tools
 
-COUNTS = ("calls", "parse", "invalid", "raised", "timeout")
+# "misstyled": a final answer that holds a call in another template's style (our parser, reading this
+# template's style, saw no call there): the sign of a wrong style, which no tool error would show.
+COUNTS = ("calls", "parse", "invalid", "raised", "timeout", "misstyled")
+EXAMPLE_CHARS = 160  # how much of an unreadable call the step metrics keep
 
 
 class ToolEnv:
@@ -53,25 +61,40 @@ class ToolEnv:
         self.messages = prompt_messages(self.row["prompt"], self.system_prompt)
         self.counts = Counter({k: 0 for k in COUNTS})
         self.answer: str | None = None
+        self.turn_calls: list[list[dict]] = []  # each model turn's calls as read, for completions.jsonl
+        self.unreadable: str | None = None  # the episode's first call that could not be read
         self._total, self._parts = 0.0, {}
         return Rendered(render(self.tokenizer, self.messages, self.schemas, add_generation_prompt=True))
 
     def step(self, action: str) -> tuple[str, bool, dict]:
         calls = parse_calls(action, self.style)
         if not calls:  # no call: the final answer
+            self.turn_calls.append([])
+            if self._other_style_call(action):
+                self.counts["misstyled"] += 1
+                self.unreadable = self.unreadable or action
             self.answer = action
             self._score(action)
             return Rendered(""), True, self.info()
         results = run_calls(calls, self.tools, self.timeout)
         self.counts["calls"] += len(calls)
-        for _, kind in results:
+        for call, (_, kind) in zip(calls, results):
             if kind:
                 self.counts[kind] += 1
+            if kind == "parse":
+                self.unreadable = self.unreadable or call.text
+        # Each call as read and how it went (error kind, None: it ran): inspect shows them under the turn.
+        self.turn_calls.append([{"name": c.name, "arguments": c.arguments, "error": kind}
+                                for c, (_, kind) in zip(calls, results)])
         turn = assistant_message(action, calls, self.native)
         new = result_messages(calls, [text for text, _ in results], self.native)
         inserted = inserted_text(self.tokenizer, self.messages + [turn], new, self.schemas)
         self.messages += [turn, *new]
         return Rendered(inserted), False, self.info()
+
+    def _other_style_call(self, text: str) -> bool:
+        """Whether `text` holds a named call in a style other than the one this episode reads."""
+        return any(call.name for style in STYLES if style != self.style for call in parse_calls(text, style))
 
     def columns(self) -> dict[str, list]:
         """The reward functions' columns: the row's own (a task's environment may add its episode's)."""
@@ -85,11 +108,42 @@ class ToolEnv:
         self._total = float(scores.total[0])
 
     def info(self) -> dict:
-        return {**{f"tools/{k}": v for k, v in self.counts.items()},
-                "tools/answered_without_call": self.answer is not None and self.counts["calls"] == 0}
+        info = {**{f"tools/{k}": v for k, v in self.counts.items()},
+                "tools/answered_without_call": self.answer is not None and self.counts["calls"] == 0,
+                "calls": [list(turn) for turn in self.turn_calls]}
+        if self.unreadable is not None:
+            info["tools/unreadable_example"] = self.unreadable[:EXAMPLE_CHARS]
+        return info
 
     def reward(self) -> float:
         return self._total
 
     def reward_parts(self) -> dict[str, float]:
         return dict(self._parts)
+
+
+def tool_metrics(infos: list[dict]) -> dict:
+    """A step's tool metrics from its episodes' last infos; {} when no episode is a tool episode.
+
+    An episode cut before its environment read a turn has an empty info: it made no call.
+    tools/calls_per_episode counts every call the model wrote, read or not (a call in another
+    template's style included), and the fractions are of those attempts (None: none was made).
+    """
+    if not any("tools/calls" in info for info in infos):
+        return {}
+    count = {k: np.array([info.get(f"tools/{k}", 0) for info in infos], dtype=float) for k in COUNTS}
+    attempts = float(count["calls"].sum() + count["misstyled"].sum())
+    unreadable = float(count["parse"].sum() + count["misstyled"].sum())
+    failed = float((count["invalid"] + count["raised"] + count["timeout"]).sum())  # read, but did not run well
+    out = {
+        "tools/calls_per_episode": attempts / len(infos),
+        "tools/parse_fail_frac": unreadable / attempts if attempts else None,
+        "tools/error_frac": failed / attempts if attempts else None,
+        "tools/answered_without_call_frac": float(np.mean([bool(i.get("tools/answered_without_call")) for i in infos])),
+    }
+    if any("tools/support_recall" in i for i in infos):  # multihop: an episode cut before reading anything read 0
+        out["tools/support_recall"] = float(np.mean([i.get("tools/support_recall", 0.0) for i in infos]))
+    example = next((i["tools/unreadable_example"] for i in infos if i.get("tools/unreadable_example")), None)
+    if example is not None:
+        out["tools/unreadable_example"] = example
+    return out

@@ -59,9 +59,9 @@ def load_rows(split: str, config) -> list[dict]:
 class MultihopEnv(ToolEnv):
     """A row's episode: its own paragraphs behind search and read; the recall of supporting ones is logged."""
 
-    def __init__(self, row: dict, rewards, weights, system_prompt, timeout: float):
+    def __init__(self, row: dict, rewards, weights, system_prompt, timeout: float, style: str | None = None):
         self.corpus = Corpus(row["paragraphs"])
-        super().__init__(row, self.corpus.tools(), None, rewards, weights, system_prompt, timeout)
+        super().__init__(row, self.corpus.tools(), None, rewards, weights, system_prompt, timeout, style)
 
     def reset(self) -> str:
         self.corpus.retrieved = []
@@ -79,8 +79,8 @@ class MultihopEnv(ToolEnv):
 
 
 def episode_factory(config, functions, weights, system_prompt):
-    """make_env for the registry: each row its MultihopEnv, with the run's rewards and tool time limit."""
-    return lambda row: MultihopEnv(row, functions, weights, system_prompt, config.tool_timeout)
+    """make_env for the registry: each row its MultihopEnv, with the run's rewards, tool time limit and call style."""
+    return lambda row: MultihopEnv(row, functions, weights, system_prompt, config.tool_timeout, config.tool_style)
 
 
 def recommended_settings(model: str | None) -> dict:
