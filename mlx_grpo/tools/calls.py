@@ -6,8 +6,9 @@ Styles, as chat templates teach them:
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks.
 - llama3: a bare JSON object `{"name": ..., "parameters": {...}}` (after an
   optional `<|python_tag|>`), several separated by `;` or newlines.
-- mistral: `[TOOL_CALLS]` then a JSON list of `{"name", "arguments"}` objects,
-  or the newer `[TOOL_CALLS]name[ARGS]{...}` form.
+- mistral: `[TOOL_CALLS]` then a JSON list of `{"name", "arguments"}` objects
+  (with an "id" in Mistral-Nemo's), or the newer `[TOOL_CALLS]name[ARGS]{...}`
+  form (`name[CALL_ID]id[ARGS]{...}` in Mistral-Small-3.2's).
 
 Nothing here raises on what a model wrote: a call that cannot be read becomes
 a ToolCall whose `error` says why, and that text goes back to the model as
@@ -30,11 +31,20 @@ class ToolCall:
     arguments: dict = field(default_factory=dict)
     error: str | None = None  # why this call cannot run (a malformed call, an unknown tool, bad arguments)
     text: str = ""  # the span of the completion it was read from
+    id: str | None = None  # the id the model gave the call (Mistral's formats carry one), if it wrote one
 
 
 def style_for_template(template: str | None) -> str:
-    """The call style a chat template teaches (hermes when it teaches none: our fallback's)."""
+    """The call style a chat template teaches (hermes when it teaches none: our fallback's).
+
+    A template that teaches calls as `<function=NAME><parameter=...>` XML (Qwen3-Coder's, Qwen3.5's),
+    which no style here reads, is a ValueError: every call would be unreadable.
+    """
     template = template or ""
+    if "<function=" in template:
+        raise ValueError("the model's chat template teaches tool calls as <function=NAME><parameter=...> XML "
+                         f"(as Qwen3-Coder's and Qwen3.5's do), which none of the call styles ({', '.join(STYLES)}) "
+                         "reads; pass --tool-style only if the model writes one of those instead")
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<tool_call>" in template:
@@ -60,7 +70,8 @@ def _call_from_object(obj, text: str, arguments_key: str) -> ToolCall:
         arguments = {}
     if not isinstance(arguments, dict):
         return ToolCall(name, {}, f"the arguments of {name} must be a JSON object", text)
-    return ToolCall(name, arguments, None, text)
+    call_id = obj.get("id")
+    return ToolCall(name, arguments, None, text, call_id if isinstance(call_id, str) else None)
 
 
 def _json_prefix(text: str):
@@ -109,15 +120,16 @@ def _mistral(text: str) -> list[ToolCall]:
     calls = []
     for chunk in text.split("[TOOL_CALLS]")[1:]:
         chunk = chunk.strip()
-        if "[ARGS]" in chunk and not chunk.startswith("["):  # name[ARGS]{...}
+        if "[ARGS]" in chunk and not chunk.startswith("["):  # name[ARGS]{...} or name[CALL_ID]id[ARGS]{...}
             name, args = chunk.split("[ARGS]", 1)
+            name, _, call_id = name.partition("[CALL_ID]")
+            name, call_id = name.strip(), call_id.strip() or None
             try:
                 arguments, _ = _json_prefix(args.strip())
             except json.JSONDecodeError as e:
-                calls.append(ToolCall(name.strip(), {}, f"the arguments of {name.strip()} are not valid JSON "
-                                                        f"({e.msg})", chunk))
+                calls.append(ToolCall(name, {}, f"the arguments of {name} are not valid JSON ({e.msg})", chunk))
                 continue
-            calls.append(_call_from_object({"name": name.strip(), "arguments": arguments}, chunk, "arguments"))
+            calls.append(_call_from_object({"name": name, "arguments": arguments, "id": call_id}, chunk, "arguments"))
             continue
         try:
             value, _ = _json_prefix(chunk)
