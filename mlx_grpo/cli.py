@@ -122,6 +122,9 @@ _EVALUATION_OPTIONS = {
     "decode_concurrency": (Optional[int], typer.Option(None, help="sequences decoded at once (default: the run's, "
                                                                   "256); fewer when memory would not hold them")),
     "seed": (int, typer.Option(0, help="sampler seed (the same for both models in compare)")),
+    "config": (Optional[Path], typer.Option(None, help="a training config YAML: its task and sampling settings "
+                                                       "(task, multihop_hops, max_turns, max_tokens, ...) are "
+                                                       "used as a run folder's are; typed flags override it")),
     "data": (Optional[str], typer.Option(None, help="prompts (as for train --data)")),
     "reward_file": (Optional[Path], typer.Option(None, help="Python file defining reward functions")),
     "reward": (Optional[List[str]], typer.Option(None, help="reward function name(s)")),
@@ -155,7 +158,7 @@ def _evaluation(options: dict, run_dir, model):
                                           "decode_concurrency": options["decode_concurrency"],
                                           **{k: options[k] for k in JUDGE_KEYS},
                                           "eval_num_problems": options["n"],
-                                          "system_prompt": options["system_prompt"]})
+                                          "system_prompt": options["system_prompt"]}, options["config"])
     settings = build_settings(config, options["split"], options["samples"], options["temperature"], options["seed"])
     return load_task(config), settings, config.eval_num_problems
 

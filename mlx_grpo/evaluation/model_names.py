@@ -21,7 +21,7 @@ from ..tasks.registry import recommended_settings
 
 # Settings a run folder passes on to a comparison: what its task and prompts were.
 _TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "prompt_format", "stop",
-              "web_kinds", "multihop_hops", "tools", "tool_timeout", *JUDGE_KEYS)
+              "web_kinds", "multihop_hops", "tools", "tool_timeout", "tool_style", *JUDGE_KEYS)
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "decode_concurrency",
                   "eval_num_problems", "max_turns", "max_episode_tokens")
 
@@ -99,19 +99,30 @@ def _run_settings(run_dir: Path) -> dict:
         raise CompareError(str(e)) from None
 
 
-def task_config(run_dir: Path | None, model: str | None, overrides: dict) -> TrainConfig:
+def task_config(run_dir: Path | None, model: str | None, overrides: dict,
+                config_file: str | Path | None = None) -> TrainConfig:
     """The TrainConfig a comparison reads its task from.
 
     The run's settings (task, data, rewards, max_tokens, ...) come first, then
-    the typed flags. A different --task drops the run's data and rewards, which
-    belonged to the run's task.
+    those of a training config file (--config: its task and sampling keys only,
+    so a base model is scored as that config would train it), then the typed
+    flags. A different --task drops the run's data and rewards, which belonged
+    to the run's task.
     """
     values = {}
     if run_dir is not None:
         settings = _run_settings(run_dir)
         values = {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS) if k in settings}
-        if overrides.get("task") not in (None, values.get("task")):
+    if config_file is not None:
+        try:
+            settings = load_yaml(config_file)
+        except ConfigError as e:
+            raise CompareError(str(e)) from None
+        if settings.get("task") not in (None, values.get("task")):
             values = {k: v for k, v in values.items() if k not in _TASK_KEYS}
+        values.update({k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS) if k in settings})
+    if overrides.get("task") not in (None, values.get("task")):
+        values = {k: v for k, v in values.items() if k not in _TASK_KEYS}
     values.update({k: v for k, v in overrides.items() if v is not None})
     values["model"] = model
     return build_config(values, task_defaults=recommended_settings)
