@@ -65,6 +65,7 @@ class TrainConfig:
     prefilter_prompts: int = 0  # the most training prompts the prefilter samples, in the run's order (0: all)
     web_kinds: list[str] = field(default_factory=list)  # web task: only these families/levels (fact/1 ... account/3); empty: all
     multihop_hops: list[int] = field(default_factory=list)  # multihop task: questions of these many hops (2, 3, 4); empty: all
+    multihop_chains: list[str] = field(default_factory=list)  # multihop task: only these chains of relations (city/country, founder/born_in, ...); empty: all
 
     # Objective
     loss: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo | gspo | sapo (docs/algorithms.md)

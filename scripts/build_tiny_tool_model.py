@@ -3,19 +3,21 @@
     python scripts/build_tiny_tool_model.py [--seed 0] [--steps N]
 
 A byte-level BPE tokenizer learnt from the multihop task's own episodes (the
-fallback tool prompt, questions, paragraphs, calls), and a tiny Qwen2 model
-(mlx-lm's qwen2) pre-trained by supervised learning on whole 2-hop tool
-episodes, rendered exactly as `mlx-grpo train --task multihop` renders them
-(rewards/multihop/training.py's MultihopEnv, the Hermes-style fallback
-template): read the question's entity, read the entity its paragraph names,
-answer. The loss covers the model's turns only.
+prompt, questions, paragraphs, calls; every name one token), and a tiny Qwen2
+model (mlx-lm's qwen2) pre-trained by supervised learning on whole 2-hop tool
+episodes of one chain, "In which country is COMPANY based?", rendered exactly
+as `mlx-grpo train --task multihop` renders them (rewards/multihop/training.py's
+MultihopEnv, through the model's own compact tools template): read the company,
+read the city it is based in, answer the city's country. The loss covers the
+model's turns only. Only that chain (`multihop_chains: [city/country]`, as the
+web model keeps to fact/1): its every copy is one name of a kind the model can
+pick out, where a person's two-word name would need an induction circuit that
+a model this small does not form in minutes of pre-training.
 
 Like the arithmetic and web models, the episodes are deliberately imperfect,
 to leave reinforcement learning a way up: with probability 1 - P_CALL the
-model answers at once with the question's own entity (always wrong), and on
-the second hop it follows the right name with probability P_RIGHT (otherwise
-the paragraph's other name: the chief executive instead of the founder, the
-founder instead of the home city, or it answers the city one hop short).
+model answers at once with the question's own company (always wrong), and
+otherwise, with probability 1 - P_RIGHT, it answers the city, one hop short.
 The script ends by measuring greedy and sampled (T = 1) accuracy on held-out
 questions through the trainer's own rollout, and writes build_info.json.
 """
@@ -43,10 +45,10 @@ from build_tiny_web_model import batches  # noqa: E402
 from rewards.multihop.answers import exact_match_reward  # noqa: E402
 from rewards.multihop.tiny_model import TINY_TOOL_MODEL  # noqa: E402
 from rewards.multihop.training import SYSTEM_PROMPT, MultihopEnv, synthetic_rows  # noqa: E402
-from rewards.multihop.world import make_world  # noqa: E402
 
-P_CALL = 0.5  # reads the question's entity first; otherwise answers at once with that entity's name
-P_RIGHT = 0.5  # on the second hop, follows the name the question asks about
+CHAINS = ["city/country"]  # "In which country is Vozelri based?": read the company, read its city, answer
+P_CALL = 0.4  # reads the question's company first; otherwise answers at once with the company's own name
+P_RIGHT = 0.45  # then reads the city it is based in and answers its country; otherwise answers the city
 MAX_TOKENS, MAX_TURNS, MAX_EPISODE_TOKENS = 32, 4, 320
 
 
@@ -55,22 +57,15 @@ def call(title: str) -> str:
 
 
 def model_turns(row: dict, rng: random.Random, noisy: bool = True) -> list[str]:
-    """The model's turns of one (possibly mistaken) 2-hop episode on a synthetic row."""
-    world = make_world(row["seed"])
+    """The model's turns of one (possibly mistaken) city/country episode on a synthetic row."""
     steps = row["question_decomposition"]
-    start = next(p["title"] for p in row["paragraphs"] if p["idx"] == steps[0]["paragraph_support_idx"])
+    company = next(p["title"] for p in row["paragraphs"] if p["idx"] == steps[0]["paragraph_support_idx"])
+    city = steps[0]["answer"]
     if noisy and rng.random() > P_CALL:
-        return [start]  # answers without looking anything up: the question's own entity
-    first, right = world[start], steps[0]["answer"]
-    if not noisy or rng.random() < P_RIGHT:
-        return [call(start), call(right), row["answer"]]
-    if first.kind == "company" and steps[0]["question"].startswith("Who founded"):
-        other = first.facts["chief"]
-        return [call(start), call(other), world[other].facts["born_in"]]
-    if first.kind == "company":  # asked for its country: follows the founder, names where they were born
-        other = first.facts["founder"]
-        return [call(start), call(other), world[other].facts["born_in"]]
-    return [call(start), right]  # a person: answers the birthplace, one hop short
+        return [company]  # answers without looking anything up: the question's own company
+    if noisy and rng.random() > P_RIGHT:
+        return [call(company), city]  # one hop short: the city, not its country
+    return [call(company), call(city), row["answer"]]
 
 
 def episode_ids(tokenizer, join, row: dict, turns: list[str]) -> tuple[list[int], list[float]]:
@@ -116,7 +111,11 @@ def build_tokenizer(texts: list[str]):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=1600, min_frequency=2, special_tokens=base.SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator(texts, trainer=trainer)
+    # Every word once more on a line of its own, where no space precedes it: the merges that make it one
+    # token are then learnt even for words that always follow a space (most names), which the merges
+    # without_space_merges drops would otherwise have been the only ones to join.
+    words = sorted({w for text in texts for w in text.split()})
+    tokenizer.train_from_iterator([*texts, *words], trainer=trainer)
     return without_space_merges(tokenizer)
 
 
@@ -135,12 +134,40 @@ def without_space_merges(tokenizer):
     return Tokenizer.from_str(json.dumps(state))
 
 
+# The model's own chat template knows tools (as Qwen2.5's does), in a compact form: the system
+# turn names each tool and its arguments on one line instead of the JSON schemas, calls are
+# Hermes-style <tool_call> blocks, results come back as user turns of <tool_response>. A prompt
+# is then about 40 tokens, not the fallback's 450, which a model of half a million parameters
+# needs to find the name to copy.
+TOOL_TEMPLATE = (
+    "{%- if tools -%}{{ '<|im_start|>system\\nTools:' }}"
+    "{%- for tool in tools %} {{ tool.function.name }}({{ tool.function.parameters.properties | list | join(', ') }})"
+    "{%- endfor %}{{ '.' }}"
+    "{%- if messages[0].role == 'system' and messages[0].content %} {{ messages[0].content }}{%- endif %}"
+    "{{ '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'system' -%}{%- if not tools -%}"
+    "{{ '<|im_start|>system\\n' + message.content + '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- elif message.role == 'tool' -%}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' and message.tool_calls -%}"
+    "{{ '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls -%}"
+    "{{ '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' + (call.function.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor -%}{{ '<|im_end|>\\n' }}"
+    "{%- else -%}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
 def write_tokenizer(hf_tokenizer, folder: Path):
     from mlx_lm.utils import load_tokenizer
 
     base.save_tokenizer(hf_tokenizer, folder)
     settings = json.loads((folder / "tokenizer_config.json").read_text())
     settings["model_max_length"] = 4096
+    settings["chat_template"] = TOOL_TEMPLATE
     (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
     return load_tokenizer(folder)
 
@@ -175,7 +202,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--examples", type=int, default=4000)
-    parser.add_argument("--hidden", type=int, default=96)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--eval-rows", type=int, default=64)
     parser.add_argument("--out", type=Path, default=TINY_TOOL_MODEL)
@@ -192,7 +220,7 @@ def main() -> None:
     staging.mkdir(parents=True)
 
     # Rendering needs only the chat template: a first tokenizer renders the corpus the real one is learnt from.
-    rows = synthetic_rows("train", [2], args.examples, seed=10_000 + args.seed)  # worlds no run trains or tests on
+    rows = synthetic_rows("train", [2], args.examples, seed=10_000 + args.seed, chains=CHAINS)  # worlds no run trains or tests on
     turns = [model_turns(r, rng) for r in rows]
     bootstrap = write_tokenizer(build_tokenizer(["user", "assistant"]), staging)
     corpus = [t for r, ts in zip(rows[:1500], turns) for t in episode_texts(bootstrap, r, ts)]
@@ -201,7 +229,7 @@ def main() -> None:
     tokenizer = write_tokenizer(hf_tokenizer, staging)
     eos_id, pad_id = hf_tokenizer.token_to_id(base.IM_END), hf_tokenizer.token_to_id(base.PAD)
     config = base.model_config(hf_tokenizer.get_vocab_size(), eos_id, hidden=args.hidden, layers=args.layers,
-                               intermediate=4 * args.hidden)
+                               intermediate=4 * args.hidden, heads=args.heads, kv_heads=1)
     config["max_position_embeddings"] = 4096
     (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     print(f"tokenizer: {hf_tokenizer.get_vocab_size()} tokens")
@@ -223,16 +251,16 @@ def main() -> None:
     mx.save_safetensors(str(staging / "model.safetensors"), dict(tree_flatten(model.parameters())),
                         metadata={"format": "mlx"})
 
-    test = synthetic_rows("test", [2], args.eval_rows, seed=0)  # the task's own held-out questions
+    test = synthetic_rows("test", [2], args.eval_rows, seed=0, chains=CHAINS)  # the task's own held-out questions
     metrics = accuracy(staging, test, samples=8, seed=args.seed)
     print({k: v for k, v in metrics.items() if k != "greedy_examples"})
     info = {
         "seed": args.seed, "parameters": base.count_parameters(model), "config": config,
-        "data": {"hops": 2, "episodes": len(examples), "mean_tokens": round(mean_len, 1), "p_call": P_CALL,
+        "data": {"hops": 2, "chains": CHAINS, "episodes": len(examples), "mean_tokens": round(mean_len, 1), "p_call": P_CALL,
                  "p_right": P_RIGHT},
         "sft": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
                 "train_seconds": round(train_seconds, 1), "loss_history": history},
-        "eval": {"rows": f"synthetic_rows('test', [2], {args.eval_rows})", "max_turns": MAX_TURNS,
+        "eval": {"rows": f"synthetic_rows('test', [2], {args.eval_rows}, seed=0, chains={CHAINS})", "max_turns": MAX_TURNS,
                  "max_tokens": MAX_TOKENS, **metrics},
         "build_seconds": round(time.time() - started, 1),
     }

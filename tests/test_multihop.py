@@ -112,6 +112,24 @@ def test_the_task_loads_synthetic_rows_and_refuses_what_does_not_apply(tmp_path)
         load_task(_config(tmp_path, tools=str(tools)))
 
 
+def test_chains_keep_one_kind_of_question_and_leave_the_other_rows_as_they_were(tmp_path):
+    """multihop_chains ("city/country": company -> city -> country) as the tiny tool model trains on."""
+    rows = [make_row(f"c/{i}", 2, ["city/country"]) for i in range(30)]
+    assert all(r["question"].startswith("In which country is ") and r["question"].endswith(" based?") for r in rows)
+    assert all([s["question"].split()[0] for s in r["question_decomposition"]] == ["Where", "In"] for r in rows)
+    # a row drawn without chains that happens to be of that chain is the same row
+    plain = [make_row(f"c/{i}", 2) for i in range(30)]
+    same = [p for p in plain if p["question"].endswith(" based?")]
+    assert same and all(p == r for p, r in zip(plain, rows) if p["question"].endswith(" based?"))
+    task = load_task(_config(tmp_path, multihop_chains=["city/country", "city/country/language"], multihop_hops=[2, 3, 4]))
+    assert {r["hops"] for r in task.train_rows} == {2, 3}
+    assert all(" based" in r["question"] for r in task.train_rows + task.eval_rows)
+    with pytest.raises(ConfigError, match="'city/river' is not a chain of relations; one of founder/born_in"):
+        load_task(_config(tmp_path, multihop_chains=["city/river"]))
+    with pytest.raises(ConfigError, match="have none of \\[4\\] hops"):
+        load_task(_config(tmp_path, multihop_chains=["city/country"], multihop_hops=[4]))
+
+
 def test_musique_rows_come_in_through_data_and_each_episode_searches_only_its_own_paragraphs(tmp_path):
     rows = [make_row(f"m/{i}", 2) for i in range(12)]
     folder = tmp_path / "musique"

@@ -21,7 +21,7 @@ from ..tasks.registry import recommended_settings
 
 # Settings a run folder passes on to a comparison: what its task and prompts were.
 _TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "prompt_format", "stop",
-              "web_kinds", "multihop_hops", "tools", "tool_timeout", "tool_style", *JUDGE_KEYS)
+              "web_kinds", "multihop_hops", "multihop_chains", "tools", "tool_timeout", "tool_style", *JUDGE_KEYS)
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "decode_concurrency",
                   "eval_num_problems", "max_turns", "max_episode_tokens")
 

@@ -22,7 +22,7 @@ from mlx_grpo.tools.episode import ToolEnv
 from .answers import exact_match, exact_match_reward, f1_reward, support_reward
 from .corpus import Corpus
 from .musique import load_musique
-from .world import HOPS, make_row
+from .world import CHAIN_NAMES, CHAINS, HOPS, chain_name, make_row
 
 SYSTEM_PROMPT = ("Answer the question by looking facts up with the tools: every name in the encyclopedia is the "
                  "title of its paragraph. When you know the answer, reply with the answer alone.")
@@ -40,10 +40,23 @@ def parse_hops(hops) -> list[int]:
     return list(hops) or list(HOPS)
 
 
-def synthetic_rows(split: str, hops: list[int], n: int, seed: int) -> list[dict]:
+def parse_chains(chains, hops: list[int]) -> tuple[list[int], list[str] | None]:
+    """The hops and chains `multihop_chains` leaves: only lengths that have one of the chains."""
+    bad = [c for c in chains or [] if c not in CHAIN_NAMES]
+    if bad:
+        raise ConfigError(f"multihop_chains: {bad[0]!r} is not a chain of relations; one of {', '.join(CHAIN_NAMES)}")
+    if not chains:
+        return hops, None
+    kept = [h for h in hops if any(chain_name(steps) in chains for _, steps, _ in CHAINS[h])]
+    if not kept:
+        raise ConfigError(f"multihop_chains {chains} have none of {hops} hops (multihop_hops)")
+    return kept, list(chains)
+
+
+def synthetic_rows(split: str, hops: list[int], n: int, seed: int, chains: list[str] | None = None) -> list[dict]:
     """n rows, hops taken in turn; worlds seeded apart by split (and train by the run's seed)."""
     prefix = "test" if split == "test" else f"train/{seed}"
-    return [make_row(f"{prefix}/{i}", hops[i % len(hops)]) for i in range(n)]
+    return [make_row(f"{prefix}/{i}", hops[i % len(hops)], chains) for i in range(n)]
 
 
 def load_rows(split: str, config) -> list[dict]:
@@ -53,7 +66,8 @@ def load_rows(split: str, config) -> list[dict]:
             print(f"warning: {note}", file=sys.stderr)
         return rows
     n = config.eval_num_problems if split == "test" else TRAIN_ROWS
-    return synthetic_rows(split, parse_hops(config.multihop_hops), n, config.seed)
+    hops, chains = parse_chains(config.multihop_chains, parse_hops(config.multihop_hops))
+    return synthetic_rows(split, hops, n, config.seed, chains)
 
 
 class MultihopEnv(ToolEnv):

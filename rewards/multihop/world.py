@@ -57,15 +57,16 @@ def _name_pool(kind: str, count: int, syllables: int) -> list[str]:
     return names
 
 
-# Worlds draw their names from fixed pools: a few hundred names in all, so that a small
-# tokenizer can learn each as a word (the embedded tool model copies them whole), while
-# the facts that join them are drawn afresh for every world.
+# Worlds draw their names from small fixed pools (56 words), while the facts that join them
+# are drawn afresh for every world, so nothing can be known without reading. Few names make
+# each one a single token of a small tokenizer, and let the embedded tool model copy any of
+# them (a head of 64 dimensions cannot keep hundreds of names apart).
 _POOLS: dict[str, list[str]] = {}
-COUNTRY_NAMES = _name_pool("country", 24, 3)
-CITY_NAMES = _name_pool("city", 48, 2)
-COMPANY_NAMES = _name_pool("company", 48, 3)
-FIRST_NAMES = _name_pool("first", 24, 2)
-LAST_NAMES = _name_pool("last", 24, 2)
+COUNTRY_NAMES = _name_pool("country", 8, 3)
+CITY_NAMES = _name_pool("city", 16, 2)
+COMPANY_NAMES = _name_pool("company", 8, 3)
+FIRST_NAMES = _name_pool("first", 12, 2)
+LAST_NAMES = _name_pool("last", 12, 2)
 
 
 def make_world(seed) -> dict[str, Entity]:
@@ -116,6 +117,14 @@ CHAINS = {
 HOPS = tuple(CHAINS)
 
 
+def chain_name(steps) -> str:
+    """A chain's name: its relations in order, "city/country" for company -> city -> country."""
+    return "/".join(relation for relation, _ in steps)
+
+
+CHAIN_NAMES = tuple(chain_name(steps) for chains in CHAINS.values() for _, steps, _ in chains)
+
+
 def aliases(world: dict[str, Entity], answer: str) -> list[str]:
     """Other ways to say an answer that should count as right."""
     entity = world.get(answer)
@@ -126,13 +135,22 @@ def aliases(world: dict[str, Entity], answer: str) -> list[str]:
     return []
 
 
-def make_row(seed, hops: int) -> dict:
-    """One question of `hops` hops on the world of `seed`, as a MuSiQue row (plus "prompt" and "seed")."""
+def make_row(seed, hops: int, chains: list[str] | None = None) -> dict:
+    """One question of `hops` hops on the world of `seed`, as a MuSiQue row (plus "prompt" and "seed").
+
+    `chains` (names from CHAIN_NAMES) keeps only those chains of relations; None: any of `hops` hops."""
     if hops not in CHAINS:
         raise ValueError(f"multihop questions have {', '.join(map(str, HOPS))} hops, not {hops}")
+    options = [c for c in CHAINS[hops] if chains is None or chain_name(c[1]) in chains]
+    if not options:
+        raise ValueError(f"no {hops}-hop question follows the chains {chains}")
     world = make_world(seed)
     rng = random.Random(f"multihop-question/{seed}/{hops}")
+    # Drawn from all chains of this length first, so that a row's question does not depend on `chains`
+    # when it is one of them.
     start_kind, steps, question = rng.choice(CHAINS[hops])
+    if (start_kind, steps, question) not in options:
+        start_kind, steps, question = rng.choice(options)
     start = rng.choice([e.title for e in world.values() if e.kind == start_kind])
     titles = sorted(world)
     rng.shuffle(titles)  # paragraph order says nothing about the answer
