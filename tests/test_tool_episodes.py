@@ -119,3 +119,32 @@ def test_train_and_eval_with_tools_from_the_command_line(tmp_path, tiny_model_pa
                                  "--output", str(tmp_path / "bad-run")])
     assert result.exit_code != 0 and "importing it raised ModuleNotFoundError" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_template_whose_calls_no_style_reads_is_one_line_from_the_command(tmp_path, tiny_model_path):
+    """A model whose template teaches <function=...> XML calls (Qwen3-Coder's kind) stops before any rollout."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from mlx_grpo.cli import app
+
+    model = tmp_path / "xml-model"
+    shutil.copytree(tiny_model_path, model)
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    settings["chat_template"] = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                                 "{% if tools %}Call as <function=NAME><parameter=ARG>value</parameter></function>"
+                                 "{% endif %}")
+    (model / "tokenizer_config.json").write_text(json.dumps(settings))
+    (tmp_path / "tools.py").write_text('def lookup(title: str) -> str:\n    """Read a page."""\n    return "Oslo"\n')
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(f'{{"prompt": "Capital of page {i}?", "answer": "Oslo"}}\n' for i in range(4)))
+    (tmp_path / "rewards.py").write_text("def exact(prompts, completions, answer, **kw):\n"
+                                         "    return [float(a in c) for c, a in zip(completions, answer)]\n")
+    result = CliRunner().invoke(app, ["train", "--model", str(model), "--task", "custom", "--data", str(data),
+                                      "--reward-file", str(tmp_path / "rewards.py"), "--reward", "exact",
+                                      "--tools", str(tmp_path / "tools.py"), "--max-tokens", "4", "--steps", "1",
+                                      "--batch-size", "2", "--group-size", "2", "--output", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert "teaches tool calls as <function=NAME>" in result.output and "Traceback" not in result.output

@@ -21,6 +21,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from ..errors import ConfigError
+
 STYLES = ("hermes", "llama3", "mistral")
 _DECODER = json.JSONDecoder()
 
@@ -38,11 +40,11 @@ def style_for_template(template: str | None) -> str:
     """The call style a chat template teaches (hermes when it teaches none: our fallback's).
 
     A template that teaches calls as `<function=NAME><parameter=...>` XML (Qwen3-Coder's, Qwen3.5's),
-    which no style here reads, is a ValueError: every call would be unreadable.
+    which no style here reads, is a ConfigError (one line from the command): every call would be unreadable.
     """
     template = template or ""
     if "<function=" in template:
-        raise ValueError("the model's chat template teaches tool calls as <function=NAME><parameter=...> XML "
+        raise ConfigError("the model's chat template teaches tool calls as <function=NAME><parameter=...> XML "
                          f"(as Qwen3-Coder's and Qwen3.5's do), which none of the call styles ({', '.join(STYLES)}) "
                          "reads; pass --tool-style only if the model writes one of those instead")
     if "[TOOL_CALLS]" in template:
