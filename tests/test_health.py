@@ -168,6 +168,17 @@ def test_collapse_at_the_top_is_told_apart():
     assert "best reward of the run" in event["evidence"]
 
 
+def test_a_run_that_never_had_a_signal_is_not_called_solved_nor_told_to_raise_lr():
+    """SmolLM2 on multihop: reward 0 in every group from step 1, grad 0, the weights never move."""
+    def never(m, s):
+        m.update({"loss": 0.0, "grad_norm": 0.0, "reward/std": 0.0, "reward/mean": 0.0, "reward/best_of_n": 0.0,
+                  "frac_zero_std": 1.0, "update/rel_change": 0.0})
+    events = run(stream(never, start=1))
+    assert {e["rule"] for e in events} == {"reward_collapse", "zero_std"}  # not lr_too_low
+    collapse = next(e for e in events if e["rule"] == "reward_collapse")
+    assert "since the run began" in collapse["evidence"] and "solved" not in collapse["evidence"]
+
+
 def test_fitted_trend_matches_numpy():
     rng = np.random.default_rng(3)
     y = 2.0 - 0.1 * np.arange(20) + rng.normal(0, 0.2, 20)

@@ -161,6 +161,10 @@ def reward_collapse(h: History) -> str | None:
     reward = h.latest("reward/mean")
     best = max(h.values("reward/best_of_n") or [math.nan])
     level = "" if reward is None else f" (reward/mean {reward:.3g})"
+    if all(_silent(r) for r in h.steps):  # never a reward spread: nothing was ever learnt, so nothing is solved
+        return (f"every completion in each group has scored alike since the run began{level}: the reward has "
+                f"never told completions apart, so there has been no learning signal (too hard for the model, "
+                f"or a reward that never fires?)")
     if reward is not None and reward >= best - 1e-9:
         return (f"for the last {n} steps every completion in each group scored alike, at the best reward of "
                 f"the run{level}: nothing left to learn from these prompts (solved?)")
@@ -247,8 +251,10 @@ def advantage_blowup(h: History) -> str | None:
 
 def lr_too_low(h: History) -> str | None:
     w = h.t.window
-    # Only steps at full learning rate: warmup and the end of the decay are meant to move little.
-    rows = [r for r in h.steps[-w:] if h.t.lr is None or (_number(r.get("lr")) and r["lr"] >= 0.5 * h.t.lr)]
+    # Only steps at full learning rate: warmup and the end of the decay are meant to move little. Steps
+    # with no gradient (every group alike) move nothing at any lr: reward_collapse and zero_std say why.
+    rows = [r for r in h.steps[-w:] if (h.t.lr is None or (_number(r.get("lr")) and r["lr"] >= 0.5 * h.t.lr))
+            and not _silent(r)]
     sizes = [float(r["update/rel_change"]) for r in rows if _number(r.get("update/rel_change"))]
     if len(sizes) < w or np.median(sizes) >= h.t.min_update:
         return None
