@@ -345,7 +345,7 @@ def validate(c: TrainConfig) -> None:
     need(not c.keep_best or 0 < c.eval_steps < c.steps,
          f"keep_best needs 0 < eval_steps < steps (it keeps the best checkpoint evaluated during training); "
          f"got eval_steps {c.eval_steps}, steps {c.steps}")
-    if c.reward_weights is not None:
+    if c.reward_weights is not None and c.reward:  # else the task's own rewards: load_task checks the count
         need(len(c.reward_weights) == len(c.reward),
              f"reward_weights has {len(c.reward_weights)} entries but {len(c.reward)} rewards are named")
     need(c.judge_rubric is None or bool(c.judge), "--judge-rubric needs --judge MODEL (the model that grades)")

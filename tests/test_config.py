@@ -109,3 +109,15 @@ def test_flag_parse_errors_are_one_line_from_the_command(args, fragment):
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], done.stderr
+
+
+def test_reward_weights_for_a_tasks_own_rewards(tmp_path):
+    """--reward-weights without --reward weighs the task's own rewards (multihop: 1,0,0.2 turns on support)."""
+    from mlx_grpo.tasks.registry import load_task
+
+    settings = {"task": "multihop", "eval_num_problems": 2, "output": str(tmp_path / "run")}
+    config = build_config({**settings, "reward_weights": "1,0,0.2"}, task_defaults=recommended_settings)
+    assert load_task(config).reward_weights == [1.0, 0.0, 0.2]
+    config = build_config({**settings, "reward_weights": [1, 0]}, task_defaults=recommended_settings)
+    with pytest.raises(ConfigError, match=r"2 entries but task 'multihop' has 3 rewards \(exact_match_reward, "):
+        load_task(config)

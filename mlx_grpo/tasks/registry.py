@@ -208,6 +208,9 @@ def load_task(config: TrainConfig) -> Task:
         functions = _custom_rewards(config)
         weights = [1.0] * len(functions)
     if config.reward_weights is not None:
+        if len(config.reward_weights) != len(functions):
+            raise ConfigError(f"reward_weights has {len(config.reward_weights)} entries but task {config.task!r} has "
+                              f"{len(functions)} rewards ({', '.join(reward_name(f) for f in functions)})")
         weights = list(config.reward_weights)
     if config.judge:
         if make_env is not None or factory is not None:
