@@ -181,3 +181,30 @@ def test_eval_on_multihop_reports_turns_and_tool_use(tmp_path, tiny_model_path):
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     (model,) = report["models"] if isinstance(report["models"], list) else report["models"].values()
     assert model["episode"]["episode/turns"] >= 1
+
+
+def test_grpo_teaches_the_tiny_tool_model_to_read_both_hops(tmp_path):
+    """The tiny tool model (scripts/build_tiny_tool_model.py) on city/country: read the company, read its city,
+    answer the country. A short run of `mlx-grpo train --task multihop`'s own recipe raises the reward."""
+    import numpy as np
+
+    from mlx_grpo.run.trainer import train
+    from rewards.multihop.tiny_model import tiny_tool_model
+
+    if tiny_tool_model() is None:
+        pytest.skip("the tiny tool model has not been built (scripts/build_tiny_tool_model.py)")
+    config = build_config({"task": "multihop", "output": str(tmp_path / "run"), "seed": 0, **TOOL_LEARNING_RUN},
+                          task_defaults=recommended_settings)
+    assert config.model == str(tiny_tool_model()) and config.multihop_chains == ["city/country"]
+    result = train(config)
+    reward = [m["reward/mean"] for m in result.history]
+    calls = [m["tools/calls_per_episode"] for m in result.history]
+    half = len(reward) // 2
+    assert np.mean(reward[half:]) > np.mean(reward[:half]) + 0.1, reward
+    assert np.mean(calls[half:]) > np.mean(calls[:half]), calls  # it learns to look things up
+    assert result.accuracy_after > result.accuracy_before, (result.accuracy_before, result.accuracy_after)
+    assert all(np.isfinite(m["grad_norm"]) and m["skipped_updates"] == 0 for m in result.history)
+
+
+# Short enough for the test suite; `mlx-grpo train --task multihop` runs the same recipe for longer.
+TOOL_LEARNING_RUN = {"steps": 10, "eval_num_problems": 16}
