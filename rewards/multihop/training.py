@@ -84,6 +84,21 @@ class MultihopEnv(ToolEnv):
     def columns(self) -> dict:
         return {**super().columns(), "retrieved": [list(self.corpus.retrieved)]}
 
+    def reward(self) -> float:
+        self._score_unanswered()
+        return super().reward()
+
+    def reward_parts(self) -> dict[str, float]:
+        self._score_unanswered()
+        return super().reward_parts()
+
+    def _score_unanswered(self) -> None:
+        """An episode cut before it answered (max_turns, the token budget) is scored on an empty answer:
+        exact match and F1 0, while the supporting paragraphs it was shown still count, so a weight on
+        support_reward pays for looking things up even when the turns ran out (it paid nothing)."""
+        if self.answer is None and not self._parts:
+            self._score("")
+
     def info(self) -> dict:
         supporting = {p["title"] for p in self.row["paragraphs"] if p.get("is_supporting")}
         recall = len(supporting & set(self.corpus.retrieved)) / len(supporting) if supporting else 0.0
