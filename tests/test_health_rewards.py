@@ -151,3 +151,12 @@ def test_the_crafted_side_reward_of_the_shaping_measurement():
     texts = ["3 + 4 = 7\n#### 7", "9 + 7 = 16\n#### 16", "#### -3", "no answer", "#### 12"]
     assert side(None, texts) == [1.0, 0.0, 1.0, 0.0, 0.0]
     assert main(None, texts, answer=["7", "16", "3", "1", "13"]) == [1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_a_step_without_completions_has_no_shares_and_no_warning():
+    """A multi-turn step whose parts are empty logs no share (it used to average an empty array)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reward_variance_shares({"main": [], "side": []}, [1.0, 0.1], 4) == {}

@@ -34,7 +34,8 @@ def reward_variance_shares(parts: dict[str, list], weights: list[float], group_s
     Measured on what is trained on: the side rewards as `shaping` counts them, so a
     run that took the fix (--shaping gated) is not warned about the takeover it prevented."""
     names = list(parts)
-    if len(names) < 2 or group_size < 2 or len(parts[names[0]]) % group_size:
+    # No completions (a step whose every episode was cut before any reward, say): nothing to share.
+    if len(names) < 2 or group_size < 2 or not parts[names[0]] or len(parts[names[0]]) % group_size:
         return {}
     grouped = side_shaped_parts(parts, weights, group_size, shaping).reshape(len(names), -1, group_size)
     variance = grouped.var(axis=2).sum(axis=1)
