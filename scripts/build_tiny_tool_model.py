@@ -26,6 +26,9 @@ p(right name) 0.998 for the company, 0.996 for the city), but the final answer i
 reading the city's paragraph the model names one fixed country (54 of 64) instead of copying
 it (p 0.06), so sampled accuracy is 0.02 and there is too little for GRPO to climb. Before the
 two phases (loss on the model's turns only, 600 steps) no copy was learnt at all (0.11 greedy).
+Phase 2 with the loss on every token at lr/4 did not help the answer either (p 0.058; one
+fixed country 42 times, the city 14). Next: find why the answer's copy fails where the calls'
+copies succeed, with teacher-forced p(right name) per turn, before any RL run.
 
 The script ends by measuring greedy and sampled (T = 1) accuracy on held-out
 questions through the trainer's own rollout, and writes build_info.json.
