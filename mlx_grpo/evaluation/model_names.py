@@ -109,23 +109,29 @@ def task_config(run_dir: Path | None, model: str | None, overrides: dict,
     flags. A different --task drops the run's data and rewards, which belonged
     to the run's task.
     """
-    values = {}
+    values: dict = {}
     if run_dir is not None:
-        settings = _run_settings(run_dir)
-        values = {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS) if k in settings}
+        values = _task_settings(_run_settings(run_dir))
     if config_file is not None:
         try:
             settings = load_yaml(config_file)
         except ConfigError as e:
             raise CompareError(str(e)) from None
-        if settings.get("task") not in (None, values.get("task")):
-            values = {k: v for k, v in values.items() if k not in _TASK_KEYS}
-        values.update({k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS) if k in settings})
-    if overrides.get("task") not in (None, values.get("task")):
-        values = {k: v for k, v in values.items() if k not in _TASK_KEYS}
-    values.update({k: v for k, v in overrides.items() if v is not None})
+        values = _layered(values, _task_settings(settings))
+    values = _layered(values, {k: v for k, v in overrides.items() if v is not None})
     values["model"] = model
     return build_config(values, task_defaults=recommended_settings)
+
+
+def _task_settings(settings: dict) -> dict:
+    return {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS) if k in settings}
+
+
+def _layered(values: dict, over: dict) -> dict:
+    """`values` with `over` on top; a different task in `over` first drops the task settings below it."""
+    if over.get("task") not in (None, values.get("task")):
+        values = {k: v for k, v in values.items() if k not in _TASK_KEYS}
+    return {**values, **over}
 
 
 def default_base(trained: ModelSpec) -> ModelSpec:
