@@ -15,20 +15,31 @@ pick out, where a person's two-word name would need an induction circuit that
 a model this small does not form in minutes of pre-training.
 
 Like the arithmetic and web models, the episodes are deliberately imperfect,
-to leave reinforcement learning a way up: with probability 1 - P_CALL the
-model answers at once with the question's own company (always wrong), and
-otherwise, having read both paragraphs, it answers the city instead of its
-country with probability 1 - P_RIGHT. Greedy, it answers at once: reinforcement
-learning has to teach it both to look things up and which name to give.
-Status (2026-11-25): not yet shipped. Built at these defaults on the loaded 2-core CPU
-(16 min), the copies inside calls are learnt (teacher-forced on 64 held-out right episodes,
-p(right name) 0.998 for the company, 0.996 for the city), but the final answer is not: after
-reading the city's paragraph the model names one fixed country (54 of 64) instead of copying
-it (p 0.06), so sampled accuracy is 0.02 and there is too little for GRPO to climb. Before the
-two phases (loss on the model's turns only, 600 steps) no copy was learnt at all (0.11 greedy).
-Phase 2 with the loss on every token at lr/4 did not help the answer either (p 0.058; one
-fixed country 42 times, the city 14). Next: find why the answer's copy fails where the calls'
-copies succeed, with teacher-forced p(right name) per turn, before any RL run.
+to leave reinforcement learning a way up, and every mistake is a choice at a
+turn's first token: with probability 1 - P_CALL the model answers at once with
+the question's own company, and having read the company, with probability
+1 - P_READ_ON it answers the company's city instead of reading on. Answers are
+written "Answer: NAME". Greedy, it answers at once: reinforcement learning has
+to teach it to keep looking things up.
+
+Two phases. Phase 1 trains on right episodes with the loss on every token (the
+paragraphs copy the titles asked for, which teaches copying), in rounds of
+--copy-steps until a teacher-forced probe on unseen worlds (copy_probe) gives
+the right name p > 0.9 at all three copies; phase 2 sets the choices on the
+model's own turns.
+
+Status (2026-11-25, second session): not yet shipped. What was measured, each probe on 64 unseen
+worlds, teacher-forced:
+- The copies inside calls are learnt in 200-400 steps (p 0.99+ for the company and the city).
+- The answer's copy of the country is the hard one, and whether phase 1 learns it depends on the
+  initialisation: of four runs at 400-600 steps (same data, hidden 128, 3 layers, 4 heads, lr
+  1e-3), one had all three copies at step 200; the others stayed at p 0.12-0.26 for the country
+  (chance among the 8 country names is 0.125) after 600 steps in rounds, whatever the answer's
+  form (bare, or after "Answer: ") or the phrase the country ends ("a city on the R river, in C").
+- Without it, phase 2 leaves one fixed country as the answer and sampled accuracy is about 0.02,
+  too little for GRPO. Next to try: more copy practice for the country names (they occur once an
+  episode, the cities and companies three times), or a larger model; the script fails loudly
+  when the probe does not pass, so a build that ships has learnt all three copies.
 
 The script ends by measuring greedy and sampled (T = 1) accuracy on held-out
 questions through the trainer's own rollout, and writes build_info.json.
@@ -59,8 +70,8 @@ from rewards.multihop.tiny_model import TINY_TOOL_MODEL  # noqa: E402
 from rewards.multihop.training import SYSTEM_PROMPT, MultihopEnv, synthetic_rows  # noqa: E402
 
 CHAINS = ["city/country"]  # "In which country is Vozelri based?": read the company, read its city, answer
-P_CALL = 0.4  # reads the question's company first; otherwise answers at once with the company's own name
-P_RIGHT = 0.45  # then reads the city it is based in and answers its country; otherwise answers the city
+P_CALL = 0.45  # reads the question's company first; otherwise answers at once with the company's own name
+P_READ_ON = 0.45  # having read it, reads the city it is based in; otherwise answers that city (wrong)
 MAX_TOKENS, MAX_TURNS, MAX_EPISODE_TOKENS = 32, 4, 320
 
 
@@ -69,16 +80,48 @@ def call(title: str) -> str:
 
 
 def model_turns(row: dict, rng: random.Random, noisy: bool = True) -> list[str]:
-    """The model's turns of one (possibly mistaken) city/country episode on a synthetic row."""
+    """The model's turns of one (possibly mistaken) city/country episode on a synthetic row.
+
+    Every mistake is a choice at a turn's first token, between calling and answering: the name that
+    follows is always the one a copy finds (the question's company, the last name of the paragraph
+    just read). A position where two names compete (the city or its country after both reads, as
+    first built) taught the model neither: it fell back on one fixed country."""
     steps = row["question_decomposition"]
     company = next(p["title"] for p in row["paragraphs"] if p["idx"] == steps[0]["paragraph_support_idx"])
     city = steps[0]["answer"]
     if noisy and rng.random() > P_CALL:
-        return [company]  # answers without looking anything up: the question's own company
-    # Having read both paragraphs, it names the country or (wrongly) the city: both are copies from
-    # the city's paragraph ("Facy is a city in Pabangi"), so which one is a choice at one token.
-    answer = row["answer"] if not noisy or rng.random() < P_RIGHT else city
-    return [call(company), call(city), answer]
+        return [answer(company)]  # answers without looking anything up: the question's own company
+    if noisy and rng.random() > P_READ_ON:
+        return [call(company), answer(city)]  # stops after one hop: the city is not the country asked for
+    return [call(company), call(city), answer(row["answer"])]
+
+
+def answer(name: str) -> str:
+    """An answer turn, "Answer: NAME" (the scorer reads what follows the last "Answer:"). Like a call's
+    '"title": "', the prefix gives the copy a place of its own: answered bare, at the turn's first
+    token, where the model also decides whether to call, the copy was not learnt (one fixed country)."""
+    return f"Answer: {name}"
+
+
+def copy_probe(model, tokenizer, join, rows: list[dict]) -> list[float]:
+    """Teacher-forced on right episodes: the mean probability of the right name at each of the three
+    copies (the company in the first call, the city in the second, the country in the answer)."""
+    import numpy as np
+
+    found = [[], [], []]
+    for row in rows:
+        turns = model_turns(row, random.Random(0), noisy=False)
+        ids, owner = episode_ids(tokenizer, join, row, turns)
+        probs = np.array(mx.softmax(model(mx.array([ids[:-1]]))[0], axis=-1))
+        starts = [t for t in range(len(owner)) if owner[t] and (t == 0 or not owner[t - 1])]
+        steps = row["question_decomposition"]
+        names = [next(p["title"] for p in row["paragraphs"] if p["idx"] == steps[0]["paragraph_support_idx"]),
+                 steps[0]["answer"], row["answer"]]
+        for k, (start, name) in enumerate(zip(starts, names)):
+            first = tokenizer.encode(name, add_special_tokens=False)[0]
+            t = next(t for t in range(start, len(owner)) if ids[t + 1] == first)
+            found[k].append(float(probs[t, first]))
+    return [round(sum(f) / len(f), 3) for f in found]
 
 
 def episode_ids(tokenizer, join, row: dict, turns: list[str]) -> tuple[list[int], list[float]]:
@@ -211,7 +254,8 @@ def accuracy(folder: Path, rows: list[dict], samples: int, seed: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--copy-steps", type=int, default=400, help="phase 1: right episodes, every token")
+    parser.add_argument("--copy-steps", type=int, default=200, help="phase 1: right episodes, every token, a round")
+    parser.add_argument("--copy-rounds", type=int, default=6, help="phase 1: at most this many rounds")
     parser.add_argument("--steps", type=int, default=150, help="phase 2: the imperfect episodes")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -266,10 +310,27 @@ def main() -> None:
     train_start = time.time()
     right = [episode_ids(tokenizer, join, r, model_turns(r, rng, noisy=False)) for r in rows]
     right = [(ids, [1.0] * (len(ids) - 1) + [0.0]) for ids, _ in right]
-    history = base.train(model, batches(right, args.batch_size, rng, pad_id), args.copy_steps, args.lr,
-                         max(1, args.copy_steps // 20), log_every=50)
+    probe_rows = synthetic_rows("train", [2], 64, seed=20_000 + args.seed, chains=CHAINS)  # unseen worlds
+    right_batches = batches(right, args.batch_size, rng, pad_id)
+    history, probes = [], {}
+    # The copies are learnt suddenly, after a plateau whose length depends on the initialisation (one
+    # seed had all three at step 200, another still missed the answer's at 400 with the lr decayed):
+    # train in rounds, each with its own warmup and decay, until the probe shows all three.
+    for round_ in range(args.copy_rounds):
+        history += base.train(model, right_batches, args.copy_steps, args.lr, max(1, args.copy_steps // 20),
+                              log_every=50)
+        probes["after_copy_phase"] = copy_probe(model, tokenizer, join, probe_rows)
+        print(f"p(right company, city, country), teacher-forced: {probes['after_copy_phase']}", flush=True)
+        if min(probes["after_copy_phase"]) > 0.9:
+            break
+    else:
+        raise SystemExit(f"the copies were not learnt in {args.copy_rounds} rounds "
+                         f"(p {probes['after_copy_phase']}): try another --seed")
+    probes["copy_rounds"] = round_ + 1
     history += base.train(model, batches(examples, args.batch_size, rng, pad_id), args.steps, args.lr / 2,
                           max(1, args.steps // 10), log_every=50)
+    probes["after_choice_phase"] = copy_probe(model, tokenizer, join, probe_rows)
+    print(f"p(right company, city, country), teacher-forced: {probes['after_choice_phase']}", flush=True)
     train_seconds = time.time() - train_start
     mx.save_safetensors(str(staging / "model.safetensors"), dict(tree_flatten(model.parameters())),
                         metadata={"format": "mlx"})
@@ -280,9 +341,9 @@ def main() -> None:
     info = {
         "seed": args.seed, "parameters": base.count_parameters(model), "config": config,
         "data": {"hops": 2, "chains": CHAINS, "episodes": len(examples), "mean_tokens": round(mean_len, 1), "p_call": P_CALL,
-                 "p_right": P_RIGHT},
+                 "p_read_on": P_READ_ON},
         "sft": {"copy_steps": args.copy_steps, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-                "train_seconds": round(train_seconds, 1), "loss_history": history},
+                "train_seconds": round(train_seconds, 1), "loss_history": history, "copy_probe": probes},
         "eval": {"rows": f"synthetic_rows('test', [2], {args.eval_rows}, seed=0, chains={CHAINS})", "max_turns": MAX_TURNS,
                  "max_tokens": MAX_TOKENS, **metrics},
         "build_seconds": round(time.time() - started, 1),
