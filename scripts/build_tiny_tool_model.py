@@ -19,7 +19,7 @@ to leave reinforcement learning a way up, and every mistake is a choice at a
 turn's first token: with probability 1 - P_CALL the model answers at once with
 the question's own company, and having read the company, with probability
 1 - P_READ_ON it answers the company's city instead of reading on. Answers are
-written "Answer: NAME". Greedy, it answers at once: reinforcement learning has
+written in double quotes, "NAME". Greedy, it answers at once: reinforcement learning has
 to teach it to keep looking things up.
 
 Two phases. Phase 1 trains on right episodes with the loss on every token (the
@@ -97,10 +97,24 @@ def model_turns(row: dict, rng: random.Random, noisy: bool = True) -> list[str]:
 
 
 def answer(name: str) -> str:
-    """An answer turn, "Answer: NAME" (the scorer reads what follows the last "Answer:"). Like a call's
-    '"title": "', the prefix gives the copy a place of its own: answered bare, at the turn's first
-    token, where the model also decides whether to call, the copy was not learnt (one fixed country)."""
-    return f"Answer: {name}"
+    """An answer turn: the name in double quotes, "Pabangi" (the scorer drops the quotes as punctuation).
+    The opening quote is where a call copies its title ('"title": "Facy'), so the answer's copy starts
+    from the calls' own: answered bare, at the turn's first token where the model also decides whether
+    to call, the country's copy was not learnt (one fixed country), nor after "Answer: " in 3 of 4 runs."""
+    return json.dumps(name)
+
+
+PRACTICE_CHAIN = ["city/country/language"]  # reads the country too: its name copied into a call
+
+
+def practice_turns(row: dict) -> list[str]:
+    """A right 3-hop episode, "What language is spoken in the country where COMPANY is based?": read the
+    company, its city, the city's country, answer the language. Phase 1 only. A country occurs once in a
+    2-hop episode and its copy into the answer was learnt only by lucky initialisations (1 run in 4);
+    copied into a call here as well, it was learnt by one of those that had missed it (step 300)."""
+    steps = row["question_decomposition"]
+    company = next(p["title"] for p in row["paragraphs"] if p["idx"] == steps[0]["paragraph_support_idx"])
+    return [call(company), call(steps[0]["answer"]), call(steps[1]["answer"]), answer(row["answer"])]
 
 
 def copy_probe(model, tokenizer, join, rows: list[dict]) -> list[float]:
@@ -185,8 +199,11 @@ def without_space_merges(tokenizer):
     state = json.loads(tokenizer.to_str())
     merges = state["model"]["merges"]
     pairs = [m.split(" ") if isinstance(m, str) else m for m in merges]
+    # The same for a double quote (the answer's '"Pabangi"', a title's '"Facy'): Qwen2's split keeps one
+    # punctuation mark with the word that follows it, so a quote could otherwise join a frequent name.
     state["model"]["merges"] = [m for m, (a, b) in zip(merges, pairs)
-                                if not (a + b).startswith("Ġ") or set(a + b) == {"Ġ"}]
+                                if not ((a + b).startswith("Ġ") and set(a + b) != {"Ġ"})
+                                and not ((a + b).startswith('"') and any(c.isalpha() for c in a + b))]
     return Tokenizer.from_str(json.dumps(state))
 
 
@@ -253,9 +270,9 @@ def accuracy(folder: Path, rows: list[dict], samples: int, seed: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--copy-steps", type=int, default=200, help="phase 1: right episodes, every token, a round")
-    parser.add_argument("--copy-rounds", type=int, default=6, help="phase 1: at most this many rounds")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--copy-steps", type=int, default=400, help="phase 1: right episodes, every token, a round")
+    parser.add_argument("--copy-rounds", type=int, default=3, help="phase 1: at most this many rounds")
     parser.add_argument("--steps", type=int, default=150, help="phase 2: the imperfect episodes")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -283,6 +300,8 @@ def main() -> None:
     bootstrap = write_tokenizer(build_tokenizer(["user", "assistant"]), staging)
     corpus = [t for r, ts in zip(rows[:1500], turns) for t in episode_texts(bootstrap, r, ts)]
     corpus += [t for r in rows[1500:2500] for t in episode_texts(bootstrap, r, model_turns(r, rng, noisy=False))]
+    practice = synthetic_rows("train", [3], args.examples, seed=30_000 + args.seed, chains=PRACTICE_CHAIN)
+    corpus += [t for r in practice[:1000] for t in episode_texts(bootstrap, r, practice_turns(r))]
     hf_tokenizer = build_tokenizer(corpus)
     tokenizer = write_tokenizer(hf_tokenizer, staging)
     eos_id, pad_id = hf_tokenizer.token_to_id(base.IM_END), hf_tokenizer.token_to_id(base.PAD)
@@ -302,13 +321,14 @@ def main() -> None:
     print(f"model: {base.count_parameters(model):,} parameters; data: {len(examples)} episodes, "
           f"{mean_len:.0f} tokens each")
 
-    # Phase 1 teaches the copies: right episodes only, with the loss on every token. The paragraphs
-    # then copy too (a read's result opens with the title asked for), and the model learns to
-    # copy a name in a few hundred steps; with the loss on its own turns alone, and half its
-    # episodes answering at once, it had not learnt to in 600. Phase 2 sets the imperfect choices
-    # (P_CALL, P_RIGHT) on the model's own turns, as the rollout will train them.
+    # Phase 1 teaches the copies: right episodes only (the 2-hop ones and the 3-hop practice), with the
+    # loss on every token. The paragraphs then copy too (a read's result opens with the title asked
+    # for), and the model learns to copy a name in a few hundred steps; with the loss on its own turns
+    # alone, and half its episodes answering at once, it had not learnt to in 600. Phase 2 sets the
+    # imperfect choices (P_CALL, P_READ_ON) on the model's own 2-hop turns, as the rollout will train them.
     train_start = time.time()
     right = [episode_ids(tokenizer, join, r, model_turns(r, rng, noisy=False)) for r in rows]
+    right += [episode_ids(tokenizer, join, r, practice_turns(r)) for r in practice]
     right = [(ids, [1.0] * (len(ids) - 1) + [0.0]) for ids, _ in right]
     probe_rows = synthetic_rows("train", [2], 64, seed=20_000 + args.seed, chains=CHAINS)  # unseen worlds
     right_batches = batches(right, args.batch_size, rng, pad_id)

@@ -100,7 +100,8 @@ def _config(tmp_path, **extra):
 
 
 def test_the_task_loads_synthetic_rows_and_refuses_what_does_not_apply(tmp_path):
-    task = load_task(_config(tmp_path, multihop_hops=[3]))
+    # multihop_chains=[]: every chain, not the embedded tool model's one 2-hop chain
+    task = load_task(_config(tmp_path, multihop_hops=[3], multihop_chains=[]))
     assert len(task.eval_rows) == 4 and {r["hops"] for r in task.train_rows + task.eval_rows} == {3}
     assert [w for w in task.reward_weights] == [1.0, 0.0, 0.0] and task.make_env is not None
     assert isinstance(task.make_env(task.eval_rows[0]), MultihopEnv)
