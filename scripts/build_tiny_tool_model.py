@@ -1,6 +1,6 @@
 """Build the tiny tool model: rewards/multihop/assets/tiny-tools/.
 
-    python scripts/build_tiny_tool_model.py [--seed 0] [--steps N]
+    python scripts/build_tiny_tool_model.py [--seed 1] [--copy-steps N] [--steps N]
 
 A byte-level BPE tokenizer learnt from the multihop task's own episodes (the
 prompt, questions, paragraphs, calls; every name one token), and a tiny Qwen2
@@ -8,8 +8,8 @@ model (mlx-lm's qwen2) pre-trained by supervised learning on whole 2-hop tool
 episodes of one chain, "In which country is COMPANY based?", rendered exactly
 as `mlx-grpo train --task multihop` renders them (rewards/multihop/training.py's
 MultihopEnv, through the model's own compact tools template): read the company,
-read the city it is based in, answer the city's country. The loss covers the
-model's turns only. Only that chain (`multihop_chains: [city/country]`, as the
+read the city it is based in, answer the city's country (phase 1 below adds
+3-hop practice episodes that read the country too). Only that chain (`multihop_chains: [city/country]`, as the
 web model keeps to fact/1): its every copy is one name of a kind the model can
 pick out, where a person's two-word name would need an induction circuit that
 a model this small does not form in minutes of pre-training.
@@ -87,14 +87,18 @@ def model_turns(row: dict, rng: random.Random, noisy: bool = True) -> list[str]:
     follows is always the one a copy finds (the question's company, the last name of the paragraph
     just read). A position where two names compete (the city or its country after both reads, as
     first built) taught the model neither: it fell back on one fixed country."""
-    steps = row["question_decomposition"]
-    company = next(p["title"] for p in row["paragraphs"] if p["idx"] == steps[0]["paragraph_support_idx"])
-    city = steps[0]["answer"]
+    company, city = question_company(row), row["question_decomposition"][0]["answer"]
     if noisy and rng.random() > P_CALL:
         return [answer(company)]  # answers without looking anything up: the question's own company
     if noisy and rng.random() > P_READ_ON:
         return [call(company), answer(city)]  # stops after one hop: the city is not the country asked for
     return [call(company), call(city), answer(row["answer"])]
+
+
+def question_company(row: dict) -> str:
+    """The company the question names: the title of the first hop's supporting paragraph."""
+    first_hop = row["question_decomposition"][0]["paragraph_support_idx"]
+    return next(p["title"] for p in row["paragraphs"] if p["idx"] == first_hop)
 
 
 def answer(name: str) -> str:
@@ -114,8 +118,7 @@ def practice_turns(row: dict) -> list[str]:
     2-hop episode and its copy into the answer was learnt only by lucky initialisations (1 run in 4);
     copied into a call here as well, it was learnt by one of those that had missed it (step 300)."""
     steps = row["question_decomposition"]
-    company = next(p["title"] for p in row["paragraphs"] if p["idx"] == steps[0]["paragraph_support_idx"])
-    return [call(company), call(steps[0]["answer"]), call(steps[1]["answer"]), answer(row["answer"])]
+    return [call(question_company(row)), call(steps[0]["answer"]), call(steps[1]["answer"]), answer(row["answer"])]
 
 
 def copy_probe(model, tokenizer, join, rows: list[dict]) -> list[float]:
@@ -129,9 +132,7 @@ def copy_probe(model, tokenizer, join, rows: list[dict]) -> list[float]:
         ids, owner = episode_ids(tokenizer, join, row, turns)
         probs = np.array(mx.softmax(model(mx.array([ids[:-1]]))[0], axis=-1))
         starts = [t for t in range(len(owner)) if owner[t] and (t == 0 or not owner[t - 1])]
-        steps = row["question_decomposition"]
-        names = [next(p["title"] for p in row["paragraphs"] if p["idx"] == steps[0]["paragraph_support_idx"]),
-                 steps[0]["answer"], row["answer"]]
+        names = [question_company(row), row["question_decomposition"][0]["answer"], row["answer"]]
         for k, (start, name) in enumerate(zip(starts, names)):
             first = tokenizer.encode(name, add_special_tokens=False)[0]
             t = next(t for t in range(start, len(owner)) if ids[t + 1] == first)
