@@ -134,6 +134,9 @@ _EVALUATION_OPTIONS = {
     "judge_weight": (Optional[float], typer.Option(None, help="the judge's weight in the total reward")),
     "system_prompt": (Optional[str], typer.Option(None, help="system prompt (as for train; \"\" for none); "
                                                              "default: the run's, else the task's for this model")),
+    "cache": (bool, typer.Option(True, "--cache/--no-cache",
+                                 help="reuse a model's answers from an earlier eval or compare with the same model "
+                                      "files, prompts and settings (kept in the cache folder's answers/)")),
 }
 
 
@@ -159,7 +162,8 @@ def _evaluation(options: dict, run_dir, model):
                                           **{k: options[k] for k in JUDGE_KEYS},
                                           "eval_num_problems": options["n"],
                                           "system_prompt": options["system_prompt"]}, options["config"])
-    settings = build_settings(config, options["split"], options["samples"], options["temperature"], options["seed"])
+    settings = build_settings(config, options["split"], options["samples"], options["temperature"], options["seed"],
+                              options["cache"])
     return load_task(config), settings, config.eval_num_problems
 
 

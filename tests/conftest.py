@@ -36,3 +36,10 @@ def float64_device():
 def gguf_cache(tmp_path, monkeypatch):
     """A fresh folder for converted GGUF models, so no test reads another's (or the user's) cache."""
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(autouse=True)
+def answer_cache_of_its_own(tmp_path, monkeypatch):
+    """eval and compare keep answers between runs (evaluation/answer_cache.py): each test starts with none,
+    so no test reads answers another test (or the user) decoded."""
+    monkeypatch.setenv("MLX_GRPO_ANSWER_CACHE", str(tmp_path / "answers"))

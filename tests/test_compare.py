@@ -275,3 +275,54 @@ def test_a_training_config_file_gives_eval_its_task_and_episode_settings(tmp_pat
         cmp.task_config(None, None, {}, tmp_path / "missing.yaml")
     result = CliRunner().invoke(app, ["eval", "--model", "embedded", "--config", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2 and "config file not found" in result.output
+
+
+def test_answers_are_reused_only_while_nothing_that_decides_them_changed(tiny_model_path, tmp_path, monkeypatch):
+    """The second eval of the same model, prompts and settings reads the answers back instead of decoding;
+    another setting, changed model files, or a damaged cache file decode again; --no-cache never reads."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_path, model)
+    spec = cmp.ModelSpec(str(model))
+    task, settings = _task_and_settings(str(model), n=6, max_tokens=6, samples=2)
+    settings.cache = True
+    first = cmp.evaluate(spec, task, settings).results[0]
+    assert first.cached is None
+    decoded = []
+    real_generate = cmp.generate
+    monkeypatch.setattr(cmp, "generate", lambda *a, **k: decoded.append(1) or real_generate(*a, **k))
+
+    again = cmp.evaluate(spec, task, settings).results[0]
+    assert decoded == [] and again.cached is not None and again.cached.is_file()
+    assert [a.tokens for a in again.answers] == [a.tokens for a in first.answers]
+    assert again.summary()["reward"] == first.summary()["reward"]  # scored again, the same
+    assert again.seconds == pytest.approx(first.seconds)  # the decode time it took then
+    assert again.summary()["answers_from_cache"] == str(again.cached)
+
+    settings.sampling.max_tokens = 5  # another setting: other answers
+    assert cmp.evaluate(spec, task, settings).results[0].cached is None and decoded == [1]
+    settings.sampling.max_tokens = 6
+    weights = next(model.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes())  # same bytes, a new modification time: the files changed
+    assert cmp.evaluate(spec, task, settings).results[0].cached is None and decoded == [1, 1]
+    kept = next(iter(sorted(again.cached.parent.glob("*.json"), key=lambda p: p.stat().st_mtime)[-1:]))
+    kept.write_text("{not json")  # a damaged cache file: decoded again, and written anew
+    assert cmp.evaluate(spec, task, settings).results[0].cached is None and decoded == [1, 1, 1]
+    assert cmp.evaluate(spec, task, settings).results[0].cached is not None and decoded == [1, 1, 1]
+    settings.cache = False
+    assert cmp.evaluate(spec, task, settings).results[0].cached is None and decoded == [1, 1, 1, 1]
+
+
+def test_compare_says_which_answers_came_from_the_cache(tiny_model_path, tmp_path):
+    args = ["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--task", "arith",
+            "--n", "4", "--max-tokens", "4", "--no-plot"]
+    first = CliRunner().invoke(app, args + ["--output", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    assert first.output.count("answers from the cache") == 1  # the same model twice: decoded once
+    second = CliRunner().invoke(app, args + ["--output", str(tmp_path / "b")])
+    assert second.exit_code == 0, second.output
+    assert second.output.count("answers from the cache") == 2
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert report["models"]["base"]["answers_from_cache"]
+    fresh = CliRunner().invoke(app, args + ["--output", str(tmp_path / "c"), "--no-cache"])
+    assert fresh.exit_code == 0 and "answers from the cache" not in fresh.output
+    assert json.loads((tmp_path / "c" / "report.json").read_text())["difference"] == report["difference"]

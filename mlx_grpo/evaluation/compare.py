@@ -17,7 +17,7 @@ What a model name means (a run folder, an adapter folder, a model) is model_name
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
@@ -33,6 +33,7 @@ from ..tasks.registry import Task
 from ..tasks.rewarding import part_means, reward_name, score_completions
 from ..tasks.data import columns_of
 from .model_names import CompareError, ModelSpec, default_base, resolve_model, task_config  # noqa: F401 (the compare API)
+from . import answer_cache
 from ..stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k, paired_parts
 
 SPLITS = ("test", "train")
@@ -59,6 +60,7 @@ class Settings:
     concurrency: int = 256
     max_turns: int = 8  # multi-turn tasks only
     max_episode_tokens: int = 1024  # multi-turn tasks only
+    cache: bool = False  # reuse (and keep) a model's answers to the same prompts and settings (answer_cache.py)
 
 
 def load_model(spec: ModelSpec):
@@ -146,6 +148,7 @@ class ModelResult:
     seconds: float  # decoding only
     samples: int
     episode: dict = field(default_factory=dict)  # a multi-turn task's episode and tool metrics (multiturn.episode_metrics)
+    cached: Path | None = None  # where the answers were read from, when they were not decoded now
 
     def per_prompt(self, values: np.ndarray) -> np.ndarray:
         return values.reshape(-1, self.samples).mean(axis=1)
@@ -169,6 +172,8 @@ class ModelResult:
         }
         if self.episode:
             out["episode"] = dict(self.episode)
+        if self.cached:
+            out["answers_from_cache"] = str(self.cached)
         if self.samples > 1 and self.accuracy is not None:
             right = (self.accuracy.reshape(-1, self.samples) >= SUCCESS).sum(axis=1)
             out["pass_at_k"] = {str(k): mean_pass_at_k(right, self.samples, k) for k in pass_ks(self.samples)}
@@ -212,15 +217,30 @@ def score(task: Task, rows: list[dict], answers: list[Answer], samples: int, epi
     return scores.total, scores.parts, accuracy, scores.errors, scores.error_examples
 
 
-def evaluate_model(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
-                   on_progress: Callable[[str, int, int], None] | None = None) -> ModelResult:
-    model, tokenizer = load_model(spec)
+def generate_or_reuse(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
+                      on_progress: Callable[[str, int, int], None] | None = None):
+    """(answers, episodes, decode seconds, where the answers were kept or None): decoded, or from the cache."""
     progress = (lambda done: on_progress(name, done, len(rows))) if on_progress else None
+    key = answer_cache.cache_key(spec, task, rows, settings) if settings.cache and not _multi_turn(task) else None
+    kept = answer_cache.read(key, len(rows) * settings.samples) if key else None
+    if kept is not None:
+        if progress:
+            progress(len(rows))
+        return [Answer(**a) for a in kept[0]], None, kept[1], answer_cache.folder() / f"{key}.json"
+    model, tokenizer = load_model(spec)
     if progress:
         progress(0)
     answers, episodes, seconds = generate(model, tokenizer, task, rows, settings, progress)
     del model
     mx.clear_cache()  # the next model gets the memory
+    if key:
+        answer_cache.write(key, [asdict(a) for a in answers], seconds)
+    return answers, episodes, seconds, None
+
+
+def evaluate_model(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
+                   on_progress: Callable[[str, int, int], None] | None = None) -> ModelResult:
+    answers, episodes, seconds, cached = generate_or_reuse(name, spec, task, rows, settings, on_progress)
     totals, parts, accuracy, errors, examples = score(task, rows, answers, settings.samples, episodes)
     episode = {}
     if episodes:
@@ -228,7 +248,7 @@ def evaluate_model(name: str, spec: ModelSpec, task: Task, rows: list[dict], set
 
         episode = episode_metrics(episodes)
     return ModelResult(name, spec, answers, totals, parts, accuracy, errors, examples, seconds, settings.samples,
-                       episode)
+                       episode, cached)
 
 
 # ---------------------------------------------------------------------------
@@ -333,7 +353,7 @@ def default_output(trained: ModelSpec) -> Path:
 
 
 def build_settings(config: TrainConfig, split: str = "test", samples: int = 1, temperature: float | None = None,
-                   seed: int = 0) -> Settings:
+                   seed: int = 0, cache: bool = False) -> Settings:
     """Greedy for one sample a prompt; the run's temperature for several (unless --temperature)."""
     if split not in SPLITS:
         raise CompareError(f"--split must be one of {', '.join(SPLITS)}, not {split!r}")
@@ -345,4 +365,4 @@ def build_settings(config: TrainConfig, split: str = "test", samples: int = 1, t
         raise CompareError(f"--temperature must be >= 0, got {temperature}")
     sampling = SamplingConfig(temperature, config.top_p, config.top_k, config.min_p, config.max_tokens)
     return Settings(split, samples, sampling, seed, config.decode_concurrency,
-                    getattr(config, "max_turns", 8), getattr(config, "max_episode_tokens", 1024))
+                    getattr(config, "max_turns", 8), getattr(config, "max_episode_tokens", 1024), cache)

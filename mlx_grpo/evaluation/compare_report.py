@@ -262,6 +262,9 @@ def print_report(report: Report, console, written: list[Path] = ()) -> None:
         table.add_row(*row)
     for r in report.results:
         console.print(f"[bold]{r.name}[/]: {escape(r.spec.label)}", highlight=False, soft_wrap=True)
+        if r.cached:  # said, so that nobody takes the decode time for a new measurement
+            console.print(f"  answers from the cache {escape(str(r.cached))} (decoded earlier in {r.seconds:.0f} s; "
+                          f"--no-cache decodes again)", highlight=False, soft_wrap=True)
     # Plain text: a system prompt's "[n]" or "search[query]" is not rich markup.
     console.print(settings_line(report), highlight=False, soft_wrap=True, markup=False)
     console.print(table)

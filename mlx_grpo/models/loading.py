@@ -18,7 +18,8 @@ from .stores import StoreError, is_store_name, resolve_store_name
 
 __all__ = ["EMBEDDED_MODEL", "PACKAGED_MODELS", "GGUFError", "ModelNotInstalled", "StoreError",
            "embedded_model_path",
-           "gguf_types_note", "load_policy", "load_with_config", "model_folder", "resolve_model_path"]
+           "gguf_types_note", "load_policy", "load_with_config", "model_fingerprint", "model_folder",
+           "resolve_model_path"]
 
 EMBEDDED_MODEL = "embedded"
 
@@ -38,6 +39,14 @@ def resolve_model_path(model: str | None) -> str:
     if is_store_name(model):
         return str(resolve_store_name(model))
     return model
+
+
+def model_fingerprint(model: str | None) -> list:
+    """The model's path and, for local files, each file's name, size and modification time."""
+    path = resolve_model_path(model)
+    local = Path(path).expanduser()
+    files = sorted(local.iterdir()) if local.is_dir() else [local] if local.is_file() else []
+    return [path, *[(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]]
 
 
 def model_folder(model: str | None) -> str:

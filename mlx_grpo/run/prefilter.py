@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from ..config import ConfigError, TrainConfig
-from ..files import atomic_write_json
+from ..files import CheckpointError, atomic_write_json
 from ..models.gguf import cache_root
-from ..models.loading import resolve_model_path
+from ..models.loading import model_fingerprint
 from ..sampling.rollout import SamplingConfig, sample_completions
 from ..tasks.data import DataError, columns_of, task_prompts
 from ..tasks.rewarding import reward_name, score_completions
@@ -60,14 +60,6 @@ def pass_rates(model, tokenizer, task, rows: list[dict], ids: list[int], k: int,
         right = np.array([(v or 0.0) >= 0.5 for v in next(iter(scores.parts.values()))], dtype=float)
         rates += list(right.reshape(len(part), k).mean(axis=1))
     return np.array(rates)
-
-
-def model_fingerprint(model: str | None) -> list:
-    """The model's path and, for local files, each file's name, size and modification time."""
-    path = resolve_model_path(model)
-    local = Path(path).expanduser()
-    files = sorted(local.iterdir()) if local.is_dir() else [local] if local.is_file() else []
-    return [path, *[(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]]
 
 
 def cache_key(config: TrainConfig, task, tokenizer, rows: list[dict]) -> str:
@@ -101,7 +93,7 @@ def prefilter_train_rows(model, tokenizer, task, config: TrainConfig) -> str:
                            config.decode_concurrency)
         try:
             atomic_write_json(path, {"k": k, "prompts": len(rows), "pass_rates": [float(r) for r in rates]})
-        except OSError:  # a cache that cannot be written costs the next run time, not this one its result
+        except CheckpointError:  # a cache that cannot be written costs the next run time, not this one its result
             pass
     rates = np.asarray(rates, dtype=float)
     keep = (rates > 0) & (rates < 1)
