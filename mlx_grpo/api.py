@@ -134,7 +134,7 @@ def score_group(task: Task, row: dict, completions: list[Completion]) -> Scores:
     """
     n = len(completions)
     return score_completions(task.reward_functions, task.reward_weights, [row["prompt"]] * n,
-                             [c.text for c in completions], columns_of([row], n))
+                             [c.text for c in completions], columns_of([row], n, completions))
 
 
 def metrics_table(rows: Iterable[dict]):

@@ -22,6 +22,8 @@ so two spellings of one value always give one string. Not read: mixed numbers
 Rewards:
   correctness_reward  1.0 when the final answer equals the gold number (within
                       ANSWER_TOLERANCE), else 0.0; also the task's accuracy.
+                      A completion cut at max_tokens is read without the
+                      last-number fallback (4.): only an explicit answer counts.
                       Where the optional math-verify package is installed
                       (``pip install "mlx-grpo[math]"``), a boxed or tagged
                       answer that only it can read (``\\boxed{6 \\times 7}``)
@@ -277,9 +279,17 @@ def _math_verify_match(raw: str, gold) -> bool | None:
         return False
 
 
-def is_correct(completion, gold, last_number: bool = True) -> bool:
-    """Whether a completion's final answer equals the gold number."""
+def is_correct(completion, gold, last_number: bool = True, finish_reason: str | None = None) -> bool:
+    """Whether a completion's final answer equals the gold number.
+
+    A completion cut at max_tokens (finish_reason "length") gave no final answer of
+    its own: only an explicit one (####, \\boxed, <answer>) written before the cut
+    counts, never the last number it happened to reach. SmolLM2-135M sampled on
+    GSM8K at T=0.8: every one of its 3 "right" answers in 256 was a ramble cut at 256
+    tokens whose last number matched (issue 27), noise that rewarding it would teach.
+    """
     text = completion_text(completion)
+    last_number = last_number and finish_reason != "length"
     if answers_match(extract_answer(text, last_number), gold):
         return True
     found = find_answer(text, last_number)
@@ -292,9 +302,10 @@ def is_correct(completion, gold, last_number: bool = True) -> bool:
 # Rewards
 
 
-def correctness_reward(prompts, completions, answer, **kwargs) -> list[float]:
-    """1.0 where the completion's final answer equals the gold number, else 0.0."""
-    return [1.0 if is_correct(c, a) else 0.0 for c, a in zip(completions, answer)]
+def correctness_reward(prompts, completions, answer, finish_reason=None, **kwargs) -> list[float]:
+    """1.0 where the completion's final answer equals the gold number, else 0.0 (a cut one: see is_correct)."""
+    reasons = finish_reason or [None] * len(completions)
+    return [1.0 if is_correct(c, a, finish_reason=f) else 0.0 for c, a, f in zip(completions, answer, reasons)]
 
 
 def format_reward(prompts, completions, **kwargs) -> list[float]:

@@ -144,6 +144,21 @@ def test_correctness_reward_hand_worked():
     assert gsm8k.accuracy_reward is correctness_reward
 
 
+def test_a_cut_completion_is_right_only_through_an_explicit_answer():
+    """Cut at max_tokens, a ramble whose last number happens to be the gold one gave no answer."""
+    completions = [
+        "Bella bought 12 * (32 / 3) = 28 more stamps. So, 12 + 24 = 38 more rose",  # luck: last number 38
+        "48 + 24 = 72 clips in all.",  # finished: the fallback reads 72
+        "48 + 24 = 72\n#### 72\nThe answer is 72. Next question: Tom has 5 app",  # explicit, then cut
+        "So the answer is \\boxed{72}. In a different problem, 45 days of",  # boxed, then cut
+        "48 + 24 = 72\n#### 38\nWait, it is 72",  # cut: the #### answer decides, 38 is wrong
+    ]
+    gold = ["38", "72", "72", "72", "72"]
+    reasons = ["length", "stop", "length", "length", "length"]
+    assert correctness_reward(["q"] * 5, completions, answer=gold, finish_reason=reasons) == [0.0, 1.0, 1.0, 1.0, 0.0]
+    assert correctness_reward(["q"] * 5, completions, answer=gold) == [1.0, 1.0, 1.0, 1.0, 0.0]  # reason unknown
+
+
 def test_without_math_verify_expressions_are_not_evaluated():
     try:
         import math_verify  # noqa: F401

@@ -200,9 +200,7 @@ def score(task: Task, rows: list[dict], answers: list[Answer], samples: int, epi
         return scores.total, scores.parts, np.array(solved), scores.errors, scores.error_examples
     prompts = [r["prompt"] for r in rows for _ in range(samples)]
     texts = [a.text for a in answers]
-    columns = columns_of(rows, samples)
-    # Rewards that ask for it (OCaml's) learn whether an answer was cut at max_tokens.
-    columns.setdefault("finish_reason", [a.finish_reason for a in answers])
+    columns = columns_of(rows, samples, answers)
     scores = score_completions(task.reward_functions, task.reward_weights, prompts, texts, columns)
     accuracy = None
     if task.accuracy_reward is not None:

@@ -56,7 +56,7 @@ def pass_rates(model, tokenizer, task, rows: list[dict], ids: list[int], k: int,
         completions = sample_completions(model, tokenizer, task_prompts(tokenizer, task, part), k, sampling,
                                          concurrency, seed=SEED, prompt_ids=ids[start:start + chunk])
         scores = score_completions([task.accuracy_reward], [1.0], [r["prompt"] for r in part for _ in range(k)],
-                                   [c.text for c in completions], columns_of(part, k))
+                                   [c.text for c in completions], columns_of(part, k, completions))
         right = np.array([(v or 0.0) >= 0.5 for v in next(iter(scores.parts.values()))], dtype=float)
         rates += list(right.reshape(len(part), k).mean(axis=1))
     return np.array(rates)

@@ -95,7 +95,7 @@ def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: Tr
     g = config.group_size
     scores = score_completions(
         task.reward_functions, task.reward_weights,
-        [r["prompt"] for r in rows for _ in range(g)], [c.text for c in completions], columns_of(rows, g),
+        [r["prompt"] for r in rows for _ in range(g)], [c.text for c in completions], columns_of(rows, g, completions),
     )
     return completions, scores, rollout_s
 

@@ -23,7 +23,7 @@ def _answers_and_scores(model, tokenizer, task, k: int, sampling: SamplingConfig
     completions = sample_completions(model, tokenizer, prompts, k, sampling, concurrency)
     scores = score_completions(
         [task.accuracy_reward], [1.0], [r["prompt"] for r in rows for _ in range(k)], [c.text for c in completions],
-        columns_of(rows, k),
+        columns_of(rows, k, completions),
     )
     model.train(was_training)
     values = np.array([v if v is not None else 0.0 for v in next(iter(scores.parts.values()))])

@@ -139,7 +139,8 @@ def group_success(task, rows: list[dict], completions: list, scores, group_size:
 
             values = score_completions([task.accuracy_reward], [1.0],
                                        [r["prompt"] for r in rows for _ in range(group_size)],
-                                       [c.text for c in completions], columns_of(rows, group_size)).parts[name]
+                                       [c.text for c in completions],
+                                       columns_of(rows, group_size, completions)).parts[name]
         solved = [float(v or 0.0) for v in values]
     else:  # no notion of "solved": a positive reward counts
         solved = [float(t > 0) for t in scores.total]

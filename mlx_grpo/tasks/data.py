@@ -186,10 +186,16 @@ def _load_hub(name: str, split: str, report: LoadReport) -> list[dict]:
     return _check_records([dict(r) for r in ds[names[0]]], report, unit="row")
 
 
-def columns_of(rows: list[dict], repeat: int = 1) -> dict[str, list]:
-    """Dataset columns (everything but the prompt), one entry per completion."""
+def columns_of(rows: list[dict], repeat: int = 1, completions=None) -> dict[str, list]:
+    """Dataset columns (everything but the prompt), one entry per completion.
+
+    Given the completions, also `finish_reason` ("stop", "length"): a reward can tell an
+    answer cut at max_tokens from a finished one, in training and evaluation alike."""
     keys = sorted({k for r in rows for k in r if k != "prompt"})
-    return {k: [r.get(k) for r in rows for _ in range(repeat)] for k in keys}
+    columns = {k: [r.get(k) for r in rows for _ in range(repeat)] for k in keys}
+    if completions is not None:
+        columns.setdefault("finish_reason", [c.finish_reason for c in completions])
+    return columns
 
 
 def prompt_messages(prompt, system_prompt: str | None) -> list[dict]:
