@@ -63,6 +63,7 @@ class TrainConfig:
     curriculum_explore: float = 0.2  # curriculum: share of draws spread evenly over all groups, whatever their estimates
     prefilter: int = 0  # sample this many answers to each training prompt from the base model first; train only on prompts solved in some but not all (0: off; docs/rare-rewards.md)
     prefilter_prompts: int = 0  # the most training prompts the prefilter samples, in the run's order (0: all)
+    guide: bool = False  # in a group with no right answer, one member is the row's reference answer (off-policy guidance; docs/rare-rewards.md)
     web_kinds: list[str] = field(default_factory=list)  # web task: only these families/levels (fact/1 ... account/3); empty: all
     multihop_hops: list[int] = field(default_factory=list)  # multihop task: questions of these many hops (2, 3, 4); empty: all
     multihop_chains: list[str] = field(default_factory=list)  # multihop task: only these chains of relations (city/country, founder/born_in, ...); empty: all
@@ -294,6 +295,7 @@ def validate(c: TrainConfig) -> None:
          f"prefilter must be 0 (off) or at least 2 samples a prompt, got {c.prefilter}")
     need(c.prefilter_prompts >= 0, f"prefilter_prompts must be >= 0 (0: all), got {c.prefilter_prompts}")
     need(c.prefilter_prompts == 0 or c.prefilter > 0, "prefilter_prompts needs --prefilter K")
+    need(not c.guide or c.group_size >= 2, "guide needs group_size >= 2 (one member becomes the reference answer)")
     need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")
     for name in ("steps", "batch_size", "group_size", "max_tokens", "num_iterations",
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",

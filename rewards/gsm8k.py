@@ -322,6 +322,18 @@ def format_reward(prompts, completions, **kwargs) -> list[float]:
 # The accuracy before/after training is the correctness reward's mean.
 accuracy_reward = correctness_reward
 
+
+def reference_answer(row: dict) -> str | None:
+    """The worked solution as a model should write it (--guide): calculator notes dropped, "#### N" last.
+
+    GSM8K writes each calculation twice, "48/2 = <<48/2=24>>24 clips"; the note in
+    angle brackets is for a calculator tool, not for the reader.
+    """
+    solution = row.get("solution")
+    if not isinstance(solution, str) or "####" not in solution:
+        return None
+    return re.sub(r"<<[^<>]*>>", "", solution).strip()
+
 # The format reward gets a small weight rather than 0: a right answer (1.0)
 # always outranks a tidy wrong one (0.1), but inside a group where every answer
 # is equally right or wrong it still separates the completions that end in a

@@ -31,6 +31,7 @@ from ..tasks.rewarding import Scores, score_completions
 from ..tasks.shaping import groups_to_keep, shape_rewards, side_shaped_totals
 from ..update.batch import batch_rows
 from . import distributed as dist
+from .guidance import guide_groups
 
 
 def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed: int | None = None):
@@ -97,6 +98,8 @@ def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: Tr
         task.reward_functions, task.reward_weights,
         [r["prompt"] for r in rows for _ in range(g)], [c.text for c in completions], columns_of(rows, g, completions),
     )
+    if config.guide:  # a reference answer into each group with no right one (guidance.py)
+        completions, scores = guide_groups(model, tokenizer, task, rows, completions, scores, g, config.temperature)
     return completions, scores, rollout_s
 
 

@@ -43,6 +43,7 @@ from . import distributed as dist
 from .health import HealthMonitor, TrainingStopped, stop_run
 from .health_rewards import answer_pattern, reward_variance_shares
 from .interrupt import steps_until_ctrl_c
+from .guidance import check_guidance, guided_metrics
 from .prefilter import prefilter_train_rows
 from .reporting import with_reporters
 from .step_metrics import reward_range
@@ -198,6 +199,8 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         metrics.update(multiturn.episode_metrics(sampled.completions))
     if task.curriculum:
         metrics.update(task.curriculum.metrics(task.train_rows))
+    if config.guide:
+        metrics.update(guided_metrics(task, sampled.completions, sampled.parts, g))
 
     records = []
     advantage_of = dict(zip(np.flatnonzero(kept_rows), advantages))
@@ -209,6 +212,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
             # None: the group was filtered out and not trained on
             "advantage": float(advantage_of[i]) if i in advantage_of else None,
             "finish_reason": c.finish_reason, "length": len(c.tokens),
+            **({"guided": True} if getattr(c, "guided", False) else {}),
             # an episode's turns as trained and masked text, and its tool calls (inspect shows them)
             **(episode_record(tokenizer, c) if task.make_env is not None else {}),
         })
@@ -254,6 +258,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     run_dir = Path(config.resume or config.output or default_run_dir(config))
     mx.random.seed(config.seed)
     task = load_task(config)  # first: a bad data file or reward is reported before a slow model load
+    if config.guide:
+        check_guidance(task)
     if main:
         ckpt.ensure_writable(run_dir)  # ... and so is an output folder that cannot be written
     model, tokenizer = load_policy(config.model, keep_quantized=True)

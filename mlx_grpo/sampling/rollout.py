@@ -54,6 +54,7 @@ class Completion:
     logprobs: list[float]  # behaviour log mu(token) at the sampling temperature
     finish_reason: str  # "stop" (end token) or "length" (hit max_tokens)
     text: str  # decoded completion, end token left out
+    guided: bool = False  # not sampled: a reference answer put into its group (run/guidance.py)
 
 
 def _end_token_ids(tokenizer) -> list[int]:

@@ -128,7 +128,8 @@ def group_success(task, rows: list[dict], completions: list, scores, group_size:
     """Each row's observed success rate: the fraction of its completions (or episodes) that solved it.
 
     Episodes say so in their environment's info ("solved"); single-turn
-    completions are judged by the task's accuracy reward.
+    completions are judged by the task's accuracy reward. A reference answer put into
+    the group (--guide) is not the model's: only sampled members count.
     """
     if completions and hasattr(completions[0], "info"):
         solved = [float(bool(c.info.get("solved", c.reward >= 1.0)) and not c.error) for c in completions]
@@ -136,7 +137,6 @@ def group_success(task, rows: list[dict], completions: list, scores, group_size:
         name = reward_name(task.accuracy_reward)
         values = scores.parts.get(name) if name in [reward_name(f) for f in task.reward_functions] else None
         if values is None:
-
             values = score_completions([task.accuracy_reward], [1.0],
                                        [r["prompt"] for r in rows for _ in range(group_size)],
                                        [c.text for c in completions],
@@ -144,4 +144,6 @@ def group_success(task, rows: list[dict], completions: list, scores, group_size:
         solved = [float(v or 0.0) for v in values]
     else:  # no notion of "solved": a positive reward counts
         solved = [float(t > 0) for t in scores.total]
-    return [float(np.mean(solved[i * group_size:(i + 1) * group_size])) for i in range(len(rows))]
+    sampled = np.array([not getattr(c, "guided", False) for c in completions] or [True] * len(solved))
+    solved = np.array(solved).reshape(len(rows), group_size)
+    return [float(row[keep].mean()) for row, keep in zip(solved, sampled.reshape(len(rows), group_size))]

@@ -72,6 +72,8 @@ class Task:
     # Without a chat template: the plain-text frame of each prompt ("{prompt}" marks it), and where answers end.
     prompt_format: str | None = None
     stop: list[str] = field(default_factory=list)
+    # row -> a known-good answer to the prompt, or None (gsm8k: the worked solution); --guide puts it into groups.
+    reference_answer: Callable | None = None
 
 
 def is_chat_model(model: str | None) -> bool:
@@ -172,9 +174,11 @@ def load_task(config: TrainConfig) -> Task:
         make_env = getattr(module, "make_env", None)
         factory = getattr(module, "episode_factory", None)
         reads_data = getattr(module, "READS_DATA", False)
+        reference = getattr(module, "reference_answer", None)
     else:
         train = test = None
         functions, weights, system_prompt, accuracy, make_env, factory, reads_data = [], [], None, None, None, None, False
+        reference = None
     if make_env is not None and (config.data or config.reward_file or config.reward):
         raise ConfigError(f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not apply")
     if factory is not None and config.data and not reads_data:
@@ -240,4 +244,11 @@ def load_task(config: TrainConfig) -> Task:
         curriculum=Curriculum.from_config(config),
         prompt_format=config.prompt_format,
         stop=list(config.stop),
+        # Data of one's own may carry the answers a run is guided by in a "reference" column.
+        reference_answer=reference or (reference_column if any("reference" in r for r in train[:100]) else None),
     )
+
+
+def reference_column(row: dict) -> str | None:
+    value = row.get("reference")
+    return value if isinstance(value, str) and value.strip() else None
