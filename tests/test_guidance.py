@@ -145,3 +145,13 @@ def test_gsm8k_reference_is_the_worked_solution_without_calculator_notes():
     assert gsm8k.correctness_reward(["q"], [reference], ["72"], finish_reason=["stop"]) == [1.0]
     assert gsm8k.format_reward(["q"], [reference]) == [1.0]
     assert gsm8k.reference_answer({"prompt": "q", "answer": "1"}) is None
+
+
+def test_a_base_models_reference_follows_its_frame_and_ends_at_the_stop_string(tmp_path, tiny_model_path, data):
+    config = _config(tmp_path, tiny_model_path, data, prompt_format="Q: {prompt}\nA:", stop=["\n\n"])
+    task = load_task(config)
+    model, tokenizer = load_policy(str(tiny_model_path))
+    ref = guidance.reference_completion(model, tokenizer, task, [1, 2, 3], "cat", 0, 1.0)
+    assert ref.text == " cat" and tokenizer.decode(ref.tokens) == " cat\n\n"  # no end-of-text token: the stop
+    task.prompt_format = "Q: {prompt}\nA: "
+    assert guidance.reference_completion(model, tokenizer, task, [1, 2, 3], "cat", 0, 1.0).text == "cat"

@@ -14,7 +14,8 @@ already hold a right answer are left as sampled.
 
 The reference is encoded once (it was never sampled, so there are no sampled ids to
 keep), followed by the model's end token, or the task's first stop string for a base
-model. Its behaviour log-probs are the current policy's, at the sampling temperature,
+model, whose plain-text frame ("...\nAnswer:") it follows after a space as the frame's
+worked examples do. Its behaviour log-probs are the current policy's, at the sampling temperature,
 so its ratio is 1 in the first update like any on-policy completion's.
 """
 
@@ -46,6 +47,9 @@ def check_guidance(task) -> None:
 def reference_completion(model, tokenizer, task, prompt_tokens: list[int], text: str, prompt_index: int,
                          temperature: float) -> Completion:
     """The reference answer as a completion of prompt_tokens, with the policy's log-probs of its tokens."""
+    frame = task.prompt_format or ""
+    if frame and not frame[-1].isspace() and not text[:1].isspace():
+        text = " " + text  # a base model's frame ends "Answer:" and its answers start with a space
     ending = task.stop[0] if task.stop else None
     tokens = list(tokenizer.encode(text + ending if ending else text, add_special_tokens=False))
     if not ending:
