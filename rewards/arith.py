@@ -271,6 +271,14 @@ TRAIN_PROBLEMS = 20_000
 
 # The format reward is watched, not optimised: the tiny model already writes the format.
 REWARDS = [(correctness_reward, 1.0), (format_reward, 0.0)]
+
+
+def reference_answer(row: dict) -> str | None:
+    """The worked solution ("4 - 2 = 2\n#### 2"), what --guide puts into a group with no right answer.
+
+    It is the embedded model's own format, and it ends with the answer, which is
+    what the chat variant's last-number reward reads."""
+    return row.get("solution")
 accuracy_reward = correctness_reward
 CHAT_REWARDS = [(last_number_reward, 1.0)]
 chat_accuracy_reward = last_number_reward
