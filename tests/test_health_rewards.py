@@ -1,6 +1,7 @@
 """reward_takeover and answer_collapse (run/health_rewards.py), and --shaping (tasks/shaping.py)."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -20,6 +21,10 @@ def test_variance_shares_against_a_hand_computation():
     assert got["reward_share/format"] == pytest.approx(side / (main + side))
     assert got["groups/main_flat_frac"] == 0.5  # group 2: main flat, total varies
     assert reward_variance_shares({"correct": [1, 0]}, [1.0], 2) == {}
+    # an environment that totals its own parts (web) gives no weights: no shares claimed, no numpy warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reward_variance_shares({"success": [1, 0, 0, 0], "format": [1, 1, 0, 1]}, [], 2) == {}
     # gated: group 2's format bonus is not trained on, so it carries only group 1's variance
     gated = reward_variance_shares(parts, [1.0, 0.1], 4, "gated")
     assert gated["reward_share/format"] == pytest.approx(np.var([0.1, 0.1, 0, 0]) / (main + np.var([0.1, 0.1, 0, 0])))
@@ -108,6 +113,10 @@ def test_shaping_is_a_checked_setting(tmp_path):
 
     with pytest.raises(ConfigError, match="shaping must be one of always, gated, scaled"):
         make_config(shaping="sometimes")
+    from mlx_grpo.tasks.registry import load_task
+
+    with pytest.raises(ConfigError, match="totals its episodes' rewards in its environment: --shaping gated"):
+        load_task(make_config(task="web", shaping="gated"))
     from mlx_grpo.config import SHAPING as CONFIG_SHAPING
 
     assert CONFIG_SHAPING == SHAPING  # config.py sits below tasks/, so it repeats the names

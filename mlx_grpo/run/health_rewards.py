@@ -37,6 +37,10 @@ def reward_variance_shares(parts: dict[str, list], weights: list[float], group_s
     # No completions (a step whose every episode was cut before any reward, say): nothing to share.
     if len(names) < 2 or group_size < 2 or not parts[names[0]] or len(parts[names[0]]) % group_size:
         return {}
+    # An environment that totals its own parts (web) gives no weights: how much each part
+    # moves the reward is unknown, so no share is claimed.
+    if len(weights) != len(names):
+        return {}
     grouped = side_shaped_parts(parts, weights, group_size, shaping).reshape(len(names), -1, group_size)
     variance = grouped.var(axis=2).sum(axis=1)
     metrics = {}

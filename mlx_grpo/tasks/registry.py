@@ -181,6 +181,9 @@ def load_task(config: TrainConfig) -> Task:
         reference = None
     if make_env is not None and (config.data or config.reward_file or config.reward):
         raise ConfigError(f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not apply")
+    if make_env is not None and not functions and config.shaping != "always":
+        raise ConfigError(f"task {config.task!r} totals its episodes' rewards in its environment: --shaping "
+                          f"{config.shaping} needs rewards the trainer weighs (--shaping always)")
     if factory is not None and config.data and not reads_data:
         raise ConfigError(f"task {config.task!r} makes its own rows: --data does not apply")
 
