@@ -34,6 +34,12 @@ def test_gsm8k_recipe_builds():
     task = load_task(config)
     assert task.system_prompt == gsm8k.SYSTEM_PROMPT and len(task.eval_rows) == 32
     assert set(load_yaml(CONFIGS / "smollm2_gsm8k.yaml")) >= {"steps", "lr", "temperature"}
+    # the recipe guides groups with no right answer by the data's worked solutions (docs/rare-rewards.md)
+    from mlx_grpo.run.guidance import check_guidance
+
+    assert config.guide
+    check_guidance(task)
+    assert "####" in task.reference_answer(task.train_rows[0])
 
 
 def test_smollm2_gets_the_prompt_through_its_chat_template():
