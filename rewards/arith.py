@@ -271,6 +271,9 @@ TRAIN_PROBLEMS = 20_000
 
 # The format reward is watched, not optimised: the tiny model already writes the format.
 REWARDS = [(correctness_reward, 1.0), (format_reward, 0.0)]
+accuracy_reward = correctness_reward
+CHAT_REWARDS = [(last_number_reward, 1.0)]
+chat_accuracy_reward = last_number_reward
 
 
 def reference_answer(row: dict) -> str | None:
@@ -279,9 +282,6 @@ def reference_answer(row: dict) -> str | None:
     It is the embedded model's own format, and it ends with the answer, which is
     what the chat variant's last-number reward reads."""
     return row.get("solution")
-accuracy_reward = correctness_reward
-CHAT_REWARDS = [(last_number_reward, 1.0)]
-chat_accuracy_reward = last_number_reward
 
 
 def load_rows(split: str, config) -> list[dict] | None:
