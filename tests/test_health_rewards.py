@@ -25,6 +25,8 @@ def test_variance_shares_against_a_hand_computation():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert reward_variance_shares({"success": [1, 0, 0, 0], "format": [1, 1, 0, 1]}, [], 2) == {}
+    with pytest.raises(ValueError, match="2 rewards .* but 1 weights"):
+        side_shaped_totals(parts, [1.0], 4, "gated")
     # gated: group 2's format bonus is not trained on, so it carries only group 1's variance
     gated = reward_variance_shares(parts, [1.0, 0.1], 4, "gated")
     assert gated["reward_share/format"] == pytest.approx(np.var([0.1, 0.1, 0, 0]) / (main + np.var([0.1, 0.1, 0, 0])))

@@ -51,6 +51,8 @@ def side_shaped_parts(parts: dict[str, list], weights: list[float], group_size: 
     failed reward call, counts 0), weights their weights; completions come group by
     group. Returns (rewards, completions): weight x value, side rows shaped.
     """
+    if len(weights) != len(parts):  # zip would drop the unweighted rewards without a word
+        raise ValueError(f"{len(parts)} rewards ({', '.join(parts)}) but {len(weights)} weights")
     values = np.array([[0.0 if v is None else float(v) * w for v in column]
                        for column, w in zip(parts.values(), weights)]).reshape(len(parts), -1, group_size)
     main = values[0]  # (groups, completions)
