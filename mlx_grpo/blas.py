@@ -19,6 +19,16 @@ It does nothing on macOS (Accelerate), on MLX's CUDA backend, when neither is
 installed, or with `MLX_GRPO_OPENBLAS=0`. When the matmuls stay on the reference
 BLAS (nothing found, or `MLX_GRPO_OPENBLAS` names a file that is not there), the
 command says so once, in one line on stderr, with the fix.
+
+OpenBLAS picks its kernels for the CPU it runs on, but a release older than the
+CPU does not know it and falls back, silently, to kernels from before AVX2
+(Debian 12's 0.3.21 on Xeons with AMX runs its SSE3 "Prescott" kernels: 53
+GFLOP/s where its SkylakeX kernels give 246). So before preloading, the library
+is asked which kernels it would use; when those predate AVX2 on a CPU that has
+AVX-512 (or AVX2), the command re-executes with `OPENBLAS_CORETYPE` set to the
+matching kernels (SkylakeX, or Haswell), checks one matmul against NumPy, and
+says one line either way (a disagreement goes back to the library's own choice).
+An `OPENBLAS_CORETYPE` already set, by the user or the machine, is never changed.
 """
 
 from __future__ import annotations
@@ -31,6 +41,15 @@ from pathlib import Path
 
 ENV = "MLX_GRPO_OPENBLAS"
 _DONE = "MLX_GRPO_OPENBLAS_PRELOADED"  # set in the re-executed process: never loop
+CORETYPE = "OPENBLAS_CORETYPE"  # OpenBLAS's own variable: which kernels it loads
+_CHOSE = "MLX_GRPO_OPENBLAS_CHOSE"  # in the re-executed process: "version|its own core" when we set CORETYPE
+_REJECTED = "MLX_GRPO_OPENBLAS_REJECTED"  # "version|core|ours": our kernels failed the check, theirs are back
+# OpenBLAS's x86-64 kernel sets that use neither AVX2 nor AVX-512: what an OpenBLAS older than
+# the CPU falls back to. (Sandybridge is AVX without FMA; Haswell, Zen, SkylakeX and later are fine.)
+_PRE_AVX2_CORES = {"katmai", "coppermine", "northwood", "prescott", "banias", "atom", "core2", "penryn",
+                   "dunnington", "nehalem", "athlon", "opteron", "opteron_sse3", "barcelona", "bobcat", "nano",
+                   "sandybridge", "bulldozer", "piledriver", "steamroller"}
+_AVX512 = {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"}  # what OpenBLAS's SkylakeX kernels use
 _SYSTEM_LIB = Path("/usr/lib")  # where Debian/Ubuntu put OpenBLAS (a variable for the tests)
 
 
@@ -61,6 +80,46 @@ def pip_mkl_path() -> str | None:
     return None
 
 
+def openblas_identity(library: str) -> tuple[str, str] | None:
+    """(version, kernels) of the OpenBLAS in `library`, such as ("0.3.21", "Prescott"); None for another BLAS.
+
+    Loading it here starts its threads in this process; the caller is about to exec anyway.
+    """
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(library)
+        config, corename = lib.openblas_get_config, lib.openblas_get_corename
+    except (OSError, AttributeError):
+        return None
+    config.restype = corename.restype = ctypes.c_char_p
+    words = (config() or b"").decode(errors="replace").split()
+    version = words[1] if len(words) > 1 and words[0] == "OpenBLAS" else "?"
+    return version, (corename() or b"?").decode(errors="replace")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (/proc/cpuinfo), or an empty set."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def better_coretype(core: str, flags: set[str]) -> str | None:
+    """The OpenBLAS kernels to ask for instead of `core`, or None when `core` already suits the CPU."""
+    if core.lower() not in _PRE_AVX2_CORES:
+        return None
+    if _AVX512 <= flags:
+        return "SkylakeX"
+    if {"avx2", "fma"} <= flags:
+        return "Haswell"
+    return None
+
+
 def _mlx_on_cpu() -> bool:
     import mlx.core as mx
 
@@ -79,6 +138,11 @@ def preload_command(argv: list[str] | None = None) -> tuple[list[str], dict] | N
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
     env[_DONE] = library
+    if CORETYPE not in env and _REJECTED not in env:
+        identity = openblas_identity(library)
+        choice = identity and better_coretype(identity[1], cpu_flags())
+        if choice:
+            env[CORETYPE], env[_CHOSE] = choice, "|".join(identity)
     if Path(library).name.startswith("libmkl"):
         # Intel's OpenMP threads spin 200 ms after each call by default; on a small shared CPU that
         # spinning took the cores the next matmul needed (a step 2-3x slower than with 0 here).
@@ -138,11 +202,19 @@ def use_openblas() -> None:
     """
     library = os.environ.pop(_DONE, None)
     if library is not None:
+        if os.environ.get(_CHOSE):
+            _check_chosen_kernels(library)  # may re-execute once more, with the library's own kernels
         preload = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p and p != library]
         if preload:
             os.environ["LD_PRELOAD"] = ":".join(preload)
         else:
             os.environ.pop("LD_PRELOAD", None)
+        rejected = os.environ.pop(_REJECTED, None)
+        if rejected:
+            version, theirs, ours = rejected.split("|")
+            print(f"OpenBLAS {version}: its {ours} kernels disagreed with NumPy on a matmul check here, so it runs "
+                  f"its own choice, {theirs} (slower). Set {CORETYPE} to choose other kernels.", file=sys.stderr,
+                  flush=True)
         _warn_if_slow()  # a library that did not load (another architecture's, say)
         return
     command = preload_command()
@@ -155,3 +227,50 @@ def use_openblas() -> None:
         os.execve(command[0][0], command[0], command[1])
     except OSError:
         _warn_if_slow()  # carry on with the stock BLAS
+
+
+def matmul_error() -> float:
+    """Largest relative error of MLX's CPU float32 matmul against NumPy in float64, over two shapes
+    (a small one and one large enough for the BLAS's blocked kernels)."""
+    import mlx.core as mx
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for m, k, n in ((24, 40, 56), (300, 520, 260)):
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        got = np.array(mx.matmul(mx.array(a), mx.array(b), stream=mx.cpu), dtype=np.float64)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+    return worst
+
+
+def _check_chosen_kernels(library: str) -> None:
+    """In the process that OPENBLAS_CORETYPE was set for: keep the kernels if a matmul agrees with NumPy,
+    else re-execute with the library's own choice. Says one line either way."""
+    version, theirs = os.environ.pop(_CHOSE).split("|")
+    ours = os.environ.get(CORETYPE, "?")
+    error = matmul_error()
+    if error < 1e-4:
+        print(f"OpenBLAS {version}: {ours} kernels for this CPU, not the {theirs} kernels it chose (it predates "
+              f"the CPU); a matmul check agrees with NumPy. Set {CORETYPE} to choose yourself.", file=sys.stderr,
+              flush=True)
+        return
+    env = dict(os.environ)
+    env.pop(CORETYPE, None)
+    env[_DONE], env[_REJECTED] = library, f"{version}|{theirs}|{ours}"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def blas_description() -> str:
+    """What runs MLX's CPU matmuls here, for reports: "OpenBLAS 0.3.21, Cooperlake kernels", "MKL", ..."""
+    kind = loaded_blas()
+    if kind == "openblas":
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        paths = [line.split()[-1] for line in maps if "openblas" in line.lower() and ".libs/" not in line]
+        identity = next((i for i in map(openblas_identity, dict.fromkeys(paths)) if i), None)
+        return f"OpenBLAS {identity[0]}, {identity[1]} kernels" if identity else "OpenBLAS"
+    return {"mkl": "MKL", "reference": "the mlx wheel's reference BLAS", "platform": "the platform's BLAS"}[kind]

@@ -36,7 +36,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlx_grpo.blas import loaded_blas, use_openblas
+from mlx_grpo.blas import blas_description, loaded_blas, use_openblas
 
 PRESETS = {
     # The baseline workload.
@@ -607,6 +607,7 @@ def run(args) -> dict:
             "load_average": {"start": [round(x, 2) for x in load_start],
                              "end": [round(x, 2) for x in os.getloadavg()]},
             "blas": loaded_blas(),
+            "blas_kernels": blas_description(),  # the kernels every figure here ran on
             "matmul_peak_gflops": peak / 1e9,
         }
         for name, steps in results.items():

@@ -27,7 +27,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from mlx_grpo.api import load_task, make_config
-from mlx_grpo.blas import loaded_blas, use_openblas
+from mlx_grpo.blas import blas_description, loaded_blas, use_openblas
 from mlx_grpo.tasks.data import columns_of
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
         "judge_s": float(np.median([s["judge_s"] for s in timed])),
         "judge_peak_extra_gb": float(max(s["judge_peak_extra_gb"] for s in steps)),
         "machine": f"{platform.machine()} {platform.processor() or ''} {mx.default_device()}".strip(),
-        "blas": loaded_blas(), "load_average": os.getloadavg()[0],
+        "blas": loaded_blas(), "blas_kernels": blas_description(), "load_average": os.getloadavg()[0],
     }
     summary["judge_over_rollout"] = summary["judge_s"] / summary["rollout_s"]
     print(json.dumps(summary))

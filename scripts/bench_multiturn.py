@@ -51,7 +51,7 @@ def run_mode(args, mode: str) -> dict:
     """One rollout in this process: per-turn costs and totals."""
     import mlx.core as mx
 
-    from mlx_grpo.blas import loaded_blas
+    from mlx_grpo.blas import blas_description, loaded_blas
     from mlx_grpo.config import build_config
     from mlx_grpo.models.loading import load_policy
     from mlx_grpo.sampling.multiturn import make_envs, rollout_episodes
@@ -92,7 +92,7 @@ def run_mode(args, mode: str) -> dict:
     prefilled = sum(t["prefilled"] for t in stats.turns)
     rewards = [ep.reward for ep in episodes]
     return {
-        "mode": mode, "model": config.model, "blas": loaded_blas(), "rows": len(episodes),
+        "mode": mode, "model": config.model, "blas": loaded_blas(), "blas_kernels": blas_description(), "rows": len(episodes),
         "rollout_s": round(seconds, 2), "prefill_s": round(sum(t["prefill_s"] for t in stats.turns), 2),
         "decode_s": round(sum(t["decode_s"] for t in stats.turns), 2),
         "tokens_prefilled": prefilled, "prompt_and_observation_tokens": prompts + observations,
