@@ -86,10 +86,10 @@ class TrainConfig:
     ref_refresh_alpha: float = 0.6  # on refresh: reference = alpha * policy + (1 - alpha) * reference
 
     # Rewards and filtering
-    runaway_penalty: float = 0.3  # reward factor for completions cut at max_tokens with no end marker (1: off)
-    mask_truncated: bool = False  # leave completions cut at max_tokens out of the loss
-    overlong_buffer: int = 0  # DAPO soft overlong penalty over the last N tokens before max_tokens (0: off)
-    overlong_penalty: float = 1.0  # the soft overlong penalty reached at max_tokens
+    runaway_penalty: float = 0.3  # reward factor for completions cut at max_tokens with no end marker, episodes cut at max_episode_tokens (1: off)
+    mask_truncated: bool = False  # leave completions cut at max_tokens (episodes at max_episode_tokens) out of the loss
+    overlong_buffer: int = 0  # DAPO soft overlong penalty over the last N tokens the model may write: before max_tokens, an episode's model tokens before max_episode_tokens (0: off)
+    overlong_penalty: float = 1.0  # the soft overlong penalty reached at max_tokens (an episode's: max_episode_tokens)
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal from the batch
     resample_rounds: int = 0  # with dynamic_sampling: at most this many extra rollouts to refill the batch
     reward_threshold: float | None = None  # drop groups whose best reward is below this (seed 003; None: off)
@@ -135,7 +135,7 @@ class TrainConfig:
     health_loss_spike: float = 0.5  # |mean loss| grows by more than this fraction from one window to the next
     health_kl_max: float = 1.0  # KL to the reference above this and still rising
     health_entropy_drop: float = 0.1  # token entropy below this fraction of its value over the first window
-    health_truncated_frac: float = 0.5  # mean fraction of completions cut at max_tokens above this
+    health_truncated_frac: float = 0.5  # mean fraction of completions cut at max_tokens (episodes at max_episode_tokens) above this
     health_adv_factor: float = 10.0  # largest |advantage| above this multiple of the batch's reward range
     health_min_update: float = 1e-4  # updates move the weights by less than this fraction of their norm, reward flat
     health_judge_unreadable: float = 0.2  # the judge's answers could not be read as a score more often than this
@@ -325,8 +325,8 @@ def validate(c: TrainConfig) -> None:
     need(c.ref_refresh_every >= 0, f"ref_refresh_every must be >= 0, got {c.ref_refresh_every}")
     need(0 < c.ref_refresh_alpha <= 1, f"ref_refresh_alpha must be in (0, 1], got {c.ref_refresh_alpha}")
     need(0 <= c.runaway_penalty <= 1, f"runaway_penalty must be in [0, 1] (1: off), got {c.runaway_penalty}")
-    need(0 <= c.overlong_buffer < c.max_tokens,
-         f"overlong_buffer must be in [0, max_tokens = {c.max_tokens}), got {c.overlong_buffer}")
+    # Below the task's token budget too (max_tokens, or max_episode_tokens for episodes): registry.check_settings_apply.
+    need(c.overlong_buffer >= 0, f"overlong_buffer must be >= 0, got {c.overlong_buffer}")
     need(c.eval_pass_k >= 0, f"eval_pass_k must be >= 0, got {c.eval_pass_k}")
     need(c.overlong_penalty >= 0, f"overlong_penalty must be >= 0, got {c.overlong_penalty}")
     need(c.resample_rounds >= 0, f"resample_rounds must be >= 0, got {c.resample_rounds}")

@@ -83,15 +83,15 @@ class Answer:
     tokens: list[int]  # sampled ids; an episode's model and environment tokens after its first prompt
     length: int  # tokens the model wrote
     finish_reason: str  # "stop" / "length"; an episode's "done", "max_turns", "max_tokens", "env_error"
-    truncated: bool  # ended by a limit rather than by the model (or its environment) finishing
+    truncated: bool  # cut at its token budget (the rollout's `truncated`: max_tokens, an episode's max_episode_tokens)
 
     @classmethod
     def of_completion(cls, c: Completion) -> "Answer":
-        return cls(c.text, c.tokens, len(c.tokens), c.finish_reason, c.finish_reason == "length")
+        return cls(c.text, c.tokens, c.model_tokens, c.finish_reason, c.truncated)
 
     @classmethod
     def of_episode(cls, ep) -> "Answer":
-        return cls(ep.text, ep.tokens, int(sum(ep.mask)), ep.finish_reason, ep.finish_reason != "done")
+        return cls(ep.text, ep.tokens, ep.model_tokens, ep.finish_reason, ep.truncated)
 
 
 def _multi_turn(task: Task) -> bool:

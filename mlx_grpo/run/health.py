@@ -36,7 +36,7 @@ class Thresholds:
     loss_spike: float = 0.5  # loss_spike: relative growth of |mean loss| from one window to the next
     kl_max: float = 1.0  # kl_runaway: KL to the reference above this, and rising
     entropy_drop: float = 0.1  # entropy_collapse: entropy below this fraction of its starting value
-    truncated_frac: float = 0.5  # truncated: mean fraction of completions that hit max_tokens
+    truncated_frac: float = 0.5  # truncated: mean fraction of rollouts cut at their token budget
     adv_factor: float = 10.0  # advantage_blowup: max |advantage| over the batch's reward range
     min_update: float = 1e-4  # lr_too_low: median ||delta W|| / ||W|| per step below this
     judge_unreadable: float = 0.2  # judge_unreadable: share of the judge's answers that are not a score
@@ -47,12 +47,12 @@ class Thresholds:
     closed_book: float = 0.5  # answers_without_searching: share of episodes answered without any call
     # Facts about the run the rules compare against (not thresholds).
     max_grad_norm: float = 1.0
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # the token budget a rollout is cut at (an episode's: max_episode_tokens)
     lr: float | None = None
 
     @classmethod
-    def from_config(cls, config) -> "Thresholds":
-        facts = {"max_grad_norm": config.max_grad_norm, "max_tokens": config.max_tokens, "lr": config.lr}
+    def from_config(cls, config, budget: int | None = None) -> "Thresholds":
+        facts = {"max_grad_norm": config.max_grad_norm, "max_tokens": budget or config.max_tokens, "lr": config.lr}
         # every other field is a threshold, the setting health_<field>
         return cls(**facts, **{f.name: getattr(config, f"health_{f.name}") for f in fields(cls) if f.name not in facts})
 
@@ -233,7 +233,7 @@ def truncated(h: History) -> str | None:
     limit = f" ({h.t.max_tokens} tokens)" if h.t.max_tokens else ""
     lengths = h.values("completion/mean_length", h.t.window)
     mean_len = f", mean length {np.mean(lengths):.1f}" if lengths else ""
-    return (f"{np.mean(fracs):.0%} of completions hit max_tokens{limit} over the last {len(fracs)} steps"
+    return (f"{np.mean(fracs):.0%} of completions were cut at the token budget{limit} over the last {len(fracs)} steps"
             f"{mean_len}")
 
 
@@ -369,9 +369,9 @@ class HealthMonitor:
     stop_reason: str | None = None
 
     @classmethod
-    def from_config(cls, config, resumed_from: Path | None = None) -> "HealthMonitor":
+    def from_config(cls, config, resumed_from: Path | None = None, budget: int | None = None) -> "HealthMonitor":
         """The monitor of a run; when resuming, caught up on the run folder's metrics.jsonl."""
-        monitor = cls(Thresholds.from_config(config), max_nonfinite=config.max_nonfinite_steps)
+        monitor = cls(Thresholds.from_config(config, budget), max_nonfinite=config.max_nonfinite_steps)
         if resumed_from is not None and (Path(resumed_from) / "metrics.jsonl").exists():
             monitor.replay(read_jsonl(Path(resumed_from) / "metrics.jsonl"))
         return monitor

@@ -26,7 +26,7 @@ from ..sampling import multiturn
 from ..sampling.rollout import SamplingConfig, sample_completions
 from ..tasks.curriculum import group_success
 from ..tasks.data import task_prompts
-from ..tasks.registry import Task
+from ..tasks.registry import Task, token_budget
 from ..tasks.rewarding import Scores, score_completions
 from ..tasks.shaping import groups_to_keep, shape_rewards, side_shaped_totals
 from ..update.batch import batch_rows
@@ -158,9 +158,10 @@ def collect_rollouts(model, tokenizer, task: Task, config: TrainConfig, step: in
             task.curriculum.update(rows, group_success(task, rows, completions, scores, g))
         totals = (side_shaped_totals(scores.parts, task.reward_weights, g, config.shaping)
                   if config.shaping != "always" and scores.parts else scores.total)
+        # A rollout's length is what the model wrote, against its budget (an episode's: max_episode_tokens).
         shaped = shape_rewards(
-            totals, [len(c.tokens) for c in completions], [c.finish_reason == "length" for c in completions],
-            max_tokens=config.max_tokens, runaway_factor=config.runaway_penalty,
+            totals, [c.model_tokens for c in completions], [c.truncated for c in completions],
+            max_tokens=token_budget(task, config), runaway_factor=config.runaway_penalty,
             overlong_buffer=config.overlong_buffer, overlong_scale=config.overlong_penalty)
         rounds.append((completions, scores, seconds))
         all_rows += rows

@@ -31,7 +31,7 @@ from ..sampling import multiturn
 from ..sampling.episode_record import episode_record
 from ..sampling.heldout import evaluate_accuracy, evaluate_pass_at_k
 from ..tasks.data import screen_task
-from ..tasks.registry import Task, load_task
+from ..tasks.registry import Task, load_task, token_budget
 from ..tasks.rewarding import part_means, reward_metrics, with_timeout
 from ..update.advantages import advantage_stats, group_advantages
 from ..update.batch import (MicroBatch, RolloutBatch, build_batch, groups_with_signal, memory_bound_size,
@@ -138,7 +138,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     if completions:
         batch = build_batch(completions, advantages, g)
         if config.mask_truncated:  # cut-off completions contribute no token to the loss
-            batch.mask[[c.finish_reason == "length" for c in completions]] = 0.0
+            batch.mask[[c.truncated for c in completions]] = 0.0
         # bnpo normalises per micro-batch, so its size is part of the objective; the others are exact at any size.
         size = (config.micro_batch_size if config.loss == "bnpo" else
                 memory_bound_size(config.micro_batch_size, model, batch.completions.shape[1]))
@@ -152,7 +152,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, size)
         sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
                            num_micro_batches=micro_batch_count(len(batch.prompts), g, size),
-                           max_tokens=config.max_episode_tokens if task.make_env else config.max_tokens)
+                           max_tokens=token_budget(task, config))
         if watch_kl:  # over every group, silent ones included
             all_parts = micro_batches(batch, size) if skip_silent else parts
             mine = [all_parts[i] for i in dist.shard(len(all_parts))]
@@ -170,7 +170,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
 
     grouped = sampled.rewards.reshape(-1, g)
     lengths = np.array([len(c.tokens) for c in sampled.completions])
-    truncated = np.array([c.finish_reason == "length" for c in sampled.completions])
+    truncated = np.array([c.truncated for c in sampled.completions])
     trained_tokens = sum(len(c.tokens) for c in completions)
     metrics.update({
         "reward/mean": float(sampled.rewards.mean()),
@@ -300,7 +300,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     if config.resume and main:  # drop records past the checkpoint (all, if none was written) and lines cut by a kill
         for name in ("metrics.jsonl", "completions.jsonl", "health.jsonl"):
             ckpt.truncate_jsonl(run_dir / name, start_step)
-    monitor = HealthMonitor.from_config(config, run_dir if resumed else None)
+    monitor = HealthMonitor.from_config(config, run_dir if resumed else None, token_budget(task, config))
     if main:
         ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
         if task.train_rows and not (run_dir / "prompt.txt").exists():  # what the model is shown, once per run

@@ -42,7 +42,7 @@ def evaluate_accuracy(model, tokenizer, task, max_tokens: int, concurrency: int 
         "accuracy": float(correct.mean()),
         "n": len(task.eval_rows),
         "mean_length": float(np.mean([len(c.tokens) for c in completions])),
-        "truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
+        "truncated_frac": float(np.mean([c.truncated for c in completions])),
         "seconds": time.perf_counter() - start,
         "completions": [c.text for c in completions],
     }

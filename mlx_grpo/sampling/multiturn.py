@@ -13,8 +13,8 @@ An episode ends when its environment says done, after `max_turns` model
 turns, or when it reaches `max_episode_tokens` tokens after the first prompt
 (a turn that would pass the budget is cut there).
 
-The result is one `Episode` per (row, group member), shaped like
-`rollout.Completion`: `tokens` is everything after the first prompt (model
+The result is one `Episode` per (row, group member), a `Rollout` as
+`rollout.Completion` is (update/batch.py; `truncated` when cut at the budget): `tokens` is everything after the first prompt (model
 turns and observations in order), `logprobs` the behaviour log-prob of each
 sampled token (0 on observation tokens) and `mask` 1 on the model's tokens and
 0 on the environment's, so the loss and its gradient see the model's tokens
@@ -61,6 +61,18 @@ class Episode:
     reward_parts: dict[str, float] = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # the environment's last info
     error: str = ""
+
+    @property
+    def truncated(self) -> bool:
+        """Cut at its token budget (max_episode_tokens) before it ended: as a Completion cut at max_tokens.
+
+        An episode that used all its turns (max_turns) was not cut: episode/max_turns_frac counts those."""
+        return self.finish_reason == "max_tokens"
+
+    @property
+    def model_tokens(self) -> int:
+        """Tokens the model wrote: the episode's tokens less its observations."""
+        return int(sum(self.mask))
 
     @property
     def text(self) -> str:
@@ -357,7 +369,7 @@ def evaluate_episodes(model, tokenizer, task, config, temperature: float = 0.0) 
         "accuracy": float(np.mean(solved)),
         "n": len(rows),
         "mean_length": float(np.mean([len(ep.tokens) for ep in episodes])),
-        "truncated_frac": float(np.mean([ep.finish_reason != "done" for ep in episodes])),
+        "truncated_frac": float(np.mean([ep.truncated for ep in episodes])),
         "seconds": time.perf_counter() - start,
         "completions": [ep.text for ep in episodes],
     }

@@ -56,6 +56,16 @@ class Completion:
     text: str  # decoded completion, end token left out
     guided: bool = False  # not sampled: a reference answer put into its group (run/guidance.py)
 
+    @property
+    def truncated(self) -> bool:
+        """Cut at max_tokens before the model ended it: what "cut" means everywhere (an Episode has the same)."""
+        return self.finish_reason == "length"
+
+    @property
+    def model_tokens(self) -> int:
+        """Tokens the model wrote (all of them here; an episode's observations are not the model's)."""
+        return len(self.tokens)
+
 
 def _end_token_ids(tokenizer) -> list[int]:
     ids = getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id]

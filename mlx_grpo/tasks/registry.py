@@ -234,6 +234,7 @@ def load_task(config: TrainConfig) -> Task:
         if make_env is not None:
             raise ConfigError(f"task {config.task!r} plays its own environment: --tools does not apply")
         make_env = _tool_episodes(config, functions, weights, system_prompt)
+    check_settings_apply(config, multi_turn=make_env is not None)
     return Task(
         name=config.task,
         train_rows=train,
@@ -250,6 +251,32 @@ def load_task(config: TrainConfig) -> Task:
         # Data of one's own may carry the answers a run is guided by in a "reference" column.
         reference_answer=reference or (reference_column if any("reference" in r for r in train[:100]) else None),
     )
+
+
+def token_budget(task: Task, config: TrainConfig) -> int:
+    """The most tokens one rollout holds: max_tokens for a completion, max_episode_tokens for an episode
+    (its model turns and observations after the first prompt). Length shaping and dr_grpo read it."""
+    return config.max_episode_tokens if task.make_env is not None else config.max_tokens
+
+
+# Settings a multi-turn task's episodes never read: refused, not ignored.
+SINGLE_TURN_ONLY = {
+    "eval_pass_k": "held-out episodes are played greedily once each",
+    "prompt_format": "an episode's prompts go through the chat template",
+    "stop": "an episode's turns end at the model's end token",
+}
+
+
+def check_settings_apply(config: TrainConfig, multi_turn: bool) -> None:
+    """A ConfigError for a setting the task cannot apply, in one line."""
+    if multi_turn:
+        for name, why in SINGLE_TURN_ONLY.items():
+            if getattr(config, name):
+                raise ConfigError(f"task {config.task!r} plays multi-turn episodes: {name} does not apply ({why})")
+    budget, what = (config.max_episode_tokens, "max_episode_tokens") if multi_turn else (config.max_tokens, "max_tokens")
+    if config.overlong_buffer >= budget:
+        raise ConfigError(f"overlong_buffer must be below {what} = {budget} (the budget it shapes lengths "
+                          f"against), got {config.overlong_buffer}")
 
 
 def reference_column(row: dict) -> str | None:

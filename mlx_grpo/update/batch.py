@@ -10,6 +10,7 @@ shape `logprobs.completion_logprobs` wants.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import mlx.core as mx
 import numpy as np
@@ -24,6 +25,25 @@ def batch_rows(rows: list[dict], step: int, batch_size: int, seed: int) -> list[
         order = np.random.default_rng([seed, epoch]).permutation(n)
         picked.append(rows[int(order[index])])
     return picked
+
+
+@runtime_checkable
+class Rollout(Protocol):
+    """One sampled answer as the step reads it: a single-turn `Completion` (sampling/rollout.py) or a
+    multi-turn `Episode` (sampling/multiturn.py, which adds `mask`: 0 on the environment's tokens)."""
+
+    prompt_index: int
+    prompt_tokens: list[int]
+    tokens: list[int]  # what is trained on, after the prompt
+    logprobs: list[float]  # behaviour log mu of each token
+    finish_reason: str
+    text: str
+
+    @property
+    def truncated(self) -> bool: ...  # cut at its token budget before it ended: the one meaning of "cut"
+
+    @property
+    def model_tokens(self) -> int: ...  # tokens the model wrote: its length, against that budget
 
 
 @dataclass
@@ -62,7 +82,7 @@ def prompt_runs(parts: list[MicroBatch]) -> list[range]:
     return runs
 
 
-def build_batch(completions, advantages, group_size: int) -> RolloutBatch:
+def build_batch(completions: list[Rollout], advantages, group_size: int) -> RolloutBatch:
     n = len(completions)
     width = max(len(c.tokens) for c in completions)
     tokens = np.zeros((n, width), dtype=np.int32)
