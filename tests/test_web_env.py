@@ -177,3 +177,33 @@ def test_fuzzed_actions_never_crash_any_page():
                 assert set(info["reward_parts"]) == {"success", "format", "efficiency", "invalid"}
                 break
         assert -0.5 <= env.reward() <= 1.3
+
+
+def test_the_placeholders_are_invalid_and_answering_at_once_earns_no_format():
+    """Issue 42: `answer[text]` copied from the action list earned +0.1 format on the first page."""
+    task = make_task("fact", 1, seed=0)
+    for placeholder in ("answer[text]", "answer[ Text ]", "search[query]"):
+        env = WebEnv(task)
+        env.reset()
+        obs, done, info = env.step(placeholder)
+        assert not done and not info["valid"] and "placeholder" in obs, (placeholder, obs)
+        assert env.reward_parts()["format"] == 0.0 and env.reward_parts()["invalid"] == pytest.approx(-0.1)
+    # a real answer given at once is an answer, but no format is paid for it ...
+    env, done, info = run(task, ["answer[Nowhere]"])
+    assert done and info["reward_parts"]["format"] == 0.0 and env.reward() == 0.0
+    # ... while an episode that acted on the page first is paid for its well-formed turns
+    env, done, info = run(task, [task.oracle_actions()[0], "answer[Nowhere]"])
+    assert done and info["reward_parts"]["format"] == 1.0 and env.reward() == pytest.approx(0.1)
+
+
+def test_no_episode_that_answers_at_once_outscores_one_that_acted_first():
+    """Over every family and level: answering at once (the placeholder until the step limit, or a
+    wrong answer) earns less than any episode that took the scripted first step, then answered wrong."""
+    at_once, acted = [], []
+    for task in generate_tasks(120, seed=11):
+        at_once.append(run(task, ["answer[text]"] * task.max_steps)[0].reward())
+        at_once.append(run(task, ["answer[no such thing]"])[0].reward())
+        env, _, _ = run(task, [task.oracle_actions()[0], "answer[no such thing]"])
+        if env.state.answer is not None:  # (a first step that is the task's final act ends it unanswered)
+            acted.append(env.reward())
+    assert max(at_once) < min(acted), (max(at_once), min(acted))

@@ -3,8 +3,9 @@
     search[query]   click[id]   type[id][text]   select[id][option]   back   answer[text]
 
 Whitespace around the action is ignored; anything else (two actions, prose
-around it, a missing bracket, a word that is no action) makes the turn
-invalid. `parse_action` never raises: it returns an Action or the reason the
+around it, a missing bracket, a word that is no action, a placeholder of the
+list above copied as it stands, such as `click[id]` or `answer[text]`) makes
+the turn invalid. `parse_action` never raises: it returns an Action or the reason the
 text is not one, which the environment shows as the next observation.
 """
 
@@ -17,6 +18,9 @@ ACTION_HELP = "search[query], click[id], type[id][text], select[id][option], bac
 
 # name -> number of bracketed arguments
 ARITY = {"search": 1, "click": 1, "type": 2, "select": 2, "back": 0, "answer": 1}
+# The text placeholders of ACTION_HELP (element numbers are refused as not digits): a model that copies
+# `answer[text]` from the list has answered nothing (Qwen2.5-Coder-0.5B learned to, docs/real-models.md).
+PLACEHOLDERS = {"search": "query", "answer": "text"}
 
 _ACTION_RE = re.compile(r"^([a-z]+)((?:\[[^\[\]\n]*\])*)$")
 _ARG_RE = re.compile(r"\[([^\[\]\n]*)\]")
@@ -51,6 +55,8 @@ def parse_action(text) -> tuple[Action | None, str]:
         return None, f"{name} needs an element number, got {args[0]!r}"
     if name in ("search", "answer") and not args[0]:
         return None, f"{name} needs some text"
+    if args and args[0].lower() == PLACEHOLDERS.get(name):
+        return None, f"{name}[{args[0]}] is the placeholder of the action list; write the {args[0]} itself"
     return Action(name, args), ""
 
 

@@ -12,7 +12,9 @@ booking, a saved form) or after `task.max_steps` actions.
 
 The reward has named parts, logged separately (see REWARD_WEIGHTS):
   success     the checker's score: 1 when every constraint is met, else the fraction met
-  format      the fraction of turns that were one well-formed action
+  format      the fraction of turns that were one well-formed action, paid only in an episode
+              that acted on the page (a click, search, ... that worked) before it answered:
+              answering at once is no format to reward (docs/real-models.md, the web shortcut)
   efficiency  for a solved task, the scripted solution's length / the steps taken
   invalid     -0.1 for each action that was malformed or could not be done (at least -0.5)
 """
@@ -37,7 +39,7 @@ class WebEnv:
 
     def reset(self) -> str:
         self.state = BrowserState(self.task.start_url, account=dict(self.world.account))
-        self.steps = self.invalid = self.well_formed = 0
+        self.steps = self.invalid = self.well_formed = self.acted = 0
         self.done = False
         return f"Task: {self.task.instruction}\n{self._render()}"
 
@@ -49,6 +51,7 @@ class WebEnv:
         if parsed is not None:
             self.well_formed += 1
             error = self._apply(parsed)
+            self.acted += not error and parsed.name != "answer"
         if error:
             self.invalid += 1
         if (self.state.answer is not None or self.task.ends_episode(self.state)
@@ -68,7 +71,7 @@ class WebEnv:
         solved = success >= 1.0
         return {
             "success": success,
-            "format": self.well_formed / self.steps if self.steps else 0.0,
+            "format": self.well_formed / self.steps if self.acted else 0.0,
             "efficiency": min(1.0, len(self.task.plan) / self.steps) if solved else 0.0,
             "invalid": -min(INVALID_FLOOR, INVALID_PENALTY * self.invalid) if self.invalid else 0.0,
         }
