@@ -68,8 +68,10 @@ def trend(values: list[float], k: int = 5, tolerance: float = 0.05) -> str:
     return "↑" if now > before else "↓"
 
 
-def metrics_table(history: list[dict], width: int = 120) -> Table:
-    """The latest value of each key metric and its trend; as many rows as `width` needs."""
+def metrics_table(history: list[dict], width: int = 120, skipped: int = 0) -> Table:
+    """The latest value of each key metric and its trend; as many rows as `width` needs.
+
+    `skipped`: the steps so far whose optimizer step was skipped for want of signal (skip_no_signal)."""
     per_row = max(3, width // 10)  # a cell is about 10 characters wide
     table = Table(box=None, padding=(0, 1), show_edge=False, show_header=False)
     latest = history[-1] if history else {}
@@ -80,6 +82,8 @@ def metrics_table(history: list[dict], width: int = 120) -> Table:
         if value is None and key in _STICKY:
             value = next((v for v in reversed(values) if v is not None), None)
         cells.append((title, f"{_fmt(value, spec)} {trend(values)}".rstrip()))
+    if skipped:
+        cells.append(("skipped", str(skipped)))
     for _ in range(min(per_row, len(cells))):
         table.add_column(justify="right")
     for start in range(0, len(cells), per_row):
@@ -122,6 +126,7 @@ class TrainDisplay:
         self.history: deque[dict] = deque(maxlen=20)
         self.sample = None
         self.last_kl = None  # KL is not measured every step when beta = 0
+        self.skipped = 0  # steps whose optimizer step was skipped: no group carried signal (skip_no_signal)
 
     def __call__(self, kind: str, data: dict) -> None:
         getattr(self, f"on_{kind}", lambda d: None)(data)
@@ -150,7 +155,7 @@ class TrainDisplay:
     def _view(self):
         parts = [self.progress]
         if self.history:
-            parts.append(metrics_table(list(self.history), self.console.width))
+            parts.append(metrics_table(list(self.history), self.console.width, self.skipped))
         if self.sample is not None:
             parts.append(self.sample)
         return Group(*parts)
@@ -173,6 +178,7 @@ class TrainDisplay:
         m = d["metrics"]
         if m.get("kl") is not None:
             self.last_kl = m["kl"]
+        self.skipped += bool(m.get("update/skipped"))
         self.history.append(m)
         if self.live is not None:
             self.sample = sample_panel(d.get("records") or [], width=min(self.console.width, 100))
@@ -181,8 +187,9 @@ class TrainDisplay:
             self.live.update(self._view())
         elif m["step"] % self.log_every == 0 or m["step"] == d["total"]:
             m = {**m, "kl": self.last_kl}
+            skipped = f"  skipped {self.skipped}" if self.skipped else ""
             self.console.print(f"step {m['step']}/{d['total']}  {step_summary(m)}  "
-                               f"{_fmt(m.get('time/step_s'), '.2f')}s/step", highlight=False, soft_wrap=True)
+                               f"{_fmt(m.get('time/step_s'), '.2f')}s/step{skipped}", highlight=False, soft_wrap=True)
 
     def on_health(self, event):
         what, todo = health_lines(event)

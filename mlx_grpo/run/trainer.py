@@ -34,8 +34,8 @@ from ..tasks.data import screen_task
 from ..tasks.registry import Task, load_task, token_budget
 from ..tasks.rewarding import part_means, reward_metrics, with_timeout
 from ..update.advantages import advantage_stats, group_advantages
-from ..update.batch import (MicroBatch, RolloutBatch, build_batch, groups_with_signal, memory_bound_size,
-                            micro_batch_count, micro_batches)
+from ..update.batch import (MicroBatch, RolloutBatch, build_batch, carries_signal, groups_with_signal,
+                            memory_bound_size, micro_batch_count, micro_batches)
 from ..update.losses import BatchShape, LossSettings
 from ..update.step import UpdateSettings, reference_logprobs, update
 from . import checkpoint as ckpt
@@ -158,12 +158,18 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
             mine = [all_parts[i] for i in dist.shard(len(all_parts))]
             metrics["kl"] = _kl_to_reference(mine, reference_logprobs(model, mine, ref_params, config.temperature, chunk))
         parts = [parts[i] for i in dist.shard(len(parts))]  # data-parallel: this rank's micro-batches
-        ref_logps = reference_logprobs(model, parts, ref_params, config.temperature, chunk) if config.beta > 0 else None
+        # No signal: no advantage on a trained token, and no KL or entropy term; the gradient is zero.
+        no_signal = config.beta == 0 and config.entropy_coef == 0 and not carries_signal(batch)
+        skip = config.skip_no_signal and no_signal
+        ref_logps = (reference_logprobs(model, parts, ref_params, config.temperature, chunk)
+                     if config.beta > 0 and not skip else None)
         prompt_tokens = sum(map(len, batch.prompts))
-    else:  # every group was filtered out: the optimizer still steps, on zero gradients
+    else:  # every group was filtered out: zero gradients (the optimizer steps on them unless skip_no_signal)
         sizes, parts, ref_logps, chunk, prompt_tokens = BatchShape(0, 0, 0, config.max_tokens), [], None, None, 0
+        no_signal, skip = True, config.skip_no_signal
     metrics.update(update(model, optimizer, update_settings(config), sizes, parts, ref_logps, chunk,
-                          dist.all_sum_tree, dist.sum_across_ranks))
+                          dist.all_sum_tree, dist.sum_across_ranks, skip=skip))
+    metrics["update/no_signal"] = no_signal
     # The rate the last update used (absent only if every update so far was skipped).
     metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
     update_s = time.perf_counter() - update_start

@@ -112,6 +112,13 @@ def groups_with_signal(batch: RolloutBatch) -> RolloutBatch:
                         batch.behaviour_logp[rows], batch.advantages[rows], g)
 
 
+def carries_signal(batch: RolloutBatch) -> bool:
+    """Whether a sequence with a token in the loss has a non-zero advantage: else the policy term's
+    gradient is exactly zero (the loss's KL or entropy term, if any, is the trainer's to weigh)."""
+    live = batch.mask.any(axis=1)
+    return bool(np.any(batch.advantages[live] != 0))
+
+
 def _pieces(group_size: int, size: int) -> list[tuple[int, int]]:
     """Row ranges that cut one group into near-equal pieces of at most `size` rows."""
     count = -(-group_size // size)

@@ -60,14 +60,21 @@ def reference_logprobs(model, parts: list[MicroBatch], ref_params, temperature: 
 
 
 def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: list[MicroBatch], ref_logps, chunk,
-           all_sum_tree: Callable = lambda tree: tree, sum_across_ranks: Callable = lambda sums: sums) -> dict:
+           all_sum_tree: Callable = lambda tree: tree, sum_across_ranks: Callable = lambda sums: sums,
+           skip: bool = False) -> dict:
     """`num_iterations` optimizer steps on one rollout batch. Returns averaged statistics.
 
     `sizes` describes the whole batch (normalisation); `parts` may leave out
     groups that contribute nothing (see groups_with_signal). Data-parallel
     training passes the sums over ranks (run/distributed.py); one process
-    needs none.
+    needs none. `skip` (a batch with no signal, under skip_no_signal): no
+    optimizer step at all, so neither the weights, Adam's moments nor the
+    schedule move.
     """
+    if skip:
+        return {"loss": 0.0, "grad_norm": 0.0, "grad_norm/max": 0.0, "grad_clipped": False, "grad_clipped_frac": 0.0,
+                "clip_fraction": None, "ratio/mean": None, "entropy": None, "skipped_updates": 0,
+                "update/rel_change": 0.0, "update/skipped": True}
     settings = config.loss
 
     def after_prompt(model, state, mb: MicroBatch):
@@ -86,8 +93,8 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
     losses, norms, clipped, skipped = [], [], [], 0
     start_weights = model.trainable_parameters()  # for the update size (health rule lr_too_low)
     for _ in range(config.num_iterations):
-        # Zero gradients when no group carries signal: the optimizer still steps
-        # (as it would on an all-zero batch), keeping the schedule and moments in order.
+        # Zero gradients when no group carries signal: unless told to skip, the optimizer still
+        # steps (as on an all-zero batch), and Adam's moments move the weights.
         grads = tree_map(mx.zeros_like, model.trainable_parameters()) if not parts else None
         sums = {"loss": 0.0}
         for loss, stats, g in micro_batch_gradients(model, parts, ref_logps, after_prompt, loss_of):
@@ -125,6 +132,7 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
         "entropy": totals["entropy"] / tokens if tokens else None,
         "skipped_updates": skipped,
         "update/rel_change": relative_change(start_weights, model.trainable_parameters()),
+        "update/skipped": False,
     }
     if "kl" in totals and tokens:
         metrics["kl"] = totals["kl"] / tokens
