@@ -1,10 +1,13 @@
-"""Build rewards/ocaml_data/{train,test}.jsonl from scripts/ocaml_problems.txt, and check it.
+"""Build rewards/ocaml_data/{train,test}.jsonl from the problem files in scripts/, and check it.
 
     python scripts/build_ocaml_problems.py            # write the JSONL files
     python scripts/build_ocaml_problems.py --check    # also grade every reference (needs ocaml)
 
-Every fifth problem (in file order, so each difficulty and topic is spread over
-both) goes to the held-out test split.
+Every fifth problem of ocaml_problems.txt (in file order, so each difficulty and
+topic is spread over both) goes to the held-out test split, and the others to
+train. Every problem of ocaml_test_problems.txt, written for the test split only
+(issue 40: enough held-out problems for a gain to be significant), follows them
+in the test split.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "scripts" / "ocaml_problems.txt"
+HELD_OUT = ROOT / "scripts" / "ocaml_test_problems.txt"  # test split only
 OUT = ROOT / "rewards" / "ocaml_data"
 TEST_EVERY = 5
 DIFFICULTIES = ("easy", "medium", "hard")
 
 
-def parse(text: str) -> list[dict]:
+def parse(text: str, source: Path = SOURCE) -> list[dict]:
     problems, current, in_solution = [], None, False
     for number, line in enumerate(text.splitlines(), start=1):
         header = re.match(r"## (\S+) (\S+) (\S+)\s*$", line)
@@ -52,12 +56,22 @@ def parse(text: str) -> list[dict]:
         p["solution"] = p["solution"].strip() + "\n"
         problem_errors = [e for e in _errors(p)]
         if problem_errors:
-            raise SystemExit(f"{SOURCE.name}: problem {p['id']}: {'; '.join(problem_errors)}")
-    ids = [p["id"] for p in problems]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise SystemExit(f"duplicate ids: {', '.join(duplicates)}")
+            raise SystemExit(f"{source.name}: problem {p['id']}: {'; '.join(problem_errors)}")
+    _check_unique(problems)
     return problems
+
+
+def _check_unique(problems: list[dict]) -> None:
+    """Ids, and the names of the functions asked for, each once."""
+    for what, values in (("ids", [p["id"] for p in problems]),
+                         ("function names", [_name(p["signature"]) for p in problems])):
+        duplicates = sorted({v for v in values if values.count(v) > 1})
+        if duplicates:
+            raise SystemExit(f"duplicate {what}: {', '.join(duplicates)}")
+
+
+def _name(signature: str) -> str:
+    return re.match(r"let\s+(?:rec\s+)?(\S+)", signature)[1]
 
 
 def _errors(p: dict):
@@ -69,20 +83,29 @@ def _errors(p: dict):
         yield "the signature must be `let name ... =`"
     if len(p["tests"]) < 4:
         yield f"only {len(p['tests'])} tests (at least 4)"
-    name = re.match(r"let\s+(?:rec\s+)?(\S+)", p["signature"])[1]
+    name = _name(p["signature"])
     if not re.search(rf"\blet\s+(?:rec\s+)?{re.escape(name)}\b", p["solution"]):
         yield f"the solution does not define {name}"
 
 
-def split(problems: list[dict]) -> tuple[list[dict], list[dict]]:
+def split(problems: list[dict], held_out: list[dict] = ()) -> tuple[list[dict], list[dict]]:
+    """(train, test): every fifth of ``problems`` to test, then all of ``held_out``."""
     train = [p for i, p in enumerate(problems) if i % TEST_EVERY != TEST_EVERY - 1]
     test = [p for i, p in enumerate(problems) if i % TEST_EVERY == TEST_EVERY - 1]
-    return train, test
+    return train, test + list(held_out)
 
 
-def write(problems: list[dict]) -> None:
+def load() -> tuple[list[dict], list[dict]]:
+    """(train, test) from the two source files."""
+    problems = parse(SOURCE.read_text(encoding="utf-8"))
+    held_out = parse(HELD_OUT.read_text(encoding="utf-8"), HELD_OUT)
+    _check_unique(problems + held_out)
+    return split(problems, held_out)
+
+
+def write(train: list[dict], test: list[dict]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, part in zip(("train", "test"), split(problems)):
+    for name, part in zip(("train", "test"), (train, test)):
         with open(OUT / f"{name}.jsonl", "w", encoding="utf-8") as f:
             for p in part:
                 f.write(json.dumps(p, ensure_ascii=False) + "\n")
@@ -108,8 +131,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="grade every reference solution")
     args = parser.parse_args()
-    problems = parse(SOURCE.read_text(encoding="utf-8"))
-    write(problems)
+    train, test = load()
+    write(train, test)
+    problems = train + test
     by = {d: sum(p["difficulty"] == d for p in problems) for d in DIFFICULTIES}
     print(f"{len(problems)} problems: " + ", ".join(f"{n} {d}" for d, n in by.items()))
     return check(problems) if args.check else 0
