@@ -28,21 +28,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable
 
-import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_map
 
 from .config import TrainConfig, build_config
-from .models.adapters import prepare_for_training, save_adapters
-from .models.loading import load_policy, resolve_model_path
+from .models.adapters import save_adapters
+from .models.loading import load_policy
 from .run import trainer as _trainer
-from .run.step_metrics import reward_range
+from .run.setup import setup
 from .run.trainer import RunResult
 from .sampling.rollout import Completion, SamplingConfig, sample_completions
 from .tasks import registry as _tasks
-from .tasks.data import columns_of, encode_prompt, screen_task
+from .tasks.data import columns_of, encode_prompt
 from .tasks.registry import Task, recommended_settings
-from .tasks.rewarding import Scores, score_completions, with_timeout
+from .tasks.rewarding import Scores, score_completions
 from .update.advantages import group_advantages
 from .update.batch import build_batch, micro_batch_count, micro_batches
 from .update.losses import BatchShape
@@ -203,25 +201,17 @@ class Trainer:
 
     def __init__(self, config: TrainConfig | None = None, **settings):
         self.config = config if config is not None else make_config(**settings)
-        c = self.config
-        mx.random.seed(c.seed)
-        self.task = load_task(c)
-        self.model, self.tokenizer = load_policy(c.model, keep_quantized=c.keep_quantized)
-        # As train() does: bad rows screened out, reward calls bounded in time.
-        screen_task(self.task, self.tokenizer, self.model, c.max_tokens, c.max_prompt_tokens, c.on_bad_data)
-        self.task.reward_functions = [with_timeout(fn, c.reward_timeout) for fn in self.task.reward_functions]
-        if self.task.accuracy_reward is not None:
-            self.task.accuracy_reward = with_timeout(self.task.accuracy_reward, c.reward_timeout)
-        self.adapter_config = prepare_for_training(self.model, c.fine_tune_type, {
-            "rank": c.lora_rank, "scale": c.lora_scale, "dropout": c.lora_dropout, "num_layers": c.lora_layers,
-        })
-        self.adapter_config["model"] = resolve_model_path(c.model)
-        keep_reference = c.ref_refresh_every > 0 or (c.beta > 0 and c.fine_tune_type == "full")
-        self.ref_params = tree_map(lambda x: x, self.model.trainable_parameters()) if keep_reference else None
-        self.optimizer = _trainer.make_optimizer(c)
+        self.run = setup(self.config)  # exactly train()'s setup (run/setup.py)
+        self.task, self.model, self.tokenizer = self.run.task, self.run.model, self.run.tokenizer
+        self.optimizer, self.adapter_config, self.notes = self.run.optimizer, self.run.adapter_config, self.run.notes
         self.step_count = 0
         self.history: list[dict] = []
         self.records: list[dict] = []  # every completion of every step, as in completions.jsonl
+
+    @property
+    def ref_params(self):
+        """The reference's weights when it is not the base with adapters off (full fine-tuning, refreshes)."""
+        return self.run.ref_params
 
     def sample(self, prompt, group_size: int | None = None, seed: int | None = None) -> list[Completion]:
         """A group of completions of `prompt` with the run's sampling settings and system prompt."""
@@ -264,9 +254,7 @@ class Trainer:
     def step(self) -> dict:
         """One GRPO step on the next batch of the task's prompts (as `train` runs it); returns its metrics."""
         self.step_count += 1
-        metrics, records = _trainer.train_step(self.model, self.tokenizer, self.optimizer, self.task, self.config,
-                                               self.step_count, self.ref_params)
-        metrics.update(reward_range(records))
+        metrics, records = _trainer.run_step(self.run, self.step_count)  # as train() takes its steps
         self.history.append(metrics)
         self.records += records
         return metrics

@@ -61,7 +61,7 @@ def test_the_graph_sees_relative_and_late_imports():
     graph = _import_graph("mlx_grpo")
     assert "mlx_grpo.run.checkpoint" in graph["mlx_grpo.run.trainer"]       # from . import checkpoint
     assert "mlx_grpo.errors" in graph["mlx_grpo.models.quantized"]          # imported inside a function
-    assert "mlx_grpo.models.loading" in graph["mlx_grpo.run.trainer"]       # from ..models.loading import
+    assert "mlx_grpo.models.loading" in graph["mlx_grpo.run.setup"]         # from ..models.loading import
 
 
 def test_mlx_grpo_has_no_import_cycle():

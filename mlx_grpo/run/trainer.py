@@ -19,20 +19,16 @@ from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
-import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from ..config import TrainConfig, dump_yaml
-from ..models.adapters import prepare_for_training, save_adapters
-from ..models.loading import gguf_types_note, load_policy, resolve_model_path
-from ..models.quantized import prepare_base
+from ..models.adapters import save_adapters
 from ..sampling import multiturn
 from ..sampling.episode_record import episode_record
 from ..sampling.heldout import evaluate_accuracy, evaluate_pass_at_k
-from ..tasks.data import screen_task
-from ..tasks.registry import Task, load_task, token_budget
-from ..tasks.rewarding import part_means, reward_metrics, with_timeout
+from ..tasks.registry import Task, token_budget
+from ..tasks.rewarding import part_means, reward_metrics
 from ..update.advantages import advantage_stats, group_advantages
 from ..update.batch import (MicroBatch, RolloutBatch, build_batch, carries_signal, groups_with_signal,
                             memory_bound_size, micro_batch_count, micro_batches)
@@ -43,9 +39,9 @@ from . import distributed as dist
 from .health import HealthMonitor, TrainingStopped, stop_run
 from .health_rewards import answer_pattern, reward_variance_shares
 from .interrupt import steps_until_ctrl_c
-from .guidance import check_guidance, guided_metrics
-from .prefilter import prefilter_train_rows
+from .guidance import guided_metrics
 from .reporting import with_reporters
+from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer: also trainer's, as before)
 from .step_metrics import reward_range
 from .step_rollouts import collect_rollouts, step_seed
 
@@ -67,16 +63,6 @@ class RunResult:
         gain = self.accuracy_after - self.accuracy_before
         return (f"accuracy {self.accuracy_before:.2f} -> {self.accuracy_after:.2f} "
                 f"({gain:+.2f}) on {self.eval_n} held-out problems")
-
-
-def make_optimizer(config: TrainConfig) -> optim.Optimizer:
-    """AdamW with linear warmup then cosine decay, over every optimizer update."""
-    total = config.steps * config.num_iterations
-    warmup = min(config.warmup_steps, max(total - 1, 0))
-    decay = optim.cosine_decay(config.lr, max(total - warmup, 1), end=config.lr * config.min_lr_ratio)
-    schedule = (optim.join_schedules([optim.linear_schedule(config.lr / warmup, config.lr, warmup), decay], [warmup])
-                if warmup > 0 else decay)
-    return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
 
 
 def _chunk_size(config: TrainConfig, model, batch: RolloutBatch, size: int) -> int | None:
@@ -247,6 +233,18 @@ def refreshed_reference(reference, policy, alpha: float):
     return mixed
 
 
+def run_step(run: RunState, step: int) -> tuple[dict, list]:
+    """Step `step` of a run as train() and the API's Trainer.step take it: the GRPO step, then the
+    reference's refresh when one is due, and the step's reward range (the health rules read it)."""
+    c = run.config
+    metrics, records = train_step(run.model, run.tokenizer, run.optimizer, run.task, c, step, run.ref_params)
+    if c.ref_refresh_every and step % c.ref_refresh_every == 0:
+        run.ref_params = refreshed_reference(run.ref_params, run.model.trainable_parameters(), c.ref_refresh_alpha)
+        metrics["ref_refreshed"] = True
+    metrics.update(reward_range(records))
+    return metrics, records
+
+
 def default_run_dir(config: TrainConfig) -> Path:
     return Path("checkpoints") / f"{config.task}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
@@ -262,30 +260,10 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     emit = with_reporters(config, on_event or (lambda kind, data: None)) if main else (lambda kind, data: None)
     multiturn.PROGRESS.set(lambda state: emit("rollout", state))
     run_dir = Path(config.resume or config.output or default_run_dir(config))
-    mx.random.seed(config.seed)
-    task = load_task(config)  # first: a bad data file or reward is reported before a slow model load
-    if config.guide:
-        check_guidance(task)
-    if main:
-        ckpt.ensure_writable(run_dir)  # ... and so is an output folder that cannot be written
-    model, tokenizer = load_policy(config.model, keep_quantized=True)
-    weights_note = prepare_base(model, config.keep_quantized, fine_tune_type=config.fine_tune_type)
-    screen_task(task, tokenizer, model, config.max_tokens, config.max_prompt_tokens, config.on_bad_data)
-    task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
-    if task.accuracy_reward is not None:
-        task.accuracy_reward = with_timeout(task.accuracy_reward, config.reward_timeout)
-    # The pre-pass on the base model (before adapters): only prompts it sometimes solves (prefilter.py)
-    prefilter_note = prefilter_train_rows(model, tokenizer, task, config) if config.prefilter else None
-    adapter_config = prepare_for_training(model, config.fine_tune_type, {
-        "rank": config.lora_rank, "scale": config.lora_scale, "dropout": config.lora_dropout,
-        "num_layers": config.lora_layers})
-    adapter_config["model"] = resolve_model_path(config.model)
-    # The reference is the base model: adapters switched off (LoRA/DoRA), or a
-    # frozen copy of the starting weights (full fine-tuning, or when it is refreshed).
-    full_needs_reference = config.fine_tune_type == "full" and (config.beta > 0 or config.kl_every > 0)
-    keep_reference = config.ref_refresh_every > 0 or full_needs_reference
-    ref_params = tree_map(lambda x: x, model.trainable_parameters()) if keep_reference else None
-    optimizer = make_optimizer(config)
+    # Task, policy, adapters, reference, optimizer: as the API's Trainer sets them up (setup.py); a bad
+    # data file, reward or output folder is reported before the slow model load.
+    run = setup(config, writable=run_dir if main else None)
+    task, model, tokenizer, optimizer = run.task, run.model, run.tokenizer, run.optimizer
 
     start_step, state = 0, {}
     loaded = ckpt.load_latest(run_dir) if config.resume else None  # the newest intact checkpoint
@@ -295,7 +273,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         task.warnings += notes  # damaged newer checkpoints that were passed over
         model.load_weights(list(weights.items()), strict=False)
         if "reference_weights" in opt_state:  # a refreshed reference travels with the optimizer state
-            ref_params = opt_state.pop("reference_weights")
+            run.ref_params = opt_state.pop("reference_weights")
         optimizer.state = opt_state
         start_step = int(state["step"])
         if task.curriculum and "curriculum" in state:
@@ -311,9 +289,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
         if task.train_rows and not (run_dir / "prompt.txt").exists():  # what the model is shown, once per run
             ckpt.atomic_write_text(run_dir / "prompt.txt", multiturn.prompt_as_seen(task, tokenizer, task.train_rows[0]))
-    notes = [n for n in (gguf_types_note(config.model), weights_note, prefilter_note) if n]
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
-                   "warnings": task.warnings, "notes": notes})
+                   "warnings": task.warnings, "notes": run.notes})
 
     before = state.get("eval_before")
     if before is None and not resumed:
@@ -329,13 +306,13 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         weights = dict(tree_flatten(model.trainable_parameters()))
         training_state = optimizer.state
         if config.ref_refresh_every > 0:
-            training_state = {**optimizer.state, "reference_weights": ref_params}
-        ckpt.save_checkpoint(run_dir, step, weights, adapter_config, training_state,
+            training_state = {**optimizer.state, "reference_weights": run.ref_params}
+        ckpt.save_checkpoint(run_dir, step, weights, run.adapter_config, training_state,
                              {"eval_before": before, "data_position": step * config.batch_size,
                               **({"curriculum": task.curriculum.state_dict()} if task.curriculum else {}),
                               "rng": {"seed": config.seed, "next_step_seed": step_seed(config.seed, step + 1)}},
                              keep_last=config.keep_checkpoints, keep_best=config.keep_best, metric=metric)
-        save_adapters(model, run_dir, adapter_config)
+        save_adapters(model, run_dir, run.adapter_config)
         emit("checkpoint", {"step": step})
 
     def stop_on_ctrl_c(step: int) -> str:  # the first Ctrl-C: keep the finished step, then leave
@@ -345,17 +322,13 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         return f"interrupted after step {step}, checkpoint saved; continue with: mlx-grpo train --resume {run_dir}"
 
     for step in steps_until_ctrl_c(range(start_step + 1, config.steps + 1), stop_on_ctrl_c):
-        metrics, records = train_step(model, tokenizer, optimizer, task, config, step, ref_params)
-        if config.ref_refresh_every and step % config.ref_refresh_every == 0:
-            ref_params = refreshed_reference(ref_params, model.trainable_parameters(), config.ref_refresh_alpha)
-            metrics["ref_refreshed"] = True
+        metrics, records = run_step(run, step)
         if config.eval_steps and step % config.eval_steps == 0 and step < config.steps:
             result = evaluate(model, tokenizer, task, config)
             metrics["eval/accuracy"] = result["accuracy"]
             if result.get("pass_at_k") is not None:
                 metrics[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
             emit("eval", {"when": step, **result})
-        metrics.update(reward_range(records))
         _append_jsonl(run_dir / "metrics.jsonl", [metrics])
         _append_jsonl(run_dir / "completions.jsonl", records)
         history.append(metrics)

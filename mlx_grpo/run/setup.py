@@ -1,0 +1,88 @@
+"""What a run holds before its first step, set up once for `train()` and for the API's `Trainer`.
+
+`setup(config)` loads the task (a bad data file or reward is reported before a
+slow model load), checks `--guide`, loads the policy (a quantized base
+dequantised on a CPU; full fine-tuning refused on quantized weights), screens
+the task's rows, bounds the reward calls in time, runs the `--prefilter`
+pre-pass on the base model, adds the adapters, keeps the reference where one
+is needed and makes the optimizer. The command line and the Python API both
+call it, so the two cannot set up different runs (issue 42: the API once left
+`kl_every` out of when a reference is kept and logged a KL of 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.optimizers as optim
+from mlx.utils import tree_map
+
+from ..config import TrainConfig
+from ..models.adapters import prepare_for_training
+from ..models.loading import gguf_types_note, load_policy, resolve_model_path
+from ..models.quantized import prepare_base
+from ..tasks.data import screen_task
+from ..tasks.registry import Task, load_task
+from ..tasks.rewarding import with_timeout
+from . import checkpoint as ckpt
+from .guidance import check_guidance
+from .prefilter import prefilter_train_rows
+
+
+@dataclass
+class RunState:
+    """A run ready for its first step."""
+
+    config: TrainConfig
+    task: Task
+    model: object
+    tokenizer: object
+    adapter_config: dict  # what save_adapters writes beside the weights
+    ref_params: dict | None  # the reference's weights when they are not the base with adapters off
+    optimizer: optim.Optimizer
+    notes: list[str] = field(default_factory=list)  # lines for the run's log (GGUF types, float copy, prefilter)
+
+
+def make_optimizer(config: TrainConfig) -> optim.Optimizer:
+    """AdamW with linear warmup then cosine decay, over every optimizer update."""
+    total = config.steps * config.num_iterations
+    warmup = min(config.warmup_steps, max(total - 1, 0))
+    decay = optim.cosine_decay(config.lr, max(total - warmup, 1), end=config.lr * config.min_lr_ratio)
+    schedule = (optim.join_schedules([optim.linear_schedule(config.lr / warmup, config.lr, warmup), decay], [warmup])
+                if warmup > 0 else decay)
+    return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
+
+
+def keeps_reference(config: TrainConfig) -> bool:
+    """Whether the reference is a copy of the starting weights rather than the base with adapters off:
+    when it is refreshed, or with full fine-tuning (no adapters to switch off) when KL is in the loss or watched."""
+    return config.ref_refresh_every > 0 or (config.fine_tune_type == "full" and (config.beta > 0 or config.kl_every > 0))
+
+
+def setup(config: TrainConfig, writable: Path | None = None) -> RunState:
+    """The task, the policy with its adapters, the reference and the optimizer of a run.
+
+    `writable`: a run folder to check can be written, before the model loads (train() passes its own)."""
+    mx.random.seed(config.seed)
+    task = load_task(config)
+    if config.guide:
+        check_guidance(task)
+    if writable is not None:
+        ckpt.ensure_writable(writable)
+    model, tokenizer = load_policy(config.model, keep_quantized=True)
+    weights_note = prepare_base(model, config.keep_quantized, fine_tune_type=config.fine_tune_type)
+    screen_task(task, tokenizer, model, config.max_tokens, config.max_prompt_tokens, config.on_bad_data)
+    task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
+    if task.accuracy_reward is not None:
+        task.accuracy_reward = with_timeout(task.accuracy_reward, config.reward_timeout)
+    # The pre-pass on the base model (before adapters): only prompts it sometimes solves (prefilter.py)
+    prefilter_note = prefilter_train_rows(model, tokenizer, task, config) if config.prefilter else None
+    adapter_config = prepare_for_training(model, config.fine_tune_type, {
+        "rank": config.lora_rank, "scale": config.lora_scale, "dropout": config.lora_dropout,
+        "num_layers": config.lora_layers})
+    adapter_config["model"] = resolve_model_path(config.model)
+    ref_params = tree_map(lambda x: x, model.trainable_parameters()) if keeps_reference(config) else None
+    notes = [n for n in (gguf_types_note(config.model), weights_note, prefilter_note) if n]
+    return RunState(config, task, model, tokenizer, adapter_config, ref_params, make_optimizer(config), notes)
