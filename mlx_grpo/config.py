@@ -120,7 +120,7 @@ class TrainConfig:
     resume: str | None = None  # run folder to continue
     save_every: int = 50  # checkpoint every N steps, and at the end
     keep_checkpoints: int = 2  # how many step checkpoints to keep
-    keep_best: bool = False  # also keep the checkpoint with the best eval accuracy (needs eval_steps)
+    keep_best: bool = False  # also keep the checkpoint with the best eval accuracy (needs eval_steps; the evaluation after the last step counts for its checkpoint)
     eval_steps: int = 0  # evaluate every N steps; 0: only before and after training
     eval_num_problems: int = 200  # held-out problems for accuracy (greedy decoding)
     eval_pass_k: int = 0  # also sample k completions per held-out problem, log eval/pass@k (0: off)

@@ -349,6 +349,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
         save(config.steps)
     result = evaluate(model, tokenizer, task, config)
     emit("eval", {"when": "after", **result})
+    if config.keep_best and result["accuracy"] is not None:  # the final weights compete for best too
+        save(max(start_step, config.steps), result["accuracy"])
     final = {"step": config.steps, "eval/accuracy": result["accuracy"], "final": True}
     if result.get("pass_at_k") is not None:
         final[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
