@@ -45,17 +45,25 @@ def relative_change(before, after) -> float:
 
 
 def reference_logprobs(model, parts: list[MicroBatch], ref_params, temperature: float, chunk) -> list[mx.array]:
-    """log pi_ref of the completion tokens, per micro-batch: the base model (adapters off) or frozen weights."""
+    """log pi_ref of the completion tokens, per micro-batch: the base model (adapters off) or frozen weights.
+
+    In eval mode, whatever the model's mode outside: the reference is a fixed policy, never one
+    with a fresh LoRA dropout mask (a refreshed reference keeps its adapters and their dropout)."""
     out = []
     context = weights_swapped(model, ref_params) if ref_params is not None else adapters_disabled(model)
-    with context:
-        for run in prompt_runs(parts):  # the pieces of a group share its prompt pass
-            state = prompt_pass(model, parts[run[0]].prompts, parts[run[0]].left_padding)
-            for mb in (parts[i] for i in run):
-                logp, _ = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
-                                                temperature, chunk)
-                mx.eval(logp)
-                out.append(mx.stop_gradient(logp))
+    was_training = model.training
+    model.eval()
+    try:
+        with context:
+            for run in prompt_runs(parts):  # the pieces of a group share its prompt pass
+                state = prompt_pass(model, parts[run[0]].prompts, parts[run[0]].left_padding)
+                for mb in (parts[i] for i in run):
+                    logp, _ = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
+                                                    temperature, chunk)
+                    mx.eval(logp)
+                    out.append(mx.stop_gradient(logp))
+    finally:
+        model.train(was_training)
     return out
 
 
