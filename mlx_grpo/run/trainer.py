@@ -33,7 +33,7 @@ from ..update.advantages import advantage_stats, group_advantages
 from ..update.batch import (MicroBatch, RolloutBatch, build_batch, carries_signal, groups_with_signal,
                             memory_bound_size, micro_batch_count, micro_batches)
 from ..update.losses import BatchShape, LossSettings
-from ..update.step import UpdateSettings, reference_logprobs, update
+from ..update.step import UpdateSettings, reference_logprobs, top_entropy_weights, update
 from . import checkpoint as ckpt
 from . import distributed as dist
 from .health import HealthMonitor, TrainingStopped, stop_run
@@ -149,12 +149,18 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         skip = config.skip_no_signal and no_signal
         ref_logps = (reference_logprobs(model, parts, ref_params, config.temperature, chunk)
                      if config.beta > 0 and not skip else None)
+        weights = None  # entropy_top_quantile: the tokens that carry the loss, chosen over the whole step
+        if config.entropy_top_quantile < 1 and not skip:
+            silent = micro_batches(groups_with_signal(batch, silent=True), size) if skip_silent else []
+            weights = top_entropy_weights(model, parts, [silent[i] for i in dist.shard(len(silent))],
+                                          config.entropy_top_quantile, config.temperature, chunk,
+                                          dist.all_gather_objects)
         prompt_tokens = sum(map(len, batch.prompts))
     else:  # every group was filtered out: zero gradients (the optimizer steps on them unless skip_no_signal)
         sizes, parts, ref_logps, chunk, prompt_tokens = BatchShape(0, 0, 0, config.max_tokens), [], None, None, 0
-        no_signal, skip = True, config.skip_no_signal
+        no_signal, skip, weights = True, config.skip_no_signal, []
     metrics.update(update(model, optimizer, update_settings(config), sizes, parts, ref_logps, chunk,
-                          dist.all_sum_tree, dist.sum_across_ranks, skip=skip))
+                          dist.all_sum_tree, dist.sum_across_ranks, skip=skip, token_weights=weights))
     metrics["update/no_signal"] = no_signal
     # The rate the last update used (absent only if every update so far was skipped).
     metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None

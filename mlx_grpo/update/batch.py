@@ -97,8 +97,8 @@ def build_batch(completions: list[Rollout], advantages, group_size: int) -> Roll
     return RolloutBatch(prompts, tokens, mask, behaviour, np.asarray(advantages, dtype=np.float32), group_size)
 
 
-def groups_with_signal(batch: RolloutBatch) -> RolloutBatch:
-    """Only the groups whose advantages are not all zero.
+def groups_with_signal(batch: RolloutBatch, silent: bool = False) -> RolloutBatch:
+    """Only the groups whose advantages are not all zero (`silent`: only the others).
 
     With beta = 0 a completion with advantage 0 contributes exactly nothing to
     the loss or its gradient, so leaving its group out of the forward and
@@ -106,7 +106,7 @@ def groups_with_signal(batch: RolloutBatch) -> RolloutBatch:
     groups, when every completion of a prompt is right or every one is wrong).
     """
     g = batch.group_size
-    keep = [i for i in range(len(batch.prompts)) if np.any(batch.advantages[i * g:(i + 1) * g] != 0)]
+    keep = [i for i in range(len(batch.prompts)) if np.any(batch.advantages[i * g:(i + 1) * g] != 0) != silent]
     rows = np.concatenate([np.arange(i * g, (i + 1) * g) for i in keep]) if keep else np.zeros(0, dtype=int)
     return RolloutBatch([batch.prompts[i] for i in keep], batch.completions[rows], batch.mask[rows],
                         batch.behaviour_logp[rows], batch.advantages[rows], g)

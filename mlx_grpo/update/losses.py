@@ -34,9 +34,11 @@ whole batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 # One line each for --help and the docs: (what it is, the paper).
 LOSS_DESCRIPTIONS = {
@@ -162,16 +164,26 @@ def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, setti
     return loss, stats
 
 
-def top_entropy_mask(entropy, mask, quantile: float):
+def top_entropy_threshold(values, quantile: float) -> float:
+    """The entropy at or above which the top `quantile` fraction of `values` (the tokens' entropies)
+    lie: the ceil(quantile * n)-th largest. +inf when there are none."""
+    values = np.sort(np.asarray(values, dtype=np.float32).reshape(-1))[::-1]
+    if values.size == 0:
+        return math.inf
+    count = max(1, math.ceil(quantile * values.size - 1e-9))  # 0.7 * 10 is 7.000000000000001
+    return float(values[count - 1])
+
+
+def top_entropy_mask(entropy, mask, quantile: float, threshold: float | None = None):
     """1 on the tokens whose entropy is in the top `quantile` fraction of the masked tokens, else 0.
 
     "Beyond the 80/20 rule" (Wang et al. 2025, arXiv:2506.01939) trains only on
-    the high-entropy "forking" tokens (the top 20%). The threshold is taken
-    over this micro-batch's tokens; ties at the threshold are kept.
+    the high-entropy "forking" tokens (the top 20%). The threshold is taken over
+    these tokens unless given: the trainer gives the whole step's (step.py,
+    top_entropy_weights), so the choice does not depend on how the step is cut
+    into micro-batches. Ties at the threshold are kept.
     """
     entropy = mx.stop_gradient(entropy)
-    flat = mx.where(mask > 0, entropy, -mx.inf).reshape(-1)
-    descending = -mx.sort(-flat)
-    count = mx.ceil(quantile * mask.sum()).astype(mx.int32)
-    threshold = mx.take(descending, mx.maximum(count - 1, 0))
+    if threshold is None:
+        threshold = top_entropy_threshold(np.array(entropy)[np.array(mask) > 0], quantile)
     return ((entropy >= threshold) & (mask > 0)).astype(mx.float32)

@@ -11,6 +11,7 @@ their global norm, and a step that is not finite skipped whole.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,7 +24,7 @@ from ..models.adapters import adapters_disabled, weights_swapped
 from .batch import MicroBatch, prompt_runs
 from .gradients import micro_batch_gradients
 from .logprobs import logprobs_after_prompt, prompt_pass
-from .losses import BatchShape, LossSettings, policy_loss, top_entropy_mask
+from .losses import BatchShape, LossSettings, policy_loss, top_entropy_mask, top_entropy_threshold
 
 
 @dataclass
@@ -49,27 +50,52 @@ def reference_logprobs(model, parts: list[MicroBatch], ref_params, temperature: 
 
     In eval mode, whatever the model's mode outside: the reference is a fixed policy, never one
     with a fresh LoRA dropout mask (a refreshed reference keeps its adapters and their dropout)."""
-    out = []
     context = weights_swapped(model, ref_params) if ref_params is not None else adapters_disabled(model)
+    with _eval_mode(model), context:
+        return [logp for logp, _ in _passes(model, parts, temperature, chunk)]
+
+
+def top_entropy_weights(model, parts: list[MicroBatch], others: list[MicroBatch], quantile: float,
+                        temperature: float, chunk, gather: Callable = lambda values: [values]) -> list[mx.array]:
+    """Which tokens of `parts` carry the loss (entropy_top_quantile < 1): 1 where a token's entropy is in
+    the top `quantile` of the whole step's tokens, else 0.
+
+    The threshold is taken over the masked tokens of `parts` and of `others` (micro-batches not trained
+    on but part of the step: groups with no signal, skipped for speed), on every rank (`gather(values)`
+    returns each rank's), so the choice does not depend on the micro-batch size, on skipping silent
+    groups, or on the number of processes. Chosen once per step, in eval mode: every one of
+    num_iterations updates trains the same tokens."""
+    with _eval_mode(model):
+        entropies = [entropy for _, entropy in _passes(model, parts + others, temperature, chunk)]
+    mine = [np.array(e)[np.array(mb.mask) > 0] for e, mb in zip(entropies, parts + others)]
+    threshold = top_entropy_threshold(np.concatenate(gather(np.concatenate(mine or [np.zeros(0)]))), quantile)
+    return [top_entropy_mask(e, mb.mask, quantile, threshold) for e, mb in zip(entropies, parts)]
+
+
+@contextmanager
+def _eval_mode(model):
     was_training = model.training
     model.eval()
     try:
-        with context:
-            for run in prompt_runs(parts):  # the pieces of a group share its prompt pass
-                state = prompt_pass(model, parts[run[0]].prompts, parts[run[0]].left_padding)
-                for mb in (parts[i] for i in run):
-                    logp, _ = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
-                                                    temperature, chunk)
-                    mx.eval(logp)
-                    out.append(mx.stop_gradient(logp))
+        yield model
     finally:
         model.train(was_training)
-    return out
+
+
+def _passes(model, parts: list[MicroBatch], temperature: float, chunk):
+    """(log-probs, entropy) of each micro-batch's completion tokens, no gradient; each prompt run once."""
+    for run in prompt_runs(parts):  # the pieces of a group share its prompt pass
+        state = prompt_pass(model, parts[run[0]].prompts, parts[run[0]].left_padding)
+        for mb in (parts[i] for i in run):
+            logp, entropy = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
+                                                  temperature, chunk)
+            mx.eval(logp, entropy)
+            yield mx.stop_gradient(logp), mx.stop_gradient(entropy)
 
 
 def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: list[MicroBatch], ref_logps, chunk,
            all_sum_tree: Callable = lambda tree: tree, sum_across_ranks: Callable = lambda sums: sums,
-           skip: bool = False) -> dict:
+           skip: bool = False, token_weights: list[mx.array] | None = None) -> dict:
     """`num_iterations` optimizer steps on one rollout batch. Returns averaged statistics.
 
     `sizes` describes the whole batch (normalisation); `parts` may leave out
@@ -77,7 +103,9 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
     training passes the sums over ranks (run/distributed.py); one process
     needs none. `skip` (a batch with no signal, under skip_no_signal): no
     optimizer step at all, so neither the weights, Adam's moments nor the
-    schedule move.
+    schedule move. `token_weights`, one per part, are the tokens that carry the
+    policy term (entropy_top_quantile < 1): the trainer's, taken over the whole
+    step (top_entropy_weights); without them, over `parts`.
     """
     if skip:
         return {"loss": 0.0, "grad_norm": 0.0, "grad_norm/max": 0.0, "grad_clipped": False, "grad_clipped_frac": 0.0,
@@ -89,9 +117,12 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
         return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
                                      config.temperature, chunk, entropy_grad=config.entropy_coef > 0)
 
+    if config.entropy_top_quantile < 1 and token_weights is None:
+        token_weights = top_entropy_weights(model, parts, [], config.entropy_top_quantile, config.temperature, chunk)
+    weight_of = {id(mb): w for mb, w in zip(parts, token_weights)} if token_weights is not None else {}
+
     def loss_of(logp, entropy, mb: MicroBatch, ref):
-        keep = (top_entropy_mask(entropy, mb.mask, config.entropy_top_quantile)
-                if config.entropy_top_quantile < 1 else None)
+        keep = weight_of.get(id(mb))
         loss, stats = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, settings,
                                   ref_logp=ref, entropy=entropy, token_weight=keep)
         stats["entropy"] = (mx.stop_gradient(entropy) * mb.mask).sum()
