@@ -42,8 +42,7 @@ from .tasks.data import columns_of, encode_prompt
 from .tasks.registry import Task, recommended_settings
 from .tasks.rewarding import Scores, score_completions
 from .update.advantages import group_advantages
-from .update.batch import build_batch, micro_batch_count, micro_batches
-from .update.losses import BatchShape
+from .update.batch import batch_shape, build_batch, micro_batches
 from .update.step import reference_logprobs, update
 
 __all__ = [
@@ -241,9 +240,7 @@ class Trainer:
         batch = build_batch(completions, advantages, g)
         settings = c if g == c.group_size else _with_group_size(c, g)
         parts = micro_batches(batch, settings.micro_batch_size)
-        sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
-                           num_micro_batches=micro_batch_count(len(rows), g, settings.micro_batch_size),
-                           max_tokens=c.max_tokens)
+        sizes = batch_shape(batch, settings.micro_batch_size, c.max_tokens)
         chunk = _trainer._chunk_size(settings, self.model, batch, settings.micro_batch_size)
         ref = (reference_logprobs(self.model, parts, self.ref_params, settings.temperature, chunk)
                if c.beta > 0 else None)

@@ -30,8 +30,8 @@ from ..sampling.heldout import evaluate_accuracy, evaluate_pass_at_k
 from ..tasks.registry import Task, token_budget
 from ..tasks.rewarding import part_means, reward_metrics
 from ..update.advantages import advantage_stats, group_advantages
-from ..update.batch import (MicroBatch, RolloutBatch, build_batch, carries_signal, groups_with_signal,
-                            memory_bound_size, micro_batch_count, micro_batches)
+from ..update.batch import (MicroBatch, RolloutBatch, batch_shape, build_batch, carries_signal, groups_with_signal,
+                            memory_bound_size, micro_batches)
 from ..update.losses import BatchShape, LossSettings
 from ..update.step import UpdateSettings, reference_logprobs, top_entropy_weights, update
 from . import checkpoint as ckpt
@@ -136,9 +136,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
         skip_silent = config.beta == 0 and config.entropy_coef == 0 and config.loss != "bnpo"
         parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, size)
-        sizes = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
-                           num_micro_batches=micro_batch_count(len(batch.prompts), g, size),
-                           max_tokens=token_budget(task, config))
+        sizes = batch_shape(batch, size, token_budget(task, config))
         if watch_kl:  # over every group, silent ones included
             all_parts = micro_batches(batch, size) if skip_silent else parts
             mine = [all_parts[i] for i in dist.shard(len(all_parts))]

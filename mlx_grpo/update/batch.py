@@ -15,6 +15,8 @@ from typing import Protocol, runtime_checkable
 import mlx.core as mx
 import numpy as np
 
+from .losses import BatchShape
+
 
 def batch_rows(rows: list[dict], step: int, batch_size: int, seed: int) -> list[dict]:
     """The prompts of `step` (1-based): a fresh seeded shuffle per pass over the data."""
@@ -160,10 +162,30 @@ def memory_bound_size(size: int, model, positions: int) -> int:
 
 
 def micro_batch_count(num_groups: int, group_size: int, size: int) -> int:
-    """How many micro-batches `micro_batches` makes of `num_groups` groups (before dropping empty ones)."""
+    """How many micro-batches `micro_batches` cuts `num_groups` groups into (before dropping empty ones)."""
     if size >= group_size:
         return -(-num_groups // (size // group_size))
     return num_groups * len(_pieces(group_size, size))
+
+
+def batch_shape(batch: RolloutBatch, size: int, max_tokens: int) -> BatchShape:
+    """The whole batch's sizes for the loss's normalisers, cut into micro-batches of `size`.
+
+    bnpo's count is of the micro-batches `micro_batches(batch, size)` gives: one whose every token
+    is masked (every completion cut, with mask_truncated) is dropped there and is none of its terms."""
+    micro = sum(1 for *_, rows in _spans(batch, size) if batch.mask[rows].any())
+    return BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
+                      num_micro_batches=micro, max_tokens=max_tokens)
+
+
+def _spans(batch: RolloutBatch, size: int) -> list[tuple]:
+    """(groups, completions per prompt, the group it is a piece of or None, rows) of each micro-batch."""
+    g, n = batch.group_size, len(batch.prompts)
+    if size >= g:
+        per = size // g
+        return [(range(i, min(i + per, n)), g, None, slice(i * g, min(i + per, n) * g)) for i in range(0, n, per)]
+    return [(range(i, i + 1), stop - start, i, slice(i * g + start, i * g + stop))
+            for i in range(n) for start, stop in _pieces(g, size)]
 
 
 def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
@@ -173,15 +195,8 @@ def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
     `size` sequences (marked with `piece_of`): the update's memory then follows
     `size`, whatever the group size, and the pieces share one prompt pass (gradients.py).
     """
-    g, n = batch.group_size, len(batch.prompts)
-    if size >= g:  # (groups, rows of their completions, completions per prompt)
-        per = size // g
-        spans = [(range(i, min(i + per, n)), slice(i * g, min(i + per, n) * g), g, None) for i in range(0, n, per)]
-    else:
-        spans = [(range(i, i + 1), slice(i * g + start, i * g + stop), stop - start, i)
-                 for i in range(n) for start, stop in _pieces(g, size)]
     out = []
-    for groups, rows, group_size, piece_of in spans:
+    for groups, group_size, piece_of, rows in _spans(batch, size):
         prompts = [batch.prompts[i] for i in groups]
         # The last masked-in column (multi-turn masks have zeros inside, not only at the end).
         used = np.flatnonzero(batch.mask[rows].any(axis=0))
