@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from mlx_grpo.update.advantages import advantage_stats, group_advantages
+from mlx_grpo.update.advantages import advantage_stats, group_advantages, zero_std_frac
 
 
 def test_group_mean_baseline_by_hand():
@@ -28,8 +28,8 @@ def test_equal_rewards_give_zero_advantage_and_count_as_zero_std():
     rewards = [0.5, 0.5, 0.0, 1.0]
     adv = group_advantages(rewards, group_size=2, scale="group")
     np.testing.assert_allclose(adv[:2], [0.0, 0.0])
-    stats = advantage_stats(rewards, adv, 2)
-    assert stats["frac_zero_std"] == 0.5
+    stats = advantage_stats(adv)
+    assert zero_std_frac(rewards, 2) == 0.5
     assert stats["advantage/max"] == pytest.approx(0.5 / (0.5 + 1e-4))
 
 

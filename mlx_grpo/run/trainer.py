@@ -29,7 +29,7 @@ from ..sampling.episode_record import episode_record
 from ..sampling.heldout import evaluate_accuracy, evaluate_pass_at_k
 from ..tasks.registry import Task, token_budget
 from ..tasks.rewarding import part_means, reward_metrics
-from ..update.advantages import advantage_stats, group_advantages
+from ..update.advantages import advantage_stats, group_advantages, zero_std_frac
 from ..update.batch import (MicroBatch, RolloutBatch, batch_shape, build_batch, carries_signal, groups_with_signal,
                             memory_bound_size, micro_batches)
 from ..update.losses import BatchShape, LossSettings
@@ -175,8 +175,8 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         "reward/raw_mean": float(sampled.raw_rewards.mean()),
         **{f"reward/{name}/mean": value for name, value in part_means(sampled.parts).items()},
         **{f"reward/{name}/errors": n for name, n in sampled.errors.items()},
-        **(advantage_stats(sampled.rewards[kept_rows], advantages, g) if completions else {}),
-        "frac_zero_std": float(np.mean(grouped.std(axis=1) < 1e-8)),  # over every sampled group
+        **(advantage_stats(advantages) if completions else {}),  # over the groups trained on
+        "frac_zero_std": zero_std_frac(sampled.rewards, g),  # over every sampled group
         "filter/dropped_frac": float(1 - sampled.keep.mean()),
         "filter/rounds": sampled.rounds,
         "completion/mean_length": float(lengths.mean()),

@@ -40,12 +40,17 @@ def group_advantages(
     return advantages.reshape(-1)
 
 
-def advantage_stats(rewards, advantages, group_size: int) -> dict:
-    """What to watch: the spread of advantages and how many groups carry no signal."""
+def zero_std_frac(rewards, group_size: int) -> float:
+    """The fraction of groups whose rewards are all equal (no signal): the step's `frac_zero_std`,
+    over every group sampled, filtered out or not (the one place it is defined)."""
     grouped = np.asarray(rewards, dtype=np.float64).reshape(-1, group_size)
+    return float(np.mean(grouped.std(axis=1) < 1e-8))
+
+
+def advantage_stats(advantages) -> dict:
+    """What to watch: the spread of the advantages trained on."""
     advantages = np.asarray(advantages, dtype=np.float64)
     return {
-        "frac_zero_std": float(np.mean(grouped.std(axis=1) < 1e-8)),
         "advantage/abs_mean": float(np.abs(advantages).mean()),
         "advantage/min": float(advantages.min()),
         "advantage/max": float(advantages.max()),
