@@ -81,9 +81,9 @@ def merge_rollouts(shares: list, group_size: int):
 def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed, first: int):
     """rollout_and_score on this process alone; rows[0] is the step's prompt number `first`."""
     if task.make_env is not None:  # multi-turn: episodes shaped like completions, env tokens masked
-        if seed is not None:  # its turns draw their seeds from MLX's generator: one stream per share of prompts
-            mx.random.seed(int(np.random.SeedSequence([seed, first]).generate_state(1)[0]))
-        return multiturn.rollout_and_score(model, tokenizer, task, rows, config)
+        if seed is not None:  # one seed for the step's episodes, on every rank; each is keyed by its place in the step
+            mx.random.seed(int(np.random.SeedSequence([seed, 0]).generate_state(1)[0]))
+        return multiturn.rollout_and_score(model, tokenizer, task, rows, config, first_prompt=first)
     prompts = task_prompts(tokenizer, task, rows)
     model.eval()
     start = time.perf_counter()

@@ -132,15 +132,17 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
                      max_turns: int, max_episode_tokens: int, system_prompt: str | None = None,
                      concurrency: int = 256, seed: int | None = None, reuse_cache: bool = True,
                      on_progress: Callable[[dict], None] | None = None, stats: Stats | None = None,
-                     memory_budget: int | None = None) -> list[Episode]:
+                     memory_budget: int | None = None, first_prompt: int = 0) -> list[Episode]:
     """Play every environment to the end; `envs` are grouped, G consecutive ones per row.
 
     Returns the episodes in the same order, with rewards filled in. Episodes
     play in waves of as many as decode at once (width.decode_width: at most
     `concurrency`, and what `memory_budget` bytes of keys and values hold for
     episodes of max_episode_tokens). Episode e's tokens of turn t are drawn
-    with keys of (seed, t, e) alone (turns.turn_row_seeds); seed None draws
-    one from MLX's global random state. With reuse_cache (the default) each
+    with keys of (seed, t, e) alone (turns.turn_row_seeds), e counted in the
+    whole step: envs[0]'s row is the step's prompt number `first_prompt` (a
+    data-parallel rank's share starts past 0), so a share plays the episodes
+    one process would. seed None draws one from MLX's global random state. With reuse_cache (the default) each
     episode keeps its keys and values between turns where the model's cache
     allows (turns.player_for); otherwise every turn prefills the whole
     conversation again. on_progress (default: PROGRESS's) gets a dict at the
@@ -162,7 +164,8 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
     if seed is None:
         seed = int(mx.random.randint(0, 2**31 - 1, ()).item())
 
-    player = player_for(model, tokenizer, group_size, seed, concurrency, reuse_cache)
+    first = first_prompt * group_size  # the step's number of episode 0 here
+    player = player_for(model, tokenizer, group_size, seed, concurrency, reuse_cache, first)
     per_wave = len(episodes)
     if player.reuses_cache:  # a wave's rows keep their buffers from turn to turn: as many as fit at once
         longest = max(len(ep.prompt_tokens) for ep in episodes)
@@ -172,7 +175,7 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
     for start in range(0, len(episodes), per_wave):
         wave = list(range(start, min(len(episodes), start + per_wave)))
         if start:
-            player = player_for(model, tokenizer, group_size, seed, concurrency, reuse_cache)
+            player = player_for(model, tokenizer, group_size, seed, concurrency, reuse_cache, first)
         try:
             _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, max_episode_tokens, progress,
                   stats)
@@ -334,14 +337,17 @@ def make_envs(task, rows: list[dict], group_size: int) -> list[Environment]:
     return [task.make_env(row) for row in rows for _ in range(group_size)]
 
 
-def rollout_and_score(model, tokenizer, task, rows: list[dict], config):
-    """The multi-turn counterpart of trainer.rollout_and_score: (episodes, scores, seconds)."""
+def rollout_and_score(model, tokenizer, task, rows: list[dict], config, first_prompt: int = 0):
+    """The multi-turn counterpart of trainer.rollout_and_score: (episodes, scores, seconds).
+
+    rows[0] is the step's prompt number `first_prompt` (rollout_episodes keys episodes by it)."""
     model.eval()
     start = time.perf_counter()
     episodes = rollout_episodes(
         model, tokenizer, make_envs(task, rows, config.group_size), config.group_size,
         SamplingConfig(config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens),
         config.max_turns, config.max_episode_tokens, task.system_prompt, config.decode_concurrency,
+        first_prompt=first_prompt,
     )
     return episodes, episode_scores(episodes), time.perf_counter() - start
 

@@ -13,7 +13,8 @@
 
 `player_for` picks one. Every player draws episode e's tokens of turn t with
 the keys of `turn_row_seed`, so the three sample the same tokens where their
-logits agree.
+logits agree. e counts from the player's `first`: an episode's number in the
+whole step, so a process playing a share of it draws what one process would.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Reprefill:
     """Today's way: each turn samples from the whole conversation so far (sample_completions)."""
 
     reuses_cache = False
+    first = 0  # the step's number of episode 0 here (player_for sets it)
 
     def __init__(self, model, tokenizer, group_size: int, seed: int, concurrency: int):
         self.model, self.tokenizer, self.group_size, self.seed = model, tokenizer, group_size, seed
@@ -90,10 +92,10 @@ class Reprefill:
             heads = episodes[::self.group_size]
             outs = sample_completions(self.model, self.tokenizer, [contexts[episodes.index(e)] for e in heads],
                                       self.group_size, sampling, self.concurrency, seed=turn_seed(self.seed, 0),
-                                      prompt_ids=[e // self.group_size for e in heads])
+                                      prompt_ids=[(self.first + e) // self.group_size for e in heads])
         else:
             outs = sample_completions(self.model, self.tokenizer, contexts, 1, sampling, self.concurrency,
-                                      seed=turn_seed(self.seed, turn), prompt_ids=list(episodes))
+                                      seed=turn_seed(self.seed, turn), prompt_ids=[self.first + e for e in episodes])
         prefill = meter.seconds - seconds
         return outs, {"prefilled": meter.tokens - tokens, "prefill_s": prefill,
                       "decode_s": time.perf_counter() - began - prefill}
@@ -109,6 +111,7 @@ class FixedTurns:
     """The fixed-shape decoder with each episode's buffers kept between turns."""
 
     reuses_cache = True
+    first = 0
 
     def __init__(self, model, tokenizer, group_size: int, seed: int):
         self.model, self.tokenizer, self.group_size, self.seed = model, tokenizer, group_size, seed
@@ -121,8 +124,8 @@ class FixedTurns:
         if self.pieces is not None:
             order.sort(key=lambda i: -len(chunks[i]))
         chunks = [chunks[i] for i in order]
-        pick, keys_at, sampling_key = fixed_sampler(_sampler(sampling, self.seed, turn, episodes, self.group_size),
-                                                    order, sampling)
+        pick, keys_at, sampling_key = fixed_sampler(
+            _sampler(sampling, self.seed, turn, [self.first + e for e in episodes], self.group_size), order, sampling)
         began = time.perf_counter()
         meter = fixed_decode.PREFILL
         with adapters_merged(self.model):
@@ -160,6 +163,7 @@ class GeneratorTurns:
     """mlx-lm's BatchGenerator, each episode's cache taken back after its turn and extended the next."""
 
     reuses_cache = True
+    first = 0
 
     def __init__(self, model, tokenizer, group_size: int, seed: int):
         self.model, self.tokenizer, self.group_size, self.seed = model, tokenizer, group_size, seed
@@ -186,7 +190,7 @@ class GeneratorTurns:
                 prompts.append(chunk[1:])
                 prefilled += len(chunk) - 2
             self.caches = {}  # finished episodes let go of theirs
-        sampler = _sampler(sampling, self.seed, turn, episodes, self.group_size)
+        sampler = _sampler(sampling, self.seed, turn, [self.first + e for e in episodes], self.group_size)
         generator = BatchGenerator(self.model, max_tokens=sampling.max_tokens, stop_tokens=[[i] for i in self.end_ids],
                                    sampler=sampler or _greedy, completion_batch_size=len(episodes),
                                    prefill_batch_size=len(episodes),
@@ -230,10 +234,16 @@ class GeneratorTurns:
 _EXTENDABLE = (KVCache, RotatingKVCache)  # what mlx-lm merges and extracts exactly, with new tokens appended
 
 
-def player_for(model, tokenizer, group_size: int, seed: int, concurrency: int, reuse_cache: bool = True):
-    """FixedTurns where the fixed decoder runs, GeneratorTurns where every cache extends, else Reprefill."""
+def player_for(model, tokenizer, group_size: int, seed: int, concurrency: int, reuse_cache: bool = True,
+               first: int = 0):
+    """FixedTurns where the fixed decoder runs, GeneratorTurns where every cache extends, else Reprefill.
+
+    `first`: the step's number of the first episode played (its keys are the step's, not the share's)."""
     if reuse_cache and fixed_decode.supports_fixed_decode(model):
-        return FixedTurns(model, tokenizer, group_size, seed)
-    if reuse_cache and all(type(c) in _EXTENDABLE for c in make_prompt_cache(model)):
-        return GeneratorTurns(model, tokenizer, group_size, seed)
-    return Reprefill(model, tokenizer, group_size, seed, concurrency)
+        player = FixedTurns(model, tokenizer, group_size, seed)
+    elif reuse_cache and all(type(c) in _EXTENDABLE for c in make_prompt_cache(model)):
+        player = GeneratorTurns(model, tokenizer, group_size, seed)
+    else:
+        player = Reprefill(model, tokenizer, group_size, seed, concurrency)
+    player.first = first
+    return player
