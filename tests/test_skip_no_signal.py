@@ -20,7 +20,7 @@ SIGNAL = {"on": True}
 
 def varied_or_flat(prompts, completions, **kw):
     """Rewards that differ inside a group while SIGNAL is on, all equal once it is off."""
-    return [float(sum(map(ord, c)) % 7) if SIGNAL["on"] else 1.0 for c in completions]
+    return [float(sum(map(ord, c)) % 97) if SIGNAL["on"] else 1.0 for c in completions]
 
 
 def _weights(model):

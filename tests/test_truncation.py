@@ -93,8 +93,8 @@ def test_a_multi_turn_step_counts_and_masks_cut_episodes(policy, tiny_model_path
     mx.random.seed(0)
     prepare_for_training(model, "lora", {"rank": 4})
     task = _task()
-    for masked in (False, True):
-        config = _config(mask_truncated=masked)
+    for masked in (False, True):  # (an entropy term keeps every group in the update, whatever its rewards)
+        config = _config(mask_truncated=masked, entropy_coef=0.01)
         metrics, records = train_step(model, tokenizer, make_optimizer(config), task, config, 1, None)
         assert all(r["finish_reason"] == "max_tokens" for r in records)
         assert metrics["completion/truncated_frac"] == 1.0  # what the `truncated` health rule reads

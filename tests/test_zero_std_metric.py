@@ -35,8 +35,8 @@ def test_frac_zero_std_is_written_in_one_place():
 
 def by_prompt(prompts, completions, **kw):
     """"zero": every answer 0 (dropped by the threshold); "one": every answer 1 (kept, no spread);
-    anything else: rewards 1 to 4 that differ inside the group."""
-    return [0.0 if p == "zero" else 1.0 if p == "one" else 1.0 + sum(map(ord, c)) % 4
+    anything else: rewards from 1 up that differ inside the group."""
+    return [0.0 if p == "zero" else 1.0 if p == "one" else 1.0 + (sum(map(ord, c)) % 97) / 10
             for p, c in zip(prompts, completions)]
 
 
