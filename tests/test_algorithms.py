@@ -135,8 +135,9 @@ def test_reference_refresh_mixes_toward_the_policy():
 OPTION_SETS = {
     "dynamic-sampling": dict(dynamic_sampling=True, resample_rounds=2, reward_threshold=0.2, loss="dapo"),
     "cispo-refresh": dict(loss="cispo", epsilon_high=0.28, beta=0.05, ref_refresh_every=1, ref_refresh_alpha=0.5),
+    # Stops at common letters, so that some completions end and others are cut (and masked) whatever the draws.
     "gspo-entropy": dict(loss="gspo", entropy_coef=0.01, entropy_top_quantile=0.5, mask_truncated=True,
-                         overlong_buffer=4),
+                         overlong_buffer=4, stop=list("etaoinsr")),
     "sapo-delta": dict(loss="sapo", scale_rewards="group"),
     "grpo-delta": dict(loss="grpo", delta=1.5, scale_rewards="batch", runaway_penalty=0.5),
 }

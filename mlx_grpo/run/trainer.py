@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten, tree_map
 from ..config import TrainConfig, dump_yaml
 from ..models.adapters import save_adapters
 from ..sampling import multiturn
+from ..sampling.progress import PROGRESS
 from ..sampling.episode_record import episode_record
 from ..sampling.heldout import evaluate_accuracy, evaluate_pass_at_k
 from ..tasks.registry import Task, token_budget
@@ -142,8 +143,9 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
             mine = [all_parts[i] for i in dist.shard(len(all_parts))]
             metrics["kl"] = _kl_to_reference(mine, reference_logprobs(model, mine, ref_params, config.temperature, chunk))
         parts = [parts[i] for i in dist.shard(len(parts))]  # data-parallel: this rank's micro-batches
-        # No signal: no advantage on a trained token, and no KL or entropy term; the gradient is zero.
-        no_signal = config.beta == 0 and config.entropy_coef == 0 and not carries_signal(batch)
+        # No signal: no token trained at all, or no advantage on a trained token and no KL or entropy term;
+        # the gradient is zero either way.
+        no_signal = not batch.mask.any() or (config.beta == 0 and config.entropy_coef == 0 and not carries_signal(batch))
         skip = config.skip_no_signal and no_signal
         ref_logps = (reference_logprobs(model, parts, ref_params, config.temperature, chunk)
                      if config.beta > 0 and not skip else None)
@@ -262,7 +264,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     """
     main = dist.is_main()  # data-parallel (distributed.py): rank 0 alone writes and reports
     emit = with_reporters(config, on_event or (lambda kind, data: None)) if main else (lambda kind, data: None)
-    multiturn.PROGRESS.set(lambda state: emit("rollout", state))
+    PROGRESS.set(lambda state: emit("rollout", state))  # where each rollout and evaluation decode is
     run_dir = Path(config.resume or config.output or default_run_dir(config))
     # Task, policy, adapters, reference, optimizer: as the API's Trainer sets them up (setup.py); a bad
     # data file, reward or output folder is reported before the slow model load.

@@ -34,6 +34,7 @@ from ..models import cpu_math
 from ..models.adapters import adapters_merged
 from ..update.logprobs import _output_head
 from . import fixed_decode
+from .progress import PROGRESS, DecodeMeter
 from .width import decode_width
 
 
@@ -150,9 +151,11 @@ def draw_tokens(logits: mx.array, keys: mx.array, sampling: SamplingConfig) -> t
     logits = logits.astype(mx.float32)
     if _filters(sampling):  # the filters read log-probs at temperature 1
         tokens = _sample(logits - cpu_math.logsumexp(logits, axis=-1, keepdims=True), keys, sampling)
-    else:  # a row's normaliser does not move its argmax: one log-sum-exp a step, not two
-        tokens = _sample(logits, keys, sampling)
-    return tokens, tempered_logprobs(logits, tokens, sampling.temperature)
+        return tokens, tempered_logprobs(logits, tokens, sampling.temperature)
+    # No filter: the draw's own log-normaliser is the log-prob's (one pass of exp over the vocabulary, not two).
+    scaled = logits if sampling.temperature == 1.0 else logits / sampling.temperature
+    tokens, normaliser = gumbel_max(scaled, keys)
+    return tokens, mx.take_along_axis(scaled, tokens[:, None], axis=-1).squeeze(-1) - normaliser
 
 
 def _filters(sampling: SamplingConfig) -> list:
@@ -175,15 +178,45 @@ def _sample(logprobs: mx.array, keys: mx.array, sampling: SamplingConfig) -> mx.
     """
     for apply_filter in _filters(sampling):
         logprobs = apply_filter(logprobs)
-    # argmax(logits / T + Gumbel noise) is a sample from softmax(logits / T).
-    # Inverse-CDF sampling would be cheaper (one random number a row instead of
-    # one per vocabulary entry) but a rounding-level change in the logits moves
-    # its draw far more often (0.5-3% of tokens against none, measured with
-    # 1e-5 noise on 152k logits), and two batches that share a prompt must draw
-    # the same completions for it.
-    vocab = logprobs.shape[-1]
-    noise = mx.vmap(lambda k: mx.random.gumbel((vocab,), key=k))(keys)
-    return mx.argmax(logprobs * (1 / sampling.temperature) + noise, axis=-1)
+    return gumbel_max(logprobs * (1 / sampling.temperature), keys)[0]
+
+
+# Tokens per block of the two-level draw below (151,936 = 1,187 blocks of 128).
+BLOCK = 128
+
+
+def gumbel_max(scaled: mx.array, keys: mx.array) -> tuple[mx.array, mx.array]:
+    """A token per row from softmax(scaled), and each row's log-normaliser log(sum(exp(scaled))).
+
+    argmax(scaled + Gumbel noise) is a sample from softmax(scaled), and a
+    rounding-level change in the logits moves it only at a near-tie (inverse-CDF
+    sampling, one uniform a row, moved 0.5-3% of tokens under 1e-5 noise on 152k
+    logits: two batches that share a prompt must draw the same completions).
+    Noise for every vocabulary entry costs more than the model's decode step on
+    a CPU, so the draw is made in two levels, each a Gumbel-max, which is exact:
+    a block of BLOCK consecutive tokens is drawn with probability its share of
+    the mass (its log-sum-exp plus one Gumbel), then a token within it (its
+    logits plus BLOCK Gumbels). The first level's exps give the normaliser too.
+    Row i's block noise and within-block noise come from keys[i] alone: key
+    number b of its split for block b, the last for the blocks' own draw.
+    """
+    rows, vocab = scaled.shape
+    blocks = -(-vocab // BLOCK)
+    if blocks * BLOCK != vocab:  # padding never wins: -inf in both levels
+        scaled = mx.pad(scaled, [(0, 0), (0, blocks * BLOCK - vocab)], constant_values=-float("inf"))
+    scaled = scaled.reshape(rows, blocks, BLOCK)
+    top = mx.max(scaled, axis=(1, 2), keepdims=True)
+    weights = mx.where(scaled > -float("inf"), cpu_math.exp(scaled - top), 0.0)  # filtered and padded: exactly 0
+    mass = weights.sum(axis=-1)  # (rows, blocks)
+    normaliser = mx.log(mass.sum(axis=-1)) + top.reshape(rows)
+    split = mx.vmap(lambda k: mx.random.split(k, blocks + 1))(keys)  # (rows, blocks + 1, 2)
+    block_noise = mx.vmap(lambda k: mx.random.gumbel((blocks,), key=k))(split[:, blocks])
+    block = mx.argmax(mx.log(mass) + block_noise, axis=-1)
+    chosen = mx.take_along_axis(scaled, block[:, None, None], axis=1).squeeze(1)  # (rows, BLOCK)
+    block_key = mx.take_along_axis(split, block[:, None, None], axis=1).squeeze(1)
+    token_noise = mx.vmap(lambda k: mx.random.gumbel((BLOCK,), key=k))(block_key)
+    within = mx.argmax(chosen + token_noise, axis=-1)
+    return (block * BLOCK + within).astype(mx.uint32), normaliser
 
 
 def greedy_tokens(logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -240,18 +273,25 @@ def sample_completions(
     # The memory budget may lower the width (width.py; the same rule as multi-turn rollouts').
     longest = max(len(p) for p in prompts) + sampling.max_tokens
     width = decode_width(model, longest, max(1, concurrency))
-    if fixed_decode.supports_fixed_decode(model, longest):
-        for start in range(0, n, width):
-            wave = list(range(start, min(n, start + width)))
-            out = _decode_fixed(model, [prompts[i // group_size] for i in wave], wave, sampler, end_ids, sampling)
+    listener = PROGRESS.get()
+    meter = DecodeMeter(n, sampling.max_tokens, listener) if listener is not None else None
+    fixed = fixed_decode.supports_fixed_decode(model, longest)
+    caches = None if fixed else _shared_caches(model, prompts, group_size)  # mlx-lm's generator: caches that grow
+    for start in range(0, n, width):
+        wave = list(range(start, min(n, start + width)))
+        on_step = (lambda position, finished, made, size=len(wave): meter.step(size, position, finished, made)
+                   ) if meter else None
+        if fixed:
+            out = _decode_fixed(model, [prompts[i // group_size] for i in wave], wave, sampler, end_ids, sampling,
+                                on_step)
             for i, t, lp, f in zip(wave, *out):
                 tokens[i], logprobs[i], finish[i] = t, lp, f
-    else:  # sliding-window or recurrent caches: mlx-lm's generator, whose caches grow
-        caches = _shared_caches(model, prompts, group_size)
-        for start in range(0, n, width):
-            wave = list(range(start, min(n, start + width)))
+        else:  # sliding-window or recurrent caches
             _decode_wave(model, [prompts[i // group_size] for i in wave], wave, caches[start:start + width], sampler,
-                         end_ids, sampling, tokens, logprobs, finish)
+                         end_ids, sampling, tokens, logprobs, finish, on_step)
+        if meter:
+            meter.step(len(wave), max(len(tokens[i]) for i in wave), len(wave), sum(len(tokens[i]) for i in wave),
+                       ended=True)
 
     completions = []
     for i in range(n):
@@ -287,14 +327,14 @@ def fixed_sampler(sampler, rows, sampling: SamplingConfig):
     return pick, keys_at, (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p)
 
 
-def _decode_fixed(model, prompts, rows, sampler, end_ids, sampling):
+def _decode_fixed(model, prompts, rows, sampler, end_ids, sampling, on_step=None):
     """Decode `rows` (one per prompt given) with the compiled fixed-shape loop; see fixed_decode.py."""
     pick, keys_at, sampling_key = fixed_sampler(sampler, rows, sampling)
     with adapters_merged(model):
-        return fixed_decode.decode(model, prompts, sampling.max_tokens, sampling_key, pick, keys_at, end_ids)
+        return fixed_decode.decode(model, prompts, sampling.max_tokens, sampling_key, pick, keys_at, end_ids, on_step)
 
 
-def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, tokens, logprobs, finish):
+def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, tokens, logprobs, finish, on_step=None):
     """Decode `rows` together (all admitted at once) until each has finished.
 
     Every row enters the generator's batch in the first step and leaves it when
@@ -336,5 +376,7 @@ def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, token
                 if r.finish_reason is not None:
                     finish[i] = r.finish_reason
             active = [i for i in active if finish[i] is None]
+            if on_step is not None:
+                on_step(max(len(tokens[i]) for i in rows), len(rows) - len(active), sum(len(tokens[i]) for i in rows))
     finally:
         generator.close()
