@@ -213,15 +213,16 @@ class Progress:
         self.console = console
         self.bar = None
         self.tasks = {}
+        self.printed = {}  # model -> when (in its decode's seconds) a log last got its line
         if console.is_terminal:
             self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
                                     TextColumn("prompts"), TimeElapsedColumn(), console=console, transient=True)
             self.bar.start()
 
     def __call__(self, name: str, done: int, total: int) -> None:
-        from ..sampling.multiturn import PROGRESS
+        from ..sampling.progress import PROGRESS
 
-        PROGRESS.set(lambda state: self.turn(name, state))  # a multi-turn rollout's turns, for this model
+        PROGRESS.set(lambda state: self.turn(name, state))  # where this model's rollout is
         if self.bar is not None:
             if name not in self.tasks:
                 self.tasks[name] = self.bar.add_task(f"{name}: generating", total=total)
@@ -230,17 +231,20 @@ class Progress:
             self.console.print(f"{name}: generating for {total} prompts ...", highlight=False)
 
     def turn(self, name: str, state: dict) -> None:
-        """A multi-turn rollout's turn ended: the bar says where it is; elsewhere one line a turn."""
-        from ..run.display import rollout_line
+        """A rollout moved on (a turn ended, or a decode's steps): the bar says where it is; elsewhere
+        one line a turn, or a decode's line every LOG_ROLLOUT_EVERY_S."""
+        from ..run.display import LOG_ROLLOUT_EVERY_S, rollout_line
 
         if self.bar is not None:
             if name in self.tasks:
                 self.bar.update(self.tasks[name], description=f"{name}: {rollout_line(state)}")
-        else:
+        elif state.get("kind") != "decode" or not (0 < state["seconds"] - self.printed.get(name, -1e9)
+                                                    < LOG_ROLLOUT_EVERY_S):
+            self.printed[name] = state["seconds"]
             self.console.print(f"{name}: {rollout_line(state)}", highlight=False)
 
     def stop(self) -> None:
-        from ..sampling.multiturn import PROGRESS
+        from ..sampling.progress import PROGRESS
 
         PROGRESS.set(None)
         if self.bar is not None:

@@ -47,9 +47,23 @@ def step_summary(m: dict) -> str:
 
 
 def rollout_line(state: dict) -> str:
-    """Where a multi-turn rollout is (multiturn.rollout_episodes' on_progress): turn, episodes playing, tokens/s."""
+    """Where a rollout is (sampling/progress.py): a decode's completions done, tokens/s and the most time
+    left; a multi-turn rollout's turn, episodes playing, tokens/s."""
+    if state.get("kind") == "decode":
+        return (f"{state['done']} of {state['rows']} completions done, token {state['position']}/"
+                f"{state['max_tokens']}, {state['tokens_per_s']:.0f} tok/s, at most {_duration(state['at_most_left_s'])} "
+                f"left")
     return (f"turn {state['turn']}/{state['max_turns']}, {state['playing']} of {state['episodes']} episodes playing, "
             f"{state['finished']} done, {state['tokens_per_s']:.0f} tok/s")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+# A log (no live view) gets a rollout's line at most this often.
+LOG_ROLLOUT_EVERY_S = 15.0
 
 
 def trend(values: list[float], k: int = 5, tolerance: float = 0.05) -> str:
@@ -119,6 +133,7 @@ class TrainDisplay:
     def __init__(self, console: Console | None = None, log_every: int = 1, live: bool | None = None):
         self.console = console or Console()
         self.log_every = log_every
+        self.rollout_printed = 0.0  # when (in the rollout's own seconds) a log last got a rollout line
         self.use_live = self.console.is_terminal if live is None else live
         self.progress = None
         self.live = None
@@ -170,9 +185,13 @@ class TrainDisplay:
                            f"({d['seconds']:.1f}s)")
 
     def on_rollout(self, state):
-        """A multi-turn rollout's turn ended (live view only: a log gets the step's line)."""
+        """Where a rollout (or an evaluation's decode) is: the live view's bar; without one (a log, or the
+        evaluation before training) a line every LOG_ROLLOUT_EVERY_S."""
         if self.live is not None:
             self.progress.update(self.task_id, rollout=rollout_line(state))
+        elif state["seconds"] - self.rollout_printed >= LOG_ROLLOUT_EVERY_S or state["seconds"] < self.rollout_printed:
+            self.rollout_printed = state["seconds"]
+            self.console.print(f"  {rollout_line(state)}", highlight=False, soft_wrap=True)
 
     def on_step(self, d):
         m = d["metrics"]

@@ -238,12 +238,13 @@ class Decoded:
     pieces: list[tuple[list[int], Rows]] = field(default_factory=list)
 
 
-def decode(model, prompts, max_tokens, sampling_key, pick, random_keys, end_ids):
+def decode(model, prompts, max_tokens, sampling_key, pick, random_keys, end_ids, on_step=None):
     """Decode one completion per prompt, all rows at once. Returns (tokens, logprobs, finish) per row.
 
     pick(logits, keys) -> (tokens, their log-probs) is the sampler, the same for
     every call with the same sampling_key; random_keys(rows, t) gives the
-    (len(rows), 2) keys for position t of those rows.
+    (len(rows), 2) keys for position t of those rows. on_step(position, rows
+    finished, tokens sampled), when given, hears after every step.
     """
     longest = max(len(p) - 1 for p in prompts)
     prefix = buffer_length(longest + max_tokens) - max_tokens
@@ -251,12 +252,12 @@ def decode(model, prompts, max_tokens, sampling_key, pick, random_keys, end_ids)
     rows = Rows(keys, values, [prefix - (len(p) - 1) for p in prompts])
     del keys, values
     out = decode_rows(model, rows, prefix, [p[-1] for p in prompts], max_tokens, sampling_key, pick, random_keys,
-                      end_ids)
+                      end_ids, on_step=on_step)
     return out.tokens, out.logprobs, out.finish
 
 
 def decode_rows(model, rows: Rows, start: int, first_tokens, max_tokens, sampling_key, pick, random_keys, end_ids,
-                keep: bool = False) -> Decoded:
+                keep: bool = False, on_step=None) -> Decoded:
     """Decode from buffers already filled up to slot `start` (exclusive); first_tokens go in at `start`.
 
     Row r's context is slots [rows.left_padding[r], start). With keep, the
@@ -298,6 +299,8 @@ def decode_rows(model, rows: Rows, start: int, first_tokens, max_tokens, samplin
             elif len(tokens[r]) == max_tokens:
                 finish[r] = "length"
         live = [j for j, r in enumerate(batch) if finish[r] is None]
+        if on_step is not None:
+            on_step(t + 1, n - len(live), sum(map(len, tokens)))
         if not live:
             break
         width = _power_of_two_at_least(len(live))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -37,14 +36,12 @@ from ..tasks.rewarding import Scores
 from ..tools.episode import tool_metrics
 from .environment import Environment, Rendered
 from .rollout import SamplingConfig
+from .progress import PROGRESS  # who hears about a rollout's turns (the display sets it)
 from .turns import Stats, player_for
 from .width import decode_width
 
 _MARK = "\x00OBSERVATION\x00"
 STEP_THREADS = 16  # environments stepped at once after a turn (their tool calls wait on I/O, not the GIL)
-# Who hears about a rollout's turns when rollout_episodes is not told (on_progress): the
-# live display of train, eval and compare sets it, so that the layers between need not pass it on.
-PROGRESS: ContextVar[Callable[[dict], None] | None] = ContextVar("multiturn_progress", default=None)
 
 
 @dataclass
