@@ -241,7 +241,7 @@ class Trainer:
         settings = c if g == c.group_size else _with_group_size(c, g)
         parts = micro_batches(batch, settings.micro_batch_size)
         sizes = batch_shape(batch, settings.micro_batch_size, c.max_tokens)
-        chunk = _trainer._chunk_size(settings, self.model, batch, settings.micro_batch_size)
+        chunk = _trainer.logprob_chunk(settings, self.model, batch, settings.micro_batch_size)
         ref = (reference_logprobs(self.model, parts, self.ref_params, settings.temperature, chunk)
                if c.beta > 0 else None)
         self.model.train()

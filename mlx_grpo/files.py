@@ -19,17 +19,17 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message says which and why."""
 
 
-def _reason(e: Exception) -> str:
+def os_reason(e: Exception) -> str:
     """The OS's words for a failed write (e.g. 'No space left on device'), else the message."""
     return getattr(e, "strerror", None) or str(e)
 
 
-def _fsync_file(path: Path) -> None:
+def fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -42,7 +42,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _remove(path: Path) -> None:
+def remove_quietly(path: Path) -> None:
     try:
         path.unlink()
     except OSError:
@@ -60,9 +60,9 @@ def atomic_write_text(path: Path, text: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        _remove(tmp)
-        raise CheckpointError(f"could not write {path}: {_reason(e)}") from e
-    _fsync_dir(path.parent)
+        remove_quietly(tmp)
+        raise CheckpointError(f"could not write {path}: {os_reason(e)}") from e
+    fsync_dir(path.parent)
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -75,9 +75,9 @@ def atomic_save_safetensors(path: Path, arrays: dict) -> None:
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.safetensors")
     try:
         mx.save_safetensors(str(tmp), arrays)  # MLX reports a failed write as RuntimeError
-        _fsync_file(tmp)
+        fsync_file(tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
-        _remove(tmp)
-        raise CheckpointError(f"could not write {path}: {_reason(e)}") from e
-    _fsync_dir(path.parent)
+        remove_quietly(tmp)
+        raise CheckpointError(f"could not write {path}: {os_reason(e)}") from e
+    fsync_dir(path.parent)

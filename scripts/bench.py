@@ -362,7 +362,7 @@ def stops_ignored(tokenizer):
     """Both samplers decode every completion to max_tokens: no token ends one (the same work for both).
 
     mlx-lm-lora stops at tokenizer.eos_token_ids (and at its end_answer_token,
-    empty here); mlx-grpo at rollout._end_token_ids(tokenizer), the same ids.
+    empty here); mlx-grpo at rollout.end_token_ids(tokenizer), the same ids.
     Emptied, an end token is sampled like any other and the row goes on.
     """
     from mlx_grpo.sampling import rollout
@@ -370,7 +370,7 @@ def stops_ignored(tokenizer):
     saved = set(tokenizer.eos_token_ids)
     tokenizer.eos_token_ids = set()
     try:
-        with _replaced(rollout, "_end_token_ids", lambda tokenizer: []):
+        with _replaced(rollout, "end_token_ids", lambda tokenizer: []):
             yield
     finally:
         tokenizer.eos_token_ids = saved

@@ -27,7 +27,7 @@ from bench import prompt_texts  # noqa: E402
 
 from mlx_grpo.blas import use_openblas  # noqa: E402
 from mlx_grpo.models.loading import load_policy  # noqa: E402
-from mlx_grpo.sampling.rollout import SamplingConfig, _end_token_ids, sample_completions  # noqa: E402
+from mlx_grpo.sampling.rollout import SamplingConfig, end_token_ids, sample_completions  # noqa: E402
 from mlx_grpo.tasks.data import encode_prompt  # noqa: E402
 from mlx_grpo.update.logprobs import token_logprobs  # noqa: E402
 
@@ -89,7 +89,7 @@ def main(argv=None):
         "model": args.model, "samples_per_prompt": args.samples, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "prompt_tokens": [len(q) for q in prompts],
         "mlx_grpo": summary(model, prompts, [(c.prompt_index, c.tokens) for c in ours], args.max_tokens,
-                            set(_end_token_ids(tokenizer))),
+                            set(end_token_ids(tokenizer))),
         "mlx_lm_lora": summary(model, prompts, [(i, c.tolist()) for i, c in zip(indices, theirs)], args.max_tokens,
                                set(tokenizer.eos_token_ids)),
     }

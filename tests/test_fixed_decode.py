@@ -82,7 +82,7 @@ def test_rows_that_stop_early_narrow_the_batch_without_changing_any_row(adapted,
     model, tokenizer = adapted
     # One token in seven ends a completion: rows stop at many different
     # steps, so the batch narrows (12 rows, then 8, 4, ...) mid-decode.
-    monkeypatch.setattr(rollout, "_end_token_ids", lambda tokenizer: list(range(0, 260, 7)))
+    monkeypatch.setattr(rollout, "end_token_ids", lambda tokenizer: list(range(0, 260, 7)))
     widths = []
     compiled_step = fixed_decode._compiled_step
 

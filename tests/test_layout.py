@@ -121,3 +121,62 @@ def test_no_module_passes_the_size_limit():
     too_long = {str(p.relative_to(ROOT)): n for package in ("mlx_grpo", "rewards") for p in (ROOT / package).rglob("*.py")
                 if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not too_long, f"split these modules by concern (over {MAX_LINES} lines): {too_long}"
+
+
+# A name with one leading underscore is private to its package: the folder that holds its
+# module. A module may import it (or read it as `module._name`) from a module in its own folder,
+# never from another folder: mlx_grpo/sampling/ does not reach into mlx_grpo/update/, nor
+# mlx_grpo/run/ into mlx_grpo/files.py, nor rewards/ into mlx_grpo/. What is shared is public.
+# tests/ and scripts/ are outside the rule: tests pin down internals and benchmarks time them.
+def _package_of(module: str, files: dict[str, Path]) -> str:
+    path = files.get(module)
+    return module if path is not None and path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _private_crossings(packages=("mlx_grpo", "rewards")) -> list[str]:
+    files = {_module_name(p): p for package in packages for p in (ROOT / package).rglob("*.py")}
+    found = []
+    for name, path in sorted(files.items()):
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        home = _package_of(name, files)
+        tree = ast.parse(path.read_text())
+        modules = {}  # local name -> a module of ours it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = (".".join(here[:len(here) - node.level + 1] + ([node.module] if node.module else []))
+                        if node.level else node.module or "")
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    if full in files:
+                        modules[alias.asname or alias.name] = full
+                    elif (base in files and _private(alias.name) and _package_of(base, files) != home):
+                        found.append(f"{name} imports {alias.name} from {base}")
+            elif isinstance(node, ast.Import):
+                modules.update({a.asname: a.name for a in node.names if a.asname and a.name in files})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr)
+                    and (target := modules.get(node.value.id)) and _package_of(target, files) != home):
+                found.append(f"{name} reads {target}.{node.attr}")
+    return sorted(set(found))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_the_privacy_rule_catches_a_crossing(tmp_path, monkeypatch):
+    package = tmp_path / "pkg"
+    for folder in ("low", "high"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "low" / "a.py").write_text("def _helper(): pass\n")
+    (package / "low" / "b.py").write_text("from .a import _helper\n")  # its own folder: fine
+    (package / "high" / "c.py").write_text("from ..low.a import _helper\nfrom ..low import a as _a\n_a._helper()\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert _private_crossings(("pkg",)) == ["pkg.high.c imports _helper from pkg.low.a",
+                                            "pkg.high.c reads pkg.low.a._helper"]
+
+
+def test_no_private_name_crosses_a_package():
+    assert _private_crossings() == []

@@ -38,12 +38,12 @@ QUICK_ENV = {**ENV, "MLX_GRPO_OPENBLAS": "0"}
 KILL_IN_CHECKPOINT = """
 import os, signal
 from mlx_grpo.run import checkpoint
-fsync = checkpoint._fsync_file
+fsync = checkpoint.fsync_file
 def fsync_then_die(path):
     fsync(path)
     if path.name == "optimizer.safetensors" and ".tmp-" in path.parent.name:
         os.kill(os.getpid(), signal.SIGKILL)
-checkpoint._fsync_file = fsync_then_die
+checkpoint.fsync_file = fsync_then_die
 from mlx_grpo.cli import main
 main()
 """

@@ -140,8 +140,8 @@ def test_diverging_episodes_of_a_random_model_narrowing_and_ragged_chunks(random
     different turns: the kept buffers must still give exactly what prefilling again gives."""
     model, tokenizer = random_policy
     # One token in nine ends a turn, so turns stop at spread-out steps.
-    monkeypatch.setattr(turns, "_end_token_ids", lambda tokenizer: list(range(0, 260, 9)))
-    monkeypatch.setattr("mlx_grpo.sampling.rollout._end_token_ids", lambda tokenizer: list(range(0, 260, 9)))
+    monkeypatch.setattr(turns, "end_token_ids", lambda tokenizer: list(range(0, 260, 9)))
+    monkeypatch.setattr("mlx_grpo.sampling.rollout.end_token_ids", lambda tokenizer: list(range(0, 260, 9)))
     envs = lambda: [VaryingEnv(turns=2 + i % 4) for i in range(12)]  # noqa: E731
     stats = Stats()
     kept = _roll(random_policy, envs(), 3, reuse=True, max_tokens=10, max_turns=5, stats=stats)

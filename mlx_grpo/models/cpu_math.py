@@ -39,7 +39,7 @@ _LOG2_E = 1.4426950408889634
 # Compiled for each new shape (a view cannot be traced shapeless); the kernels
 # themselves are shared between shapes.
 @mx.compile
-def _polynomial_exp(x: mx.array) -> mx.array:
+def polynomial_exp(x: mx.array) -> mx.array:
     t = mx.clip(x.astype(mx.float32), -87.0, 88.0) * _LOG2_E
     # t + 127.5 > 0, so truncation is floor(t + 0.5) + 127: the biased exponent of 2^n.
     biased = (t + 127.5).astype(mx.int32)
@@ -53,7 +53,7 @@ def _polynomial_exp(x: mx.array) -> mx.array:
 
 @mx.custom_function
 def _exp_with_gradient(x):
-    return _polynomial_exp(x)
+    return polynomial_exp(x)
 
 
 @_exp_with_gradient.vjp
@@ -76,7 +76,7 @@ def logsumexp(x: mx.array, axis: int = -1, keepdims: bool = False) -> mx.array:
 
 
 def _sigmoid(x):
-    return 1 / (1 + _polynomial_exp(-x))
+    return 1 / (1 + polynomial_exp(-x))
 
 
 @mx.custom_function

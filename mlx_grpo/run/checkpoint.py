@@ -31,8 +31,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..files import (CheckpointError, _fsync_dir, _fsync_file, _reason, _remove,  # noqa: F401 (public here too)
-                     atomic_save_safetensors, atomic_write_json, atomic_write_text)
+from ..files import (CheckpointError, atomic_save_safetensors, atomic_write_json, atomic_write_text, fsync_dir,
+                     fsync_file, os_reason, remove_quietly)
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
@@ -53,16 +53,16 @@ def ensure_writable(run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe.write_text("ok")
     except OSError as e:
-        raise CheckpointError(f"output folder {run_dir} is not writable: {_reason(e)}") from None
+        raise CheckpointError(f"output folder {run_dir} is not writable: {os_reason(e)}") from None
     finally:
-        _remove(probe)
+        remove_quietly(probe)
         for folder in made:
             try:
                 folder.rmdir()
             except OSError:
                 break
     for stale in run_dir.glob(".*.tmp-*"):
-        _remove(stale)
+        remove_quietly(stale)
 
 
 def _sha256(path: Path) -> str:
@@ -94,14 +94,14 @@ def _write_folder(tmp: Path, step: int, adapter_weights: dict, adapter_config: d
     (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, sort_keys=True))
     files = {}
     for f in sorted(tmp.iterdir()):
-        _fsync_file(f)
+        fsync_file(f)
         files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
     # Written last: a folder with a manifest is a folder whose other files are complete.
     with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
         json.dump({"step": step, "files": files}, f, indent=2, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
 
 
 def save_checkpoint(run_dir: Path, step: int, adapter_weights: dict, adapter_config: dict,
@@ -133,12 +133,12 @@ def save_checkpoint(run_dir: Path, step: int, adapter_weights: dict, adapter_con
             shutil.rmtree(aside, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except (OSError, RuntimeError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         previous = latest_checkpoint(run_dir)
         kept = f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint exists"
-        raise CheckpointError(f"could not write checkpoint {final.name} in {root}: {_reason(e)}; {kept}") from e
+        raise CheckpointError(f"could not write checkpoint {final.name} in {root}: {os_reason(e)}; {kept}") from e
     atomic_write_text(root / "latest", final.name + "\n")
     _prune(root, keep_last, keep_best, keep=final.name)
     return final

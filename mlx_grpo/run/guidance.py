@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import ConfigError
-from ..sampling.rollout import Completion, _end_token_ids
+from ..sampling.rollout import Completion, end_token_ids
 from ..tasks.data import columns_of
 from ..tasks.rewarding import Scores, reward_name, score_completions
 from ..update.logprobs import token_logprobs
@@ -53,7 +53,7 @@ def reference_completion(model, tokenizer, task, prompt_tokens: list[int], text:
     ending = task.stop[0] if task.stop else None
     tokens = list(tokenizer.encode(text + ending if ending else text, add_special_tokens=False))
     if not ending:
-        tokens.append(_end_token_ids(tokenizer)[0])
+        tokens.append(end_token_ids(tokenizer)[0])
     whole = mx.array([prompt_tokens + tokens])
     logprobs, _ = token_logprobs(model, whole, temperature)
     behaviour = logprobs[0, len(prompt_tokens) - 1:].tolist()

@@ -1,10 +1,9 @@
-"""Step metrics the trainer works out from more than one number, for the health rules
-(health.py) to read: how far an update moved the weights, and the range of a step's rewards."""
+"""The range of a step's rewards, from its completion records: the trainer logs it for the
+advantage_blowup health rule (health.py) to compare advantages against."""
 
 from __future__ import annotations
 
 import math
-
 
 
 def reward_range(records: list[dict]) -> dict:

@@ -66,7 +66,12 @@ class RunResult:
                 f"({gain:+.2f}) on {self.eval_n} held-out problems")
 
 
-def _chunk_size(config: TrainConfig, model, batch: RolloutBatch, size: int) -> int | None:
+def logprob_chunk(config: TrainConfig, model, batch: RolloutBatch, size: int) -> int | None:
+    """Positions per vocabulary-projection chunk for micro-batches of `size` rows of `batch`.
+
+    The setting when given; else 128 once a micro-batch's logits would pass _CHUNK_LOGITS_ABOVE
+    floats, and None (no chunking) below that.
+    """
     if config.logprob_chunk_size:
         return config.logprob_chunk_size
     vocab = model.model.embed_tokens.weight.shape[0] if hasattr(model, "model") else 0
@@ -129,7 +134,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         # bnpo normalises per micro-batch, so its size is part of the objective; the others are exact at any size.
         size = (config.micro_batch_size if config.loss == "bnpo" else
                 memory_bound_size(config.micro_batch_size, model, batch.completions.shape[1]))
-        chunk = _chunk_size(config, model, batch, size)
+        chunk = logprob_chunk(config, model, batch, size)
         # The reference costs a forward pass: every step when the loss needs it,
         # every kl_every steps when it is only watched.
         watch_kl = config.beta == 0 and config.kl_every > 0 and step % config.kl_every == 0

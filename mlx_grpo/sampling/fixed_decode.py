@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from ..update.logprobs import _output_head
+from ..models.heads import output_head
 
 _LENGTH_MULTIPLE = 64
 
@@ -166,7 +166,7 @@ def _prefilled_buffers(model, prompts, prefix_length, max_tokens):
     peak stays near the buffers' own size, not a multiple of it.
     """
     began = time.perf_counter()
-    forward = model.model if _output_head(model) is not None else model  # keys and values only
+    forward = model.model if output_head(model) is not None else model  # keys and values only
     prefixes = {}
     for p in prompts:
         prefixes.setdefault(tuple(p[:-1]), len(prefixes))

@@ -32,7 +32,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from ..models import cpu_math
 from ..models.adapters import adapters_merged
-from ..update.logprobs import _output_head
+from ..models.heads import output_head
 from . import fixed_decode
 from .progress import PROGRESS, DecodeMeter
 from .width import decode_width
@@ -68,7 +68,7 @@ class Completion:
         return len(self.tokens)
 
 
-def _end_token_ids(tokenizer) -> list[int]:
+def end_token_ids(tokenizer) -> list[int]:
     ids = getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id]
     return sorted({int(i) for i in ids if i is not None})
 
@@ -93,7 +93,7 @@ def _prefilled_cache(model, prompt: list[int]):
         began = time.perf_counter()
         # Only the keys and values are wanted: where the model allows, skip the
         # vocabulary projection (with a 150k vocabulary, a quarter of the prefill's work).
-        forward = model.model if _output_head(model) is not None else model
+        forward = model.model if output_head(model) is not None else model
         forward(mx.array([prompt[:-1]]), cache=cache)
         mx.eval([c.state for c in cache])
         fixed_decode.PREFILL.add(len(prompt) - 1, time.perf_counter() - began)
@@ -265,7 +265,7 @@ def sample_completions(
         seed = int(mx.random.randint(0, 2**31 - 1, ()).item())
     sampler = (KeyedSampler(sampling, completion_seeds(seed, prompt_ids, group_size))
                if sampling.temperature > 0 else None)
-    end_ids = _end_token_ids(tokenizer)
+    end_ids = end_token_ids(tokenizer)
     n = len(prompts) * group_size
     tokens = [[] for _ in range(n)]
     logprobs = [[] for _ in range(n)]

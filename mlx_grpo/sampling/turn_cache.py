@@ -35,8 +35,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..models import cpu_math
+from ..models.heads import output_head
 from ..models.quantized import on_cpu
-from ..update.logprobs import _output_head
 from .fixed_decode import Rows, buffer_length
 
 # Columns of a chunk run at once: the attention scores of a block are rows x
@@ -121,7 +121,7 @@ _PIECE_ELEMENTS = 1 << 19
 
 @mx.compile
 def _softmax_numerators(scores, row_max, visible):
-    return mx.where(visible, cpu_math._polynomial_exp(scores - row_max), 0.0)
+    return mx.where(visible, cpu_math.polynomial_exp(scores - row_max), 0.0)
 
 
 def _attention_in_pieces(queries, keys, values, scale, visible):
@@ -189,7 +189,7 @@ def prefill(model, rows: Rows, start: int, chunks: list[list[int]]) -> int:
     width = int(fresh.max())
     if width == 0:
         return 0
-    forward = model.model if _output_head(model) is not None else model  # keys and values only
+    forward = model.model if output_head(model) is not None else model  # keys and values only
     tokens = np.zeros((len(chunks), width), dtype=np.int32)
     for r, chunk in enumerate(chunks):
         if fresh[r]:

@@ -33,9 +33,9 @@ from .rollout import (
     Completion,
     KeyedSampler,
     SamplingConfig,
-    _end_token_ids,
     _greedy,
     _prefilled_cache,
+    end_token_ids,
     fixed_sampler,
     sample_completions,
     tempered_logprobs,
@@ -115,7 +115,7 @@ class FixedTurns:
 
     def __init__(self, model, tokenizer, group_size: int, seed: int):
         self.model, self.tokenizer, self.group_size, self.seed = model, tokenizer, group_size, seed
-        self.end_ids = _end_token_ids(tokenizer)
+        self.end_ids = end_token_ids(tokenizer)
         self.pieces, self.batch, self.ends = None, [], []  # the last turn's buffers, episodes and end slots
 
     def play(self, turn, episodes, chunks, contexts, sampling: SamplingConfig) -> tuple[list[Completion], dict]:
@@ -167,7 +167,7 @@ class GeneratorTurns:
 
     def __init__(self, model, tokenizer, group_size: int, seed: int):
         self.model, self.tokenizer, self.group_size, self.seed = model, tokenizer, group_size, seed
-        self.end_ids = _end_token_ids(tokenizer)
+        self.end_ids = end_token_ids(tokenizer)
         self.caches: dict[int, list] = {}
 
     def play(self, turn, episodes, chunks, contexts, sampling: SamplingConfig) -> tuple[list[Completion], dict]:

@@ -23,8 +23,8 @@ import weakref
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from ..models.heads import output_head
 from ..models.quantized import available_memory
-from ..update.logprobs import _output_head
 from .fixed_decode import buffer_length
 
 ENV = "MLX_GRPO_DECODE_MEMORY_GB"
@@ -40,7 +40,7 @@ def kv_bytes_per_token(model) -> int:
     if hit is not None and hit[0]() is model:
         return hit[1]
     cache = make_prompt_cache(model)
-    forward = model.model if _output_head(model) is not None else model
+    forward = model.model if output_head(model) is not None else model
     forward(mx.array([[0]]), cache=cache)
     total = 0
     for layer in cache:

@@ -24,11 +24,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-# Models whose logits are exactly head(model.model(inputs)): for these the
-# output projection can be chunked. (gemma3_text's tied head is its embedding;
-# Gemma 3 has no final logit softcapping, which would sit outside model.model.)
-_PLAIN_HEAD_MODEL_TYPES = {"qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "smollm3", "gemma3_text"}
-
+from ..models.heads import output_head
 
 def _logprobs_and_entropy(logits, targets, temperature, entropy_grad=False):
     if logits.dtype in (mx.float16, mx.bfloat16):  # softmax in half precision loses the tails
@@ -50,15 +46,6 @@ def _logprobs_and_entropy(logits, targets, temperature, entropy_grad=False):
     probs = mx.stop_gradient(weights / total)
     entropy = mx.stop_gradient(lse) - mx.sum(probs * mx.stop_gradient(logits), axis=-1)
     return logp, entropy
-
-
-def _output_head(model):
-    if getattr(model, "model_type", None) not in _PLAIN_HEAD_MODEL_TYPES:
-        return None
-    if hasattr(model, "lm_head"):
-        return model.lm_head, model.lm_head
-    embed = model.model.embed_tokens
-    return embed, embed.as_linear
 
 
 # At most this many logits in one chunk: each chunk holds a few such float32
@@ -105,7 +92,7 @@ def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0,
     tokens[:, t+1] given tokens[:, :t+1].
     """
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    head = _output_head(model)
+    head = output_head(model)
     if head is None:
         return _logprobs_and_entropy(model(inputs), targets, temperature)
     return _project(head, model.model(inputs), targets, temperature, chunk_size)
@@ -163,7 +150,7 @@ def prompt_pass(model: nn.Module, prompts: mx.array, left_padding: mx.array):
     token (or its logits, for a model whose head cannot be chunked).
     """
     cache = [SharedPromptCache(left_padding, 1) for _ in range(len(model.layers))]
-    forward = model.model if _output_head(model) is not None else model
+    forward = model.model if output_head(model) is not None else model
     last = forward(prompts, cache=cache)[:, -1:]
     return [c.keys for c in cache], [c.values for c in cache], last
 
@@ -172,7 +159,7 @@ def logprobs_after_prompt(model: nn.Module, state, left_padding: mx.array, compl
                           temperature: float = 1.0, chunk_size: int | None = None, entropy_grad: bool = False):
     """Log-prob and entropy of every completion token, given its prompt's `prompt_pass` state."""
     keys, values, last = state
-    head = _output_head(model)
+    head = output_head(model)
     cache = []
     for k, v in zip(keys, values):
         layer = SharedPromptCache(left_padding, group_size)
