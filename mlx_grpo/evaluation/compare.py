@@ -28,18 +28,15 @@ import numpy as np
 from ..config import TrainConfig
 from ..models.loading import EMBEDDED_MODEL, GGUFError, ModelNotInstalled, StoreError, load_policy
 from ..sampling.rollout import Completion, SamplingConfig, sample_completions
-from ..tasks.data import task_prompts
-from ..tasks.registry import Task
-from ..tasks.rewarding import part_means, reward_name, score_completions
-from ..tasks.data import columns_of
-from .model_names import CompareError, ModelSpec, default_base, resolve_model, task_config  # noqa: F401 (the compare API)
-from . import answer_cache
 from ..stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k, paired_parts
+from ..tasks.accuracy import accuracy_of, accuracy_values, right, solved
+from ..tasks.data import columns_of, task_prompts
+from ..tasks.registry import Task
+from ..tasks.rewarding import part_means, score_completions
+from . import answer_cache
+from .model_names import CompareError, ModelSpec, default_base, resolve_model, task_config  # noqa: F401 (the compare API)
 
 SPLITS = ("test", "train")
-# An answer counts as a success for pass@k when its accuracy reward is at least this
-# (the same threshold as evaluate.evaluate_pass_at_k).
-SUCCESS = 0.5
 
 
 # ---------------------------------------------------------------------------
@@ -175,8 +172,8 @@ class ModelResult:
         if self.cached:
             out["answers_from_cache"] = str(self.cached)
         if self.samples > 1 and self.accuracy is not None:
-            right = (self.accuracy.reshape(-1, self.samples) >= SUCCESS).sum(axis=1)
-            out["pass_at_k"] = {str(k): mean_pass_at_k(right, self.samples, k) for k in pass_ks(self.samples)}
+            successes = right(self.accuracy).reshape(-1, self.samples).sum(axis=1)
+            out["pass_at_k"] = {str(k): mean_pass_at_k(successes, self.samples, k) for k in pass_ks(self.samples)}
             out["best_of_n_reward"] = float(self.rewards.reshape(-1, self.samples).max(axis=1).mean())
         return out
 
@@ -194,24 +191,16 @@ def score(task: Task, rows: list[dict], answers: list[Answer], samples: int, epi
     if episodes is not None:
         from ..sampling.multiturn import episode_scores
 
-        # The environment scored each episode; solved as multiturn.evaluate_episodes counts it.
-        scores = episode_scores(episodes)
-        solved = [float(bool(ep.info.get("solved", ep.reward >= 1.0)) and not ep.error) for ep in episodes]
-        return scores.total, scores.parts, np.array(solved), scores.errors, scores.error_examples
+        scores = episode_scores(episodes)  # the environment scored each episode
+        accuracy = np.array([float(solved(ep)) for ep in episodes])
+        return scores.total, scores.parts, accuracy, scores.errors, scores.error_examples
     prompts = [r["prompt"] for r in rows for _ in range(samples)]
     texts = [a.text for a in answers]
     columns = columns_of(rows, samples, answers)
     scores = score_completions(task.reward_functions, task.reward_weights, prompts, texts, columns)
     accuracy = None
     if task.accuracy_reward is not None:
-        # The accuracy reward is usually one of the rewards: reuse its scores
-        # rather than running it twice (an OCaml reward compiles code).
-        name = reward_name(task.accuracy_reward)
-        if any(fn is task.accuracy_reward for fn in task.reward_functions):
-            values = scores.parts[name]
-        else:
-            values = score_completions([task.accuracy_reward], [1.0], prompts, texts, columns).parts[name]
-        accuracy = np.array([v if v is not None else 0.0 for v in values], dtype=float)
+        accuracy = accuracy_of(accuracy_values(task, rows, samples, answers, scores))
     return scores.total, scores.parts, accuracy, scores.errors, scores.error_examples
 
 

@@ -5,7 +5,7 @@ model almost never samples one (SmolLM2-135M on GSM8K: 3 "right" answers in 256
 samples, every one a lucky last number; issue 27), there is nothing to reinforce.
 Off-policy guidance (LUFFY: Yan et al. 2025, arXiv:2504.14945) puts a known-good
 answer into the group: in every group whose completions are all wrong (the task's
-accuracy reward below 0.5), the last completion is replaced by the row's reference
+accuracy reward below tasks/accuracy.py's RIGHT), the last completion is replaced by the row's reference
 answer (GSM8K: its worked solution), which is then scored like any completion. The
 group now holds a right answer, its advantage is positive and the others' are
 negative, and the gradient raises the reference's log-probability: advantage-weighted
@@ -26,12 +26,10 @@ import numpy as np
 
 from ..config import ConfigError
 from ..sampling.rollout import Completion, end_token_ids
+from ..tasks.accuracy import accuracy_values, right
 from ..tasks.data import columns_of
 from ..tasks.rewarding import Scores, reward_name, score_completions
 from ..update.logprobs import token_logprobs
-
-RIGHT = 0.5  # an answer counts as right at this accuracy reward or above (as pass@k counts)
-
 
 def check_guidance(task) -> None:
     """A ConfigError unless the task can be guided: single-turn, an accuracy reward, reference answers."""
@@ -63,17 +61,12 @@ def reference_completion(model, tokenizer, task, prompt_tokens: list[int], text:
 def guide_groups(model, tokenizer, task, rows: list[dict], completions: list[Completion], scores: Scores,
                  group_size: int, temperature: float) -> tuple[list[Completion], Scores]:
     """Replace the last member of every all-wrong group by its row's reference answer, scored anew."""
-    accuracy = scores.parts.get(reward_name(task.accuracy_reward))
-    if accuracy is None:  # the accuracy reward is not among the training rewards: score it here
-        accuracy = next(iter(score_completions(
-            [task.accuracy_reward], [1.0], [r["prompt"] for r in rows for _ in range(group_size)],
-            [c.text for c in completions], columns_of(rows, group_size, completions)).parts.values()))
-    right = np.array([(v or 0.0) >= RIGHT for v in accuracy]).reshape(len(rows), group_size)
+    is_right = right(accuracy_values(task, rows, group_size, completions, scores)).reshape(len(rows), group_size)
     completions = list(completions)
     replaced = []  # (position in the step, row)
     for i, row in enumerate(rows):
         text = task.reference_answer(row)
-        if right[i].any() or not text:
+        if is_right[i].any() or not text:
             continue
         at = (i + 1) * group_size - 1
         completions[at] = reference_completion(model, tokenizer, task, completions[at].prompt_tokens, text,
@@ -104,6 +97,5 @@ def guided_metrics(task, completions: list[Completion], parts: dict[str, list], 
     values = parts.get(reward_name(task.accuracy_reward))
     metrics = {"guide/groups_frac": float(guided.reshape(-1, group_size).any(axis=1).mean())}
     if values is not None:
-        right = np.array([(v or 0.0) >= RIGHT for v in values])
-        metrics["guide/sampled_accuracy"] = float(right[~guided].mean()) if (~guided).any() else 0.0
+        metrics["guide/sampled_accuracy"] = float(right(values)[~guided].mean()) if (~guided).any() else 0.0
     return metrics

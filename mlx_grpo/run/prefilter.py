@@ -7,7 +7,7 @@ where right answers are rare the first kind is most of the data (SmolLM2-135M
 on GSM8K: about one problem in ten has a right answer among 8 samples; issue
 27). The pre-pass samples K answers to each training prompt from the base
 model, at the run's sampling settings, judges them with the task's accuracy
-reward (right: >= 0.5, as pass@k counts), and keeps the prompts whose pass
+reward (right as tasks/accuracy.py judges it, as pass@k counts), and keeps the prompts whose pass
 rate is strictly between 0 and 1.
 
 It costs K completions a prompt, so `prefilter_prompts` bounds how many prompts
@@ -35,8 +35,9 @@ from ..files import CheckpointError, atomic_write_json
 from ..models.gguf import cache_root
 from ..models.loading import model_fingerprint
 from ..sampling.rollout import SamplingConfig, sample_completions
-from ..tasks.data import DataError, columns_of, task_prompts
-from ..tasks.rewarding import reward_name, score_completions
+from ..tasks.accuracy import accuracy_values, right
+from ..tasks.data import DataError, task_prompts
+from ..tasks.rewarding import reward_name
 
 FORMAT = 1  # bump when what the cache holds, or how it is computed, changes
 SEED = 0x50F17E  # the pre-pass's own sampling seed
@@ -55,10 +56,8 @@ def pass_rates(model, tokenizer, task, rows: list[dict], ids: list[int], k: int,
         part = rows[start:start + chunk]
         completions = sample_completions(model, tokenizer, task_prompts(tokenizer, task, part), k, sampling,
                                          concurrency, seed=SEED, prompt_ids=ids[start:start + chunk])
-        scores = score_completions([task.accuracy_reward], [1.0], [r["prompt"] for r in part for _ in range(k)],
-                                   [c.text for c in completions], columns_of(part, k, completions))
-        right = np.array([(v or 0.0) >= 0.5 for v in next(iter(scores.parts.values()))], dtype=float)
-        rates += list(right.reshape(len(part), k).mean(axis=1))
+        judged = right(accuracy_values(task, part, k, completions)).astype(float)
+        rates += list(judged.reshape(len(part), k).mean(axis=1))
     return np.array(rates)
 
 

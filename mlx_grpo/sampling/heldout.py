@@ -9,24 +9,20 @@ import time
 import numpy as np
 
 from ..stats import mean_pass_at_k
-from ..tasks.data import columns_of, task_prompts
-from ..tasks.rewarding import score_completions
+from ..tasks.accuracy import accuracy_of, accuracy_values, right
+from ..tasks.data import task_prompts
 from .rollout import SamplingConfig, sample_completions
 
 
 def _answers_and_scores(model, tokenizer, task, k: int, sampling: SamplingConfig, concurrency: int):
-    """k completions per held-out row (one batched decode) and the accuracy reward of each (None -> 0)."""
+    """k completions per held-out row (one batched decode) and the accuracy of each (tasks/accuracy.py)."""
     rows = task.eval_rows
     was_training = model.training
     model.eval()
     prompts = task_prompts(tokenizer, task, rows)
     completions = sample_completions(model, tokenizer, prompts, k, sampling, concurrency)
-    scores = score_completions(
-        [task.accuracy_reward], [1.0], [r["prompt"] for r in rows for _ in range(k)], [c.text for c in completions],
-        columns_of(rows, k, completions),
-    )
+    values = accuracy_of(accuracy_values(task, rows, k, completions))
     model.train(was_training)
-    values = np.array([v if v is not None else 0.0 for v in next(iter(scores.parts.values()))])
     return completions, values
 
 
@@ -61,5 +57,5 @@ def evaluate_pass_at_k(model, tokenizer, task, k: int, max_tokens: int, temperat
     mx.random.seed(seed)
     _, values = _answers_and_scores(
         model, tokenizer, task, k, SamplingConfig(temperature=temperature, max_tokens=max_tokens), concurrency)
-    successes = (values.reshape(len(task.eval_rows), k) >= 0.5).sum(axis=1)
+    successes = right(values).reshape(len(task.eval_rows), k).sum(axis=1)
     return mean_pass_at_k(successes, k, k)

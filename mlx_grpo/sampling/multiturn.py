@@ -31,6 +31,7 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
+from ..tasks.accuracy import solved
 from ..tasks.data import encode_prompt
 from ..tasks.rewarding import Scores
 from ..tools.episode import tool_metrics
@@ -352,8 +353,7 @@ def rollout_and_score(model, tokenizer, task, rows: list[dict], config, first_pr
 def evaluate_episodes(model, tokenizer, task, config, temperature: float = 0.0) -> dict:
     """Accuracy of a multi-turn task: the fraction of held-out episodes solved (greedy by default).
 
-    An episode counts as solved when its environment's info says "solved", or
-    else when its reward is at least 1.
+    An episode counts as solved as tasks/accuracy.py's `solved` judges it.
     """
     rows = task.eval_rows
     if not rows:
@@ -367,9 +367,8 @@ def evaluate_episodes(model, tokenizer, task, config, temperature: float = 0.0) 
         config.max_turns, config.max_episode_tokens, task.system_prompt, config.decode_concurrency,
     )
     model.train(was_training)
-    solved = [bool(ep.info.get("solved", ep.reward >= 1.0)) and not ep.error for ep in episodes]
     return {
-        "accuracy": float(np.mean(solved)),
+        "accuracy": float(np.mean([solved(ep) for ep in episodes])),
         "n": len(rows),
         "mean_length": float(np.mean([len(ep.tokens) for ep in episodes])),
         "truncated_frac": float(np.mean([ep.truncated for ep in episodes])),

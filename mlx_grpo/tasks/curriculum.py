@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .data import columns_of
-from .rewarding import reward_name, score_completions
+from .accuracy import accuracy_of, accuracy_values, solved
 
 RATE = 0.3  # weight of the newest observation in the moving average
 PRIOR = 0.5  # the estimate of a named group never seen (the most favoured value)
@@ -127,23 +126,16 @@ class Curriculum:
 def group_success(task, rows: list[dict], completions: list, scores, group_size: int) -> list[float]:
     """Each row's observed success rate: the fraction of its completions (or episodes) that solved it.
 
-    Episodes say so in their environment's info ("solved"); single-turn
-    completions are judged by the task's accuracy reward. A reference answer put into
+    Episodes count when solved, single-turn completions by their accuracy, as accuracy.py
+    judges them. A reference answer put into
     the group (--guide) is not the model's: only sampled members count.
     """
     if completions and hasattr(completions[0], "info"):
-        solved = [float(bool(c.info.get("solved", c.reward >= 1.0)) and not c.error) for c in completions]
+        success = [float(solved(c)) for c in completions]
     elif task.accuracy_reward is not None:
-        name = reward_name(task.accuracy_reward)
-        values = scores.parts.get(name) if name in [reward_name(f) for f in task.reward_functions] else None
-        if values is None:
-            values = score_completions([task.accuracy_reward], [1.0],
-                                       [r["prompt"] for r in rows for _ in range(group_size)],
-                                       [c.text for c in completions],
-                                       columns_of(rows, group_size, completions)).parts[name]
-        solved = [float(v or 0.0) for v in values]
+        success = list(accuracy_of(accuracy_values(task, rows, group_size, completions, scores)))
     else:  # no notion of "solved": a positive reward counts
-        solved = [float(t > 0) for t in scores.total]
-    sampled = np.array([not getattr(c, "guided", False) for c in completions] or [True] * len(solved))
-    solved = np.array(solved).reshape(len(rows), group_size)
-    return [float(row[keep].mean()) for row, keep in zip(solved, sampled.reshape(len(rows), group_size))]
+        success = [float(t > 0) for t in scores.total]
+    sampled = np.array([not getattr(c, "guided", False) for c in completions] or [True] * len(success))
+    success = np.array(success).reshape(len(rows), group_size)
+    return [float(row[keep].mean()) for row, keep in zip(success, sampled.reshape(len(rows), group_size))]
