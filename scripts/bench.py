@@ -186,6 +186,27 @@ def matmul_peak(dtype, sizes=(512, 1024, 2048), seconds=0.5) -> float:
     return best
 
 
+def machine_limits(model, tokenizer, shape: dict, args) -> dict:
+    """What this machine does at the workload's shapes: MLX's bare decode loop at the rollout's width
+    (scripts/decode_ceiling.py), and the float matmul rate at an update micro-batch's MLP shape."""
+    from decode_ceiling import bare_loop
+
+    width = args.prompts * args.group_size
+    prompt = tokenizer.encode(prompt_texts(1)[0])
+    bare = bare_loop(model, prompt, width, min(args.max_tokens, 64))
+    rows = min(args.micro_batch_size, width) * (len(prompt) + args.max_tokens)
+    a = mx.random.normal((rows, shape["hidden"]))
+    b = mx.random.normal((shape["hidden"], shape["intermediate"]))
+    mx.eval(a @ b)
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 1.0 or reps < 2:
+        mx.eval(a @ b)
+        reps += 1
+    rate = 2 * rows * shape["hidden"] * shape["intermediate"] * reps / (time.perf_counter() - start)
+    return {"decode_width": width, "bare_decode_step_ms": 1000 * bare, "bare_decode_tok_s": width / bare,
+            "update_shape": [rows, shape["hidden"], shape["intermediate"]], "update_shape_sgemm_gflops": rate / 1e9}
+
+
 # ---------------------------------------------------------------- the two trainers
 
 def _summary(steps: list[dict], warmup: int, shape: dict, group: int, backward_factor: float, peak: float,
@@ -547,6 +568,9 @@ def parse_args(argv=None):
     p.add_argument("--blas", choices=("auto", "stock"), default="auto",
                    help="auto: OpenBLAS preloaded when installed on Linux, as the mlx-grpo command does; "
                         "stock: the BLAS MLX came with")
+    p.add_argument("--limits", action="store_true",
+                   help="also measure MLX's bare decode loop at the rollout's width and the matmul rate at the "
+                        "update's shape, and give each trainer's rollout and update as fractions of them")
     p.add_argument("--out", help="also write the JSON here")
     return p.parse_args(argv)
 
@@ -590,6 +614,10 @@ def run(args) -> dict:
             for _ in range(args.steps):  # one step of each in turn: both see the same load
                 for t in trainers:
                     results[t.name].append(t.step())
+        limits = None
+        if args.limits:  # measured after the steps, on the same model and machine load
+            trainers[0].model.eval()
+            limits = machine_limits(trainers[0].model, trainers[0].tokenizer, shape, args)
 
         prompt_tokens = [len(d[0]) for d in trainers[-1].dataset] if peer_wanted else \
             [len(ours._encode(t)) for t in texts]
@@ -613,6 +641,11 @@ def run(args) -> dict:
         for name, steps in results.items():
             out[name] = _summary(steps, args.warmup, shape, args.group_size, 2.0, peak,
                                  decoded=not (args.synthetic_rollouts and name != "mlx_lm_lora"))
+            if limits:  # each trainer as a fraction of what the machine does at its shapes
+                out[name]["rollout_frac_of_bare_decode"] = out[name]["rollout_tokens_per_s"] / limits["bare_decode_tok_s"]
+                out[name]["update_frac_of_sgemm"] = out[name]["update_gflops"] / limits["update_shape_sgemm_gflops"]
+        if limits:
+            out["limits"] = limits
         if "mlx_grpo" in out and "mlx_lm_lora" in out:
             ours, peer = out["mlx_grpo"], out["mlx_lm_lora"]
             out["speedup"] = peer["step_s"] / ours["step_s"]
