@@ -25,17 +25,22 @@ class DecodeMeter:
         self.began = self.wave_began = time.perf_counter()
         self.done = self.tokens = 0  # over the waves that ended
         self.last = 0.0
+        self.first_token_at = None
 
     def step(self, wave_rows: int, position: int, finished: int, tokens: int, ended: bool = False) -> None:
         """After a decode step of a wave of `wave_rows` rows: `position` tokens in, `finished` of its rows
         ended, `tokens` sampled in it so far. `ended` closes the wave."""
         now = time.perf_counter()
+        if position == 1 and not ended:
+            self.first_token_at = now  # the pace is taken after the prefill (and a first compile)
         if not ended and now - self.last < _EVERY_S:
             return
         self.last = now
-        per_step = (now - self.wave_began) / max(1, position)
+        per_step = ((now - self.first_token_at) / (position - 1) if position > 1 and self.first_token_at
+                    else (now - self.wave_began) / max(1, position))
         if ended:
             self.done, self.tokens, self.wave_began = self.done + wave_rows, self.tokens + tokens, now
+            self.first_token_at = None
             done, tokens, steps_left = self.done, self.tokens, 0
         else:
             done, tokens, steps_left = self.done + finished, self.tokens + tokens, self.max_tokens - position
