@@ -27,12 +27,13 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..models.loading import EMBEDDED_MODEL, GGUFError, ModelNotInstalled, StoreError, load_policy
-from ..sampling.rollout import Completion, SamplingConfig, sample_completions
+from ..sampling.kinds import rollouts_for
+from ..sampling.rollout import SamplingConfig
 from ..stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k, paired_parts
-from ..tasks.accuracy import accuracy_of, accuracy_values, right, solved
-from ..tasks.data import columns_of, task_prompts
+from ..tasks.accuracy import right
 from ..tasks.registry import Task
-from ..tasks.rewarding import part_means, score_completions
+from ..tasks.rewarding import part_means
+from ..update.batch import Rollout
 from . import answer_cache
 from .model_names import CompareError, ModelSpec, default_base, resolve_model, task_config  # noqa: F401 (the compare API)
 
@@ -83,51 +84,39 @@ class Answer:
     truncated: bool  # cut at its token budget (the rollout's `truncated`: max_tokens, an episode's max_episode_tokens)
 
     @classmethod
-    def of_completion(cls, c: Completion) -> "Answer":
-        return cls(c.text, c.tokens, c.model_tokens, c.finish_reason, c.truncated)
+    def of(cls, rollout: Rollout) -> "Answer":
+        """A completion's or an episode's answer: both are update/batch.py's Rollout."""
+        return cls(rollout.text, rollout.tokens, rollout.model_tokens, rollout.finish_reason, rollout.truncated)
 
-    @classmethod
-    def of_episode(cls, ep) -> "Answer":
-        return cls(ep.text, ep.tokens, ep.model_tokens, ep.finish_reason, ep.truncated)
-
-
-def _multi_turn(task: Task) -> bool:
-    return getattr(task, "make_env", None) is not None
+    of_completion = of_episode = of  # the names it had when they differed
 
 
 def generate(model, tokenizer, task: Task, rows: list[dict], settings: Settings,
-             on_progress: Callable[[int], None] | None = None) -> tuple[list[Answer], list | None, float]:
-    """K answers for each row, grouped by row: (answers, episodes or None, decode seconds).
+             on_progress: Callable[[int], None] | None = None) -> tuple[list[Answer], list, float]:
+    """K answers for each row, grouped by row: (answers, the rollouts they are, decode seconds).
 
     Rows go in chunks of concurrency // K, each chunk one batched decode (for
     a multi-turn task, one batched decode a turn) seeded by chunk_seed, so a
     second model sees the very same seeds.
     """
     k = settings.samples
+    kind = rollouts_for(task)
     per_chunk = max(1, settings.concurrency // k)
     answers: list[Answer] = []
-    episodes = [] if _multi_turn(task) else None
+    rollouts = []  # the completions or episodes themselves: a multi-turn task's scores are in its episodes
     seconds = 0.0
     for chunk, start in enumerate(range(0, len(rows), per_chunk)):
         part = rows[start : start + per_chunk]
         mx.random.seed(chunk_seed(settings.seed, chunk))
         begin = time.perf_counter()
-        if episodes is not None:
-            from ..sampling.multiturn import make_envs, rollout_episodes
-
-            played = rollout_episodes(model, tokenizer, make_envs(task, part, k), k, settings.sampling,
-                                      settings.max_turns, settings.max_episode_tokens, task.system_prompt,
-                                      settings.concurrency)
-            episodes += played
-            answers += [Answer.of_episode(ep) for ep in played]
-        else:
-            prompts = task_prompts(tokenizer, task, part)
-            answers += [Answer.of_completion(c) for c in
-                        sample_completions(model, tokenizer, prompts, k, settings.sampling, settings.concurrency)]
+        played = kind.generate(model, tokenizer, part, k, settings.sampling, settings.concurrency,
+                               settings.max_turns, settings.max_episode_tokens)
+        rollouts += played
+        answers += [Answer.of(r) for r in played]
         seconds += time.perf_counter() - begin
         if on_progress is not None:
             on_progress(min(start + per_chunk, len(rows)))
-    return answers, episodes, seconds
+    return answers, rollouts, seconds
 
 
 @dataclass
@@ -186,54 +175,42 @@ def pass_ks(samples: int) -> list[int]:
     return ks + [samples] if samples > 1 else ks
 
 
-def score(task: Task, rows: list[dict], answers: list[Answer], samples: int, episodes: list | None = None) -> tuple:
-    """(totals, parts, accuracy, errors, error examples) of N*K answers."""
-    if episodes is not None:
-        from ..sampling.multiturn import episode_scores
-
-        scores = episode_scores(episodes)  # the environment scored each episode
-        accuracy = np.array([float(solved(ep)) for ep in episodes])
-        return scores.total, scores.parts, accuracy, scores.errors, scores.error_examples
-    prompts = [r["prompt"] for r in rows for _ in range(samples)]
-    texts = [a.text for a in answers]
-    columns = columns_of(rows, samples, answers)
-    scores = score_completions(task.reward_functions, task.reward_weights, prompts, texts, columns)
-    accuracy = None
-    if task.accuracy_reward is not None:
-        accuracy = accuracy_of(accuracy_values(task, rows, samples, answers, scores))
+def score(task: Task, rows: list[dict], answers: list, samples: int) -> tuple:
+    """(totals, parts, accuracy, errors, error examples) of N*K answers: completions, cached Answers or
+    (for a multi-turn task, whose environments scored them) the episodes themselves."""
+    scores, accuracy = rollouts_for(task).score(rows, answers, samples)
     return scores.total, scores.parts, accuracy, scores.errors, scores.error_examples
 
 
 def generate_or_reuse(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
                       on_progress: Callable[[str, int, int], None] | None = None):
-    """(answers, episodes, decode seconds, where the answers were kept or None): decoded, or from the cache."""
+    """(answers, rollouts, decode seconds, where the answers were kept or None): decoded, or from the cache
+    (single-turn answers only: an episode's score is in the episode)."""
     progress = (lambda done: on_progress(name, done, len(rows))) if on_progress else None
-    key = answer_cache.cache_key(spec, task, rows, settings) if settings.cache and not _multi_turn(task) else None
+    cacheable = settings.cache and not rollouts_for(task).plays_episodes
+    key = answer_cache.cache_key(spec, task, rows, settings) if cacheable else None
     kept = answer_cache.read(key, len(rows) * settings.samples) if key else None
     if kept is not None:
         if progress:
             progress(len(rows))
-        return [Answer(**a) for a in kept[0]], None, kept[1], answer_cache.folder() / f"{key}.json"
+        answers = [Answer(**a) for a in kept[0]]
+        return answers, answers, kept[1], answer_cache.folder() / f"{key}.json"
     model, tokenizer = load_model(spec)
     if progress:
         progress(0)
-    answers, episodes, seconds = generate(model, tokenizer, task, rows, settings, progress)
+    answers, rollouts, seconds = generate(model, tokenizer, task, rows, settings, progress)
     del model
     mx.clear_cache()  # the next model gets the memory
     if key:
         answer_cache.write(key, [asdict(a) for a in answers], seconds)
-    return answers, episodes, seconds, None
+    return answers, rollouts, seconds, None
 
 
 def evaluate_model(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
                    on_progress: Callable[[str, int, int], None] | None = None) -> ModelResult:
-    answers, episodes, seconds, cached = generate_or_reuse(name, spec, task, rows, settings, on_progress)
-    totals, parts, accuracy, errors, examples = score(task, rows, answers, settings.samples, episodes)
-    episode = {}
-    if episodes:
-        from ..sampling.multiturn import episode_metrics
-
-        episode = episode_metrics(episodes)
+    answers, rollouts, seconds, cached = generate_or_reuse(name, spec, task, rows, settings, on_progress)
+    totals, parts, accuracy, errors, examples = score(task, rows, rollouts, settings.samples)
+    episode = rollouts_for(task).step_metrics(rollouts) if rollouts else {}  # a multi-turn task's episode metrics
     return ModelResult(name, spec, answers, totals, parts, accuracy, errors, examples, seconds, settings.samples,
                        episode, cached)
 

@@ -25,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import ConfigError
+from ..sampling.kinds import rollouts_for
 from ..sampling.rollout import Completion, end_token_ids
 from ..tasks.accuracy import accuracy_values, right
 from ..tasks.data import columns_of
@@ -33,7 +34,7 @@ from ..update.logprobs import token_logprobs
 
 def check_guidance(task) -> None:
     """A ConfigError unless the task can be guided: single-turn, an accuracy reward, reference answers."""
-    if task.make_env is not None:
+    if rollouts_for(task).plays_episodes:
         raise ConfigError(f"--guide needs a single-turn task; task {task.name!r} plays episodes")
     if task.accuracy_reward is None:
         raise ConfigError(f"--guide needs a task with an accuracy reward; task {task.name!r} has none")

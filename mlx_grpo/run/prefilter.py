@@ -34,6 +34,7 @@ from ..config import ConfigError, TrainConfig
 from ..files import CheckpointError, atomic_write_json
 from ..models.gguf import cache_root
 from ..models.loading import model_fingerprint
+from ..sampling.kinds import rollouts_for, training_sampling
 from ..sampling.rollout import SamplingConfig, sample_completions
 from ..tasks.accuracy import accuracy_values, right
 from ..tasks.data import DataError, task_prompts
@@ -75,7 +76,7 @@ def prefilter_train_rows(model, tokenizer, task, config: TrainConfig) -> str:
 
     Returns the line that says what was kept (and whether the rates came from the cache)."""
     k = config.prefilter
-    if task.make_env is not None or task.accuracy_reward is None:
+    if rollouts_for(task).plays_episodes or task.accuracy_reward is None:
         raise ConfigError(f"--prefilter needs a task with a checkable answer (an accuracy reward); "
                           f"task {task.name!r} has none")
     order = np.random.default_rng([config.seed, 0]).permutation(len(task.train_rows))  # the run's first pass
@@ -87,8 +88,7 @@ def prefilter_train_rows(model, tokenizer, task, config: TrainConfig) -> str:
     rates = _read(path, len(rows))
     from_cache = rates is not None
     if not from_cache:
-        sampling = SamplingConfig(config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens)
-        rates = pass_rates(model, tokenizer, task, rows, [int(i) for i in order], k, sampling,
+        rates = pass_rates(model, tokenizer, task, rows, [int(i) for i in order], k, training_sampling(config),
                            config.decode_concurrency)
         try:
             atomic_write_json(path, {"k": k, "prompts": len(rows), "pass_rates": [float(r) for r in rates]})

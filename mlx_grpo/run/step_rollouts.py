@@ -14,20 +14,15 @@ whichever rank takes a prompt.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
-import mlx.core as mx
 import numpy as np
 
 from ..config import TrainConfig
-from ..tasks.data import columns_of
-from ..sampling import multiturn
-from ..sampling.rollout import SamplingConfig, sample_completions
+from ..sampling.kinds import rollouts_for
 from ..tasks.curriculum import group_success
-from ..tasks.data import task_prompts
 from ..tasks.registry import Task, token_budget
-from ..tasks.rewarding import Scores, score_completions
+from ..tasks.rewarding import Scores
 from ..tasks.shaping import groups_to_keep, shape_rewards, side_shaped_totals
 from ..update.batch import batch_rows
 from . import distributed as dist
@@ -80,26 +75,10 @@ def merge_rollouts(shares: list, group_size: int):
 
 def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed, first: int):
     """rollout_and_score on this process alone; rows[0] is the step's prompt number `first`."""
-    if task.make_env is not None:  # multi-turn: episodes shaped like completions, env tokens masked
-        if seed is not None:  # one seed for the step's episodes, on every rank; each is keyed by its place in the step
-            mx.random.seed(int(np.random.SeedSequence([seed, 0]).generate_state(1)[0]))
-        return multiturn.rollout_and_score(model, tokenizer, task, rows, config, first_prompt=first)
-    prompts = task_prompts(tokenizer, task, rows)
-    model.eval()
-    start = time.perf_counter()
-    completions = sample_completions(
-        model, tokenizer, prompts, config.group_size,
-        SamplingConfig(config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens),
-        config.decode_concurrency, seed=seed, prompt_ids=list(range(first, first + len(rows))),
-    )
-    rollout_s = time.perf_counter() - start
-    g = config.group_size
-    scores = score_completions(
-        task.reward_functions, task.reward_weights,
-        [r["prompt"] for r in rows for _ in range(g)], [c.text for c in completions], columns_of(rows, g, completions),
-    )
-    if config.guide:  # a reference answer into each group with no right one (guidance.py)
-        completions, scores = guide_groups(model, tokenizer, task, rows, completions, scores, g, config.temperature)
+    completions, scores, rollout_s = rollouts_for(task).sample_and_score(model, tokenizer, rows, config, seed, first)
+    if config.guide:  # a reference answer into each group with no right one (guidance.py; single-turn tasks only)
+        completions, scores = guide_groups(model, tokenizer, task, rows, completions, scores, config.group_size,
+                                           config.temperature)
     return completions, scores, rollout_s
 
 

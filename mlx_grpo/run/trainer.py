@@ -24,10 +24,8 @@ from mlx.utils import tree_flatten, tree_map
 
 from ..config import TrainConfig, dump_yaml
 from ..models.adapters import save_adapters
-from ..sampling import multiturn
+from ..sampling.kinds import rollouts_for
 from ..sampling.progress import PROGRESS
-from ..sampling.episode_record import episode_record
-from ..sampling.heldout import evaluate_accuracy, evaluate_pass_at_k
 from ..tasks.registry import Task, token_budget
 from ..tasks.rewarding import part_means, reward_metrics
 from ..update.advantages import advantage_stats, group_advantages, zero_std_frac
@@ -103,13 +101,7 @@ def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
 
 def evaluate(model, tokenizer, task: Task, config: TrainConfig) -> dict:
     """Held-out accuracy: greedy completions, or greedy episodes for a multi-turn task."""
-    if task.make_env is not None:
-        return multiturn.evaluate_episodes(model, tokenizer, task, config)
-    result = evaluate_accuracy(model, tokenizer, task, config.max_tokens, config.decode_concurrency)
-    if config.eval_pass_k > 0:
-        result["pass_at_k"] = evaluate_pass_at_k(model, tokenizer, task, config.eval_pass_k, config.max_tokens,
-                                                 config.temperature, config.decode_concurrency, config.seed)
-    return result
+    return rollouts_for(task).evaluate(model, tokenizer, config)
 
 
 def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, step: int, ref_params) -> tuple[dict, list]:
@@ -198,8 +190,8 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
         "time/step_s": time.perf_counter() - start,
         "memory/peak_gb": mx.get_peak_memory() / 1e9,
     })
-    if task.make_env is not None:
-        metrics.update(multiturn.episode_metrics(sampled.completions))
+    rollouts = rollouts_for(task)
+    metrics.update(rollouts.step_metrics(sampled.completions))  # a multi-turn task's episode and tool metrics
     if task.curriculum:
         metrics.update(task.curriculum.metrics(task.train_rows))
     if config.guide:
@@ -216,8 +208,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
             "advantage": float(advantage_of[i]) if i in advantage_of else None,
             "finish_reason": c.finish_reason, "length": len(c.tokens),
             **({"guided": True} if getattr(c, "guided", False) else {}),
-            # an episode's turns as trained and masked text, and its tool calls (inspect shows them)
-            **(episode_record(tokenizer, c) if task.make_env is not None else {}),
+            **rollouts.record(tokenizer, c),  # an episode's turns as trained and masked text, its tool calls
         })
     for name, example in sampled.error_examples.items():
         metrics[f"reward/{name}/error_example"] = example
@@ -299,7 +290,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     if main:
         ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
         if task.train_rows and not (run_dir / "prompt.txt").exists():  # what the model is shown, once per run
-            ckpt.atomic_write_text(run_dir / "prompt.txt", multiturn.prompt_as_seen(task, tokenizer, task.train_rows[0]))
+            seen = rollouts_for(task).prompt_as_seen(tokenizer, task.train_rows[0])
+            ckpt.atomic_write_text(run_dir / "prompt.txt", seen)
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
                    "warnings": task.warnings, "notes": run.notes})
 

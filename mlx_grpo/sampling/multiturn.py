@@ -31,7 +31,6 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from ..tasks.accuracy import solved
 from ..tasks.data import encode_prompt
 from ..tasks.rewarding import Scores
 from ..tools.episode import tool_metrics
@@ -317,61 +316,5 @@ def episode_metrics(episodes: list[Episode]) -> dict:
     return out
 
 
-def prompt_as_seen(task, tokenizer, row: dict) -> str:
-    """A row's first prompt exactly as the model reads it: template, system prompt and tools included."""
-    if task.make_env is None:
-        ids = encode_prompt(tokenizer, row["prompt"], task.system_prompt, task.prompt_format)
-    else:
-        env = task.make_env(row)
-        if hasattr(env, "bind"):
-            env.bind(tokenizer)
-        first = env.reset()
-        ids = _encode(tokenizer, first) if isinstance(first, Rendered) else encode_prompt(tokenizer, first,
-                                                                                            task.system_prompt)
-    return tokenizer.decode(ids)
-
-
 def make_envs(task, rows: list[dict], group_size: int) -> list[Environment]:
     return [task.make_env(row) for row in rows for _ in range(group_size)]
-
-
-def rollout_and_score(model, tokenizer, task, rows: list[dict], config, first_prompt: int = 0):
-    """The multi-turn counterpart of trainer.rollout_and_score: (episodes, scores, seconds).
-
-    rows[0] is the step's prompt number `first_prompt` (rollout_episodes keys episodes by it)."""
-    model.eval()
-    start = time.perf_counter()
-    episodes = rollout_episodes(
-        model, tokenizer, make_envs(task, rows, config.group_size), config.group_size,
-        SamplingConfig(config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens),
-        config.max_turns, config.max_episode_tokens, task.system_prompt, config.decode_concurrency,
-        first_prompt=first_prompt,
-    )
-    return episodes, episode_scores(episodes), time.perf_counter() - start
-
-
-def evaluate_episodes(model, tokenizer, task, config, temperature: float = 0.0) -> dict:
-    """Accuracy of a multi-turn task: the fraction of held-out episodes solved (greedy by default).
-
-    An episode counts as solved as tasks/accuracy.py's `solved` judges it.
-    """
-    rows = task.eval_rows
-    if not rows:
-        return {"accuracy": None, "n": 0}
-    was_training = model.training
-    model.eval()
-    start = time.perf_counter()
-    episodes = rollout_episodes(
-        model, tokenizer, make_envs(task, rows, 1), 1,
-        SamplingConfig(temperature=temperature, max_tokens=config.max_tokens),
-        config.max_turns, config.max_episode_tokens, task.system_prompt, config.decode_concurrency,
-    )
-    model.train(was_training)
-    return {
-        "accuracy": float(np.mean([solved(ep) for ep in episodes])),
-        "n": len(rows),
-        "mean_length": float(np.mean([len(ep.tokens) for ep in episodes])),
-        "truncated_frac": float(np.mean([ep.truncated for ep in episodes])),
-        "seconds": time.perf_counter() - start,
-        "completions": [ep.text for ep in episodes],
-    }
