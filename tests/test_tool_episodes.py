@@ -76,8 +76,17 @@ def test_tool_results_are_masked_and_logprobs_match_a_full_forward_pass(policy, 
         mask = np.array(ep.mask)
         inserted = tokenizer.decode([t for t, m in zip(ep.tokens, mask) if m == 0])
         assert inserted.count("<tool_response>\nNorway's capital is Oslo.\n</tool_response>") == len(ep.observations)
-        model_text = tokenizer.decode([t for t, m in zip(ep.tokens, mask) if m == 1])
-        assert all(turn in model_text for turn in ep.turns)  # the trained tokens are the turns it wrote
+        # The trained tokens are the turns it wrote: one run of them per turn, in order (decoded run by
+        # run, since a byte-level turn may end inside a character that the next turn's bytes would complete).
+        runs, run = [], []
+        for t, m in zip(ep.tokens, mask):
+            if m == 1:
+                run.append(t)
+            elif run:
+                runs, run = runs + [run], []
+        runs += [run] if run else []
+        assert len(runs) == len(ep.turns)
+        assert all(turn in tokenizer.decode(r) for turn, r in zip(ep.turns, runs))
         logp, _ = token_logprobs(model, mx.array([ep.prompt_tokens + ep.tokens]))
         forward = np.array(logp[0, len(ep.prompt_tokens) - 1:])
         np.testing.assert_allclose(np.array(ep.logprobs)[mask == 1], forward[mask == 1], atol=1e-4)
