@@ -35,6 +35,7 @@ from .models.adapters import save_adapters
 from .models.loading import load_policy
 from .run import trainer as _trainer
 from .run.setup import setup
+from .run.step_update import logprob_chunk, update_settings
 from .run.trainer import RunResult
 from .sampling.rollout import Completion, SamplingConfig, sample_completions
 from .tasks import registry as _tasks
@@ -241,11 +242,11 @@ class Trainer:
         settings = c if g == c.group_size else _with_group_size(c, g)
         parts = micro_batches(batch, settings.micro_batch_size)
         sizes = batch_shape(batch, settings.micro_batch_size, c.max_tokens)
-        chunk = _trainer.logprob_chunk(settings, self.model, batch, settings.micro_batch_size)
+        chunk = logprob_chunk(settings, self.model, batch, settings.micro_batch_size)
         ref = (reference_logprobs(self.model, parts, self.ref_params, settings.temperature, chunk)
                if c.beta > 0 else None)
         self.model.train()
-        metrics = update(self.model, self.optimizer, _trainer.update_settings(settings), sizes, parts, ref, chunk)
+        metrics = update(self.model, self.optimizer, update_settings(settings), sizes, parts, ref, chunk)
         return {"reward/mean": float(rewards.mean()), **metrics}
 
     def step(self) -> dict:

@@ -156,7 +156,7 @@ def test_activation_estimate_and_budget_by_hand():
 def test_train_step_cuts_micro_batches_to_the_cpu_budget_and_trains_the_same(tiny_model_path, monkeypatch):
     """Under a one-position budget every micro-batch is one row; the step's weights are those of whole
     groups (micro-batching is exact). bnpo, whose objective depends on the micro-batch, is never cut."""
-    from mlx_grpo.run import trainer
+    from mlx_grpo.run import step_update, trainer
     from mlx_grpo.tasks.registry import Task
     from mlx_grpo.update import batch as batching
 
@@ -164,8 +164,8 @@ def test_train_step_cuts_micro_batches_to_the_cpu_budget_and_trains_the_same(tin
                 reward_functions=[lambda prompts, completions, **kw: [len(c) / 10 for c in completions]],
                 reward_weights=[1.0], system_prompt=None, accuracy_reward=None, warnings=[])
     sizes = []
-    cut = trainer.micro_batches
-    monkeypatch.setattr(trainer, "micro_batches", lambda b, size: sizes.append(size) or cut(b, size))
+    cut = step_update.micro_batches
+    monkeypatch.setattr(step_update, "micro_batches", lambda b, size: sizes.append(size) or cut(b, size))
 
     def one_step(loss, budget):
         monkeypatch.setattr(batching, "CPU_ACTIVATION_BUDGET", budget)

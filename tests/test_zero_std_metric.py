@@ -29,7 +29,7 @@ def _modules_setting(key: str) -> list[str]:
 
 
 def test_frac_zero_std_is_written_in_one_place():
-    assert _modules_setting("frac_zero_std") == ["trainer.py"]
+    assert _modules_setting("frac_zero_std") == ["step_metrics.py"]  # the step's metrics (run/step_metrics.py)
     assert set(advantage_stats([0.5, -0.5, 0.0, 0.0])) == {"advantage/abs_mean", "advantage/min", "advantage/max"}
 
 

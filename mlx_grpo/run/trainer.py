@@ -1,12 +1,15 @@
 """The GRPO loop: rollout, score, advantage, update(s), log, checkpoint, eval.
 
-One step:
-  1. take `batch_size` prompts (a fixed, seeded order, so a resumed run sees the same ones);
-  2. sample `group_size` completions for each, keeping ids and behaviour log-probs;
-  3. score them and compute group-baseline advantages;
-  4. `num_iterations` times: accumulate gradients over micro-batches, clip the
+One step (`train_step`), a call a stage:
+  1. collect: take `batch_size` prompts (a fixed, seeded order, so a resumed run sees the
+     same ones), sample `group_size` completions (or episodes) for each, keeping ids and
+     behaviour log-probs, score them and filter the groups: step_rollouts.py;
+  2. choose what to train: the kept groups' completions and their group-baseline
+     advantages; 3. prepare the update: micro-batches, the reference, KL: step_update.py;
+  4. update, `num_iterations` times: accumulate gradients over micro-batches, clip the
      global norm, step AdamW (warmup + cosine schedule): update/step.py;
-  5. append metrics and completions to the run folder; checkpoint every `save_every`.
+  5. record the step's metrics and completions: step_metrics.py. The loop appends them to
+     the run folder and checkpoints every `save_every`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
-import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from ..config import TrainConfig, dump_yaml
@@ -27,25 +29,16 @@ from ..models.adapters import save_adapters
 from ..sampling.kinds import rollouts_for
 from ..sampling.progress import PROGRESS
 from ..tasks.registry import Task, token_budget
-from ..tasks.rewarding import part_means, reward_metrics
-from ..update.advantages import advantage_stats, group_advantages, zero_std_frac
-from ..update.batch import (MicroBatch, RolloutBatch, batch_shape, build_batch, carries_signal, groups_with_signal,
-                            memory_bound_size, micro_batches)
-from ..update.losses import BatchShape, LossSettings
-from ..update.step import UpdateSettings, reference_logprobs, top_entropy_weights, update
+from ..update.step import update
 from . import checkpoint as ckpt
 from . import distributed as dist
 from .health import HealthMonitor, TrainingStopped, stop_run
-from .health_rewards import answer_pattern, reward_variance_shares
 from .interrupt import steps_until_ctrl_c
-from .guidance import guided_metrics
 from .reporting import with_reporters
 from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer: also trainer's, as before)
-from .step_metrics import reward_range
+from .step_metrics import completion_records, reward_range, step_metrics
 from .step_rollouts import collect_rollouts, step_seed
-
-# Chunk the vocabulary projection when one micro-batch's logits would exceed this many floats.
-_CHUNK_LOGITS_ABOVE = 2**27
+from .step_update import choose_trained, prepare_update, update_settings
 
 
 @dataclass
@@ -64,41 +57,6 @@ class RunResult:
                 f"({gain:+.2f}) on {self.eval_n} held-out problems")
 
 
-def logprob_chunk(config: TrainConfig, model, batch: RolloutBatch, size: int) -> int | None:
-    """Positions per vocabulary-projection chunk for micro-batches of `size` rows of `batch`.
-
-    The setting when given; else 128 once a micro-batch's logits would pass _CHUNK_LOGITS_ABOVE
-    floats, and None (no chunking) below that.
-    """
-    if config.logprob_chunk_size:
-        return config.logprob_chunk_size
-    vocab = model.model.embed_tokens.weight.shape[0] if hasattr(model, "model") else 0
-    floats = min(size, len(batch.advantages)) * batch.completions.shape[1] * vocab
-    return 128 if floats > _CHUNK_LOGITS_ABOVE else None
-
-
-def update_settings(config: TrainConfig) -> UpdateSettings:
-    loss = LossSettings(loss_type=config.loss, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
-                        delta=config.delta, beta=config.beta, sapo_tau_pos=config.sapo_tau_pos,
-                        sapo_tau_neg=config.sapo_tau_neg, entropy_coef=config.entropy_coef)
-    return UpdateSettings(loss, config.temperature, config.num_iterations, config.max_grad_norm, config.entropy_coef,
-                          config.entropy_top_quantile)
-
-
-def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
-    """Mean k3 KL of the sampling policy to the reference, from the behaviour log-probs.
-
-    With beta = 0 the loss has no KL term; this keeps KL visible anyway.
-    """
-    sums = {"total": 0.0, "count": 0.0}
-    for mb, ref in zip(parts, ref_logps):
-        log_ratio = ref - mb.behaviour_logp
-        sums["total"] += ((mx.exp(log_ratio) - log_ratio - 1) * mb.mask).sum().item()
-        sums["count"] += mb.mask.sum().item()
-    sums = dist.sum_across_ranks(sums)  # each rank passes its share of the micro-batches
-    return sums["total"] / max(sums["count"], 1.0)
-
-
 def evaluate(model, tokenizer, task: Task, config: TrainConfig) -> dict:
     """Held-out accuracy: greedy completions, or greedy episodes for a multi-turn task."""
     return rollouts_for(task).evaluate(model, tokenizer, config)
@@ -109,110 +67,21 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     start = time.perf_counter()
     mx.random.seed(step_seed(config.seed, step))
     mx.reset_peak_memory()
-    sampled = collect_rollouts(model, tokenizer, task, config, step)
-    g = config.group_size
-    kept_rows = np.repeat(sampled.keep, g)
-    completions = [c for c, k in zip(sampled.completions, kept_rows) if k]
-    advantages = group_advantages(sampled.rewards[kept_rows], g, config.scale_rewards, config.scale_eps)
-
+    sampled = collect_rollouts(model, tokenizer, task, config, step)  # sampled, scored, filtered (step_rollouts.py)
+    trained = choose_trained(sampled, config)  # the kept groups' completions and advantages (step_update.py)
     update_start = time.perf_counter()
     model.train()
-    # None: not measured this step. Step 1 samples from the starting weights, the reference itself: KL 0.
-    metrics = {"step": step, "kl": 0.0 if step == 1 and config.kl_every > 0 else None}
-    if completions:
-        batch = build_batch(completions, advantages, g)
-        if config.mask_truncated:  # cut-off completions contribute no token to the loss
-            batch.mask[[c.truncated for c in completions]] = 0.0
-        # bnpo normalises per micro-batch, so its size is part of the objective; the others are exact at any size.
-        size = (config.micro_batch_size if config.loss == "bnpo" else
-                memory_bound_size(config.micro_batch_size, model, batch.completions.shape[1]))
-        chunk = logprob_chunk(config, model, batch, size)
-        # The reference costs a forward pass: every step when the loss needs it,
-        # every kl_every steps when it is only watched.
-        watch_kl = config.beta == 0 and config.kl_every > 0 and step % config.kl_every == 0
-        # A zero-advantage group adds nothing to the loss unless a KL or entropy term
-        # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
-        skip_silent = config.beta == 0 and config.entropy_coef == 0 and config.loss != "bnpo"
-        parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, size)
-        sizes = batch_shape(batch, size, token_budget(task, config))
-        if watch_kl:  # over every group, silent ones included
-            all_parts = micro_batches(batch, size) if skip_silent else parts
-            mine = [all_parts[i] for i in dist.shard(len(all_parts))]
-            metrics["kl"] = _kl_to_reference(mine, reference_logprobs(model, mine, ref_params, config.temperature, chunk))
-        parts = [parts[i] for i in dist.shard(len(parts))]  # data-parallel: this rank's micro-batches
-        # No signal: no token trained at all, or no advantage on a trained token and no KL or entropy term;
-        # the gradient is zero either way.
-        no_signal = not batch.mask.any() or (config.beta == 0 and config.entropy_coef == 0 and not carries_signal(batch))
-        skip = config.skip_no_signal and no_signal
-        ref_logps = (reference_logprobs(model, parts, ref_params, config.temperature, chunk)
-                     if config.beta > 0 and not skip else None)
-        weights = None  # entropy_top_quantile: the tokens that carry the loss, chosen over the whole step
-        if config.entropy_top_quantile < 1 and not skip:
-            silent = micro_batches(groups_with_signal(batch, silent=True), size) if skip_silent else []
-            weights = top_entropy_weights(model, parts, [silent[i] for i in dist.shard(len(silent))],
-                                          config.entropy_top_quantile, config.temperature, chunk,
-                                          dist.all_gather_objects)
-        prompt_tokens = sum(map(len, batch.prompts))
-    else:  # every group was filtered out: zero gradients (the optimizer steps on them unless skip_no_signal)
-        sizes, parts, ref_logps, chunk, prompt_tokens = BatchShape(0, 0, 0, config.max_tokens), [], None, None, 0
-        no_signal, skip, weights = True, config.skip_no_signal, []
-    metrics.update(update(model, optimizer, update_settings(config), sizes, parts, ref_logps, chunk,
-                          dist.all_sum_tree, dist.sum_across_ranks, skip=skip, token_weights=weights))
-    metrics["update/no_signal"] = no_signal
+    ready = prepare_update(model, trained, task, config, step, ref_params)  # micro-batches, reference, KL
+    metrics = {"step": step, "kl": ready.kl}  # kl None: not measured this step
+    metrics.update(update(model, optimizer, update_settings(config), ready.sizes, ready.parts, ready.ref_logps,
+                          ready.chunk, dist.all_sum_tree, dist.sum_across_ranks, skip=ready.skip,
+                          token_weights=ready.token_weights))
+    metrics["update/no_signal"] = ready.no_signal
     # The rate the last update used (absent only if every update so far was skipped).
     metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
     update_s = time.perf_counter() - update_start
-
-    grouped = sampled.rewards.reshape(-1, g)
-    lengths = np.array([len(c.tokens) for c in sampled.completions])
-    truncated = np.array([c.truncated for c in sampled.completions])
-    trained_tokens = sum(len(c.tokens) for c in completions)
-    metrics.update({
-        "reward/mean": float(sampled.rewards.mean()),
-        "reward/std": float(sampled.rewards.std()),
-        "reward/best_of_n": float(grouped.max(axis=1).mean()),
-        "reward/raw_mean": float(sampled.raw_rewards.mean()),
-        **{f"reward/{name}/mean": value for name, value in part_means(sampled.parts).items()},
-        **{f"reward/{name}/errors": n for name, n in sampled.errors.items()},
-        **(advantage_stats(advantages) if completions else {}),  # over the groups trained on
-        "frac_zero_std": zero_std_frac(sampled.rewards, g),  # over every sampled group
-        "filter/dropped_frac": float(1 - sampled.keep.mean()),
-        "filter/rounds": sampled.rounds,
-        "completion/mean_length": float(lengths.mean()),
-        **answer_pattern([c.text for c in sampled.completions]),
-        **reward_variance_shares(sampled.parts, task.reward_weights, g, config.shaping),
-        "completion/truncated_frac": float(truncated.mean()),
-        "tokens_per_s": int(lengths.sum()) / max(sampled.seconds, 1e-9),
-        "train/tokens_per_s": (prompt_tokens + trained_tokens) * config.num_iterations / max(update_s, 1e-9),
-        "time/rollout_s": sampled.seconds,
-        "time/update_s": update_s,
-        **reward_metrics(task.reward_functions),  # a judge's time/judge_s and judge/unreadable_frac
-        "time/step_s": time.perf_counter() - start,
-        "memory/peak_gb": mx.get_peak_memory() / 1e9,
-    })
-    rollouts = rollouts_for(task)
-    metrics.update(rollouts.step_metrics(sampled.completions))  # a multi-turn task's episode and tool metrics
-    if task.curriculum:
-        metrics.update(task.curriculum.metrics(task.train_rows))
-    if config.guide:
-        metrics.update(guided_metrics(task, sampled.completions, sampled.parts, g))
-
-    records = []
-    advantage_of = dict(zip(np.flatnonzero(kept_rows), advantages))
-    for i, c in enumerate(sampled.completions):
-        records.append({
-            "step": step, "prompt": sampled.rows[c.prompt_index]["prompt"], "completion": c.text,
-            "reward": float(sampled.rewards[i]), "raw_reward": float(sampled.raw_rewards[i]),
-            "rewards": {name: values[i] for name, values in sampled.parts.items()},
-            # None: the group was filtered out and not trained on
-            "advantage": float(advantage_of[i]) if i in advantage_of else None,
-            "finish_reason": c.finish_reason, "length": len(c.tokens),
-            **({"guided": True} if getattr(c, "guided", False) else {}),
-            **rollouts.record(tokenizer, c),  # an episode's turns as trained and masked text, its tool calls
-        })
-    for name, example in sampled.error_examples.items():
-        metrics[f"reward/{name}/error_example"] = example
-    return metrics, records
+    metrics.update(step_metrics(task, config, sampled, trained, ready.prompt_tokens, update_s, start))
+    return metrics, completion_records(tokenizer, task, step, sampled, trained)
 
 
 def _append_jsonl(path: Path, records: list[dict]) -> None:

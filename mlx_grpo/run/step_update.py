@@ -1,0 +1,152 @@
+"""The middle of a GRPO step: what it trains on, and its update made ready.
+
+`choose_trained` takes the groups collect_rollouts kept (`StepRollouts.keep`,
+step_rollouts.py: the one decision of which groups are trained) and gives their
+completions, their group-baseline advantages and where each sits among the
+step's sampled completions (the records say which were trained).
+
+`prepare_update` builds the batch and everything update() needs:
+  - the micro-batch size (bnpo's is part of its objective; the others' is
+    bounded by the CPU's activation memory, update/batch.py);
+  - the micro-batches, without the groups that carry no signal when no KL or
+    entropy term would still train them (`groups_with_signal`), this rank's share;
+  - the reference's log-probs when the loss needs them, and the KL to it when
+    only watched (over every group);
+  - whether the step carries any signal at all, and `entropy_top_quantile`'s
+    token weights, chosen over the whole step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from ..config import TrainConfig
+from ..tasks.registry import Task, token_budget
+from ..update.advantages import group_advantages
+from ..update.batch import (MicroBatch, RolloutBatch, batch_shape, build_batch, carries_signal, groups_with_signal,
+                            memory_bound_size, micro_batches)
+from ..update.losses import BatchShape, LossSettings
+from ..update.step import UpdateSettings, reference_logprobs, top_entropy_weights
+from . import distributed as dist
+from .step_rollouts import StepRollouts
+
+# Chunk the vocabulary projection when one micro-batch's logits would exceed this many floats.
+_CHUNK_LOGITS_ABOVE = 2**27
+
+
+def logprob_chunk(config: TrainConfig, model, batch: RolloutBatch, size: int) -> int | None:
+    """Positions per vocabulary-projection chunk for micro-batches of `size` rows of `batch`.
+
+    The setting when given; else 128 once a micro-batch's logits would pass _CHUNK_LOGITS_ABOVE
+    floats, and None (no chunking) below that.
+    """
+    if config.logprob_chunk_size:
+        return config.logprob_chunk_size
+    vocab = model.model.embed_tokens.weight.shape[0] if hasattr(model, "model") else 0
+    floats = min(size, len(batch.advantages)) * batch.completions.shape[1] * vocab
+    return 128 if floats > _CHUNK_LOGITS_ABOVE else None
+
+
+def update_settings(config: TrainConfig) -> UpdateSettings:
+    loss = LossSettings(loss_type=config.loss, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
+                        delta=config.delta, beta=config.beta, sapo_tau_pos=config.sapo_tau_pos,
+                        sapo_tau_neg=config.sapo_tau_neg, entropy_coef=config.entropy_coef)
+    return UpdateSettings(loss, config.temperature, config.num_iterations, config.max_grad_norm, config.entropy_coef,
+                          config.entropy_top_quantile)
+
+
+@dataclass
+class Trained:
+    """The completions a step trains on: those of its kept groups, in sampling order."""
+
+    completions: list
+    advantages: np.ndarray  # one a completion: its group's baseline advantage
+    positions: np.ndarray  # where each sits among the step's sampled completions
+
+    def advantage_of(self) -> dict[int, float]:
+        """Sampled position -> advantage, for the trained completions only."""
+        return dict(zip(self.positions, self.advantages))
+
+
+def choose_trained(sampled: StepRollouts, config: TrainConfig) -> Trained:
+    g = config.group_size
+    kept_rows = np.repeat(sampled.keep, g)
+    completions = [c for c, k in zip(sampled.completions, kept_rows) if k]
+    advantages = group_advantages(sampled.rewards[kept_rows], g, config.scale_rewards, config.scale_eps)
+    return Trained(completions, advantages, np.flatnonzero(kept_rows))
+
+
+@dataclass
+class PreparedUpdate:
+    """What update() takes for one step, and what the step logs about it."""
+
+    sizes: BatchShape  # the loss's normalisers
+    parts: list[MicroBatch]  # this rank's micro-batches
+    ref_logps: list | None  # the reference's log-probs of them (beta > 0)
+    chunk: int | None  # positions per vocabulary-projection chunk
+    token_weights: list | None  # entropy_top_quantile's chosen tokens
+    no_signal: bool  # no token trained, or no advantage on one and no KL or entropy term
+    skip: bool  # skip_no_signal on a step without signal: the optimizer does not step
+    kl: float | None  # KL to the reference, when watched this step (0 at step 1); None: not measured
+    prompt_tokens: int  # prompt tokens in the update, for train/tokens_per_s
+
+
+def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
+    """Mean k3 KL of the sampling policy to the reference, from the behaviour log-probs.
+
+    With beta = 0 the loss has no KL term; this keeps KL visible anyway.
+    """
+    sums = {"total": 0.0, "count": 0.0}
+    for mb, ref in zip(parts, ref_logps):
+        log_ratio = ref - mb.behaviour_logp
+        sums["total"] += ((mx.exp(log_ratio) - log_ratio - 1) * mb.mask).sum().item()
+        sums["count"] += mb.mask.sum().item()
+    sums = dist.sum_across_ranks(sums)  # each rank passes its share of the micro-batches
+    return sums["total"] / max(sums["count"], 1.0)
+
+
+def prepare_update(model, trained: Trained, task: Task, config: TrainConfig, step: int, ref_params) -> PreparedUpdate:
+    """The batch of the trained completions, cut into this rank's micro-batches, with what the loss needs."""
+    # Step 1 samples from the starting weights, the reference itself: KL 0.
+    kl = 0.0 if step == 1 and config.kl_every > 0 else None
+    completions, g = trained.completions, config.group_size
+    if not completions:  # every group was filtered out: zero gradients (the optimizer steps on them unless skip_no_signal)
+        return PreparedUpdate(BatchShape(0, 0, 0, config.max_tokens), [], None, None, [], True,
+                              config.skip_no_signal, kl, 0)
+    batch = build_batch(completions, trained.advantages, g)
+    if config.mask_truncated:  # cut-off completions contribute no token to the loss
+        batch.mask[[c.truncated for c in completions]] = 0.0
+    # bnpo normalises per micro-batch, so its size is part of the objective; the others are exact at any size.
+    size = (config.micro_batch_size if config.loss == "bnpo" else
+            memory_bound_size(config.micro_batch_size, model, batch.completions.shape[1]))
+    chunk = logprob_chunk(config, model, batch, size)
+    # The reference costs a forward pass: every step when the loss needs it,
+    # every kl_every steps when it is only watched.
+    watch_kl = config.beta == 0 and config.kl_every > 0 and step % config.kl_every == 0
+    # A zero-advantage group adds nothing to the loss unless a KL or entropy term
+    # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
+    skip_silent = config.beta == 0 and config.entropy_coef == 0 and config.loss != "bnpo"
+    parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, size)
+    sizes = batch_shape(batch, size, token_budget(task, config))
+    if watch_kl:  # over every group, silent ones included
+        all_parts = micro_batches(batch, size) if skip_silent else parts
+        mine = [all_parts[i] for i in dist.shard(len(all_parts))]
+        kl = _kl_to_reference(mine, reference_logprobs(model, mine, ref_params, config.temperature, chunk))
+    parts = [parts[i] for i in dist.shard(len(parts))]  # data-parallel: this rank's micro-batches
+    # No signal: no token trained at all, or no advantage on a trained token and no KL or entropy term;
+    # the gradient is zero either way.
+    no_signal = not batch.mask.any() or (config.beta == 0 and config.entropy_coef == 0 and not carries_signal(batch))
+    skip = config.skip_no_signal and no_signal
+    ref_logps = (reference_logprobs(model, parts, ref_params, config.temperature, chunk)
+                 if config.beta > 0 and not skip else None)
+    weights = None  # entropy_top_quantile: the tokens that carry the loss, chosen over the whole step
+    if config.entropy_top_quantile < 1 and not skip:
+        silent = micro_batches(groups_with_signal(batch, silent=True), size) if skip_silent else []
+        weights = top_entropy_weights(model, parts, [silent[i] for i in dist.shard(len(silent))],
+                                      config.entropy_top_quantile, config.temperature, chunk,
+                                      dist.all_gather_objects)
+    return PreparedUpdate(sizes, parts, ref_logps, chunk, weights, no_signal, skip, kl,
+                          sum(map(len, batch.prompts)))
