@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from .errors import ConfigError  # noqa: F401 (defined below every floor; public here)
+from .setting_groups import GROUP_KEYS, GROUPS, HealthSettings
 from .models.adapters import FINE_TUNE_TYPES
 from .update.advantages import SCALE_MODES
 from .update.losses import LOSS_TYPES
@@ -128,37 +129,70 @@ class TrainConfig:
     report_to: list[str] = field(default_factory=list)  # also log metrics to wandb and/or tensorboard (if installed)
 
     # Training health (docs/health.md): when the health rules warn
-    health_window: int = 10  # steps each health rule looks back over
-    health_clip_frac: float = 0.8  # grad norm at max_grad_norm on more than this fraction of the window
-    health_spike_factor: float = 10.0  # grad norm above this multiple of its running median
-    health_zero_std: float = 0.5  # mean fraction of groups with identical rewards above this
-    health_reward_drop: float = 0.5  # reward/mean falls by more than this many within-batch stds over 2 windows
-    health_loss_spike: float = 0.5  # |mean loss| grows by more than this fraction from one window to the next
-    health_kl_max: float = 1.0  # KL to the reference above this and still rising
-    health_entropy_drop: float = 0.1  # token entropy below this fraction of its value over the first window
-    health_truncated_frac: float = 0.5  # mean fraction of completions cut at max_tokens (episodes at max_episode_tokens) above this
-    health_adv_factor: float = 10.0  # largest |advantage| above this multiple of the batch's reward range
-    health_min_update: float = 1e-4  # updates move the weights by less than this fraction of their norm, reward flat
-    health_judge_unreadable: float = 0.2  # the judge's answers could not be read as a score more often than this
-    health_takeover_share: float = 0.5  # a side reward carries more than this share of the within-group reward variance
-    health_collapse_share: float = 0.5  # one answer is more than this share of completions, or lengths fall below it
-    health_tool_parse_fail: float = 0.9  # tool episodes: more than this share of attempted calls could not be read
-    health_tool_call_drop: float = 0.1  # tool calls per episode fell below this fraction of their earlier level
-    health_closed_book: float = 0.5  # tool episodes: more than this share answered without any call
+    health: HealthSettings = field(default_factory=HealthSettings)  # the health_* settings, one group (setting_groups.py)
     max_nonfinite_steps: int = 3  # stop after this many steps in a row with a NaN/Inf loss or gradient (0: never)
+
+    def __getattr__(self, name: str):
+        """A group's setting by its flat name: config.health_window is config.health.window."""
+        for group, (_, prefix) in GROUPS.items():
+            held = self.__dict__.get(group)  # absent while an object is being built or unpickled
+            if held is not None and name.startswith(prefix) and name[len(prefix):] in held.__dataclass_fields__:
+                return getattr(held, name[len(prefix):])
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def flat(self) -> dict:
+        """Every setting by its flat name (a flag, a YAML key): what config.yaml holds."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in GROUPS:
+                out.update({GROUPS[f.name][1] + k: v for k, v in dataclasses.asdict(value).items()})
+            else:
+                out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        return out
+
+    @classmethod
+    def from_flat(cls, values: dict) -> "TrainConfig":
+        """A config from flat settings: each group's (health_window, ...) into its group."""
+        top = {k: v for k, v in values.items() if k not in GROUP_KEYS}
+        for group, (kind, prefix) in GROUPS.items():
+            top[group] = kind(**{GROUP_KEYS[k][1]: v for k, v in values.items() if GROUP_KEYS.get(k, ("",))[0] == group})
+        return cls(**top)
+
+
 
 
 SHAPING = ("always", "gated", "scaled")  # tasks/shaping.py applies them
 TOOL_STYLES = ("hermes", "llama3", "mistral")  # tools/calls.py reads them (STYLES there; a test keeps both equal)
-FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _flat_fields() -> dict[str, dataclasses.Field]:
+    """Every setting by its flat name, in TrainConfig's order, a group's settings where the group is."""
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in GROUPS:
+            kind, prefix = GROUPS[f.name]
+            out.update({prefix + g.name: g for g in dataclasses.fields(kind)})
+        else:
+            out[f.name] = f
+    return out
+
+
+FIELDS = _flat_fields()
 JUDGE_KEYS = ("judge", "judge_rubric", "judge_weight")  # a judge reward's settings: train, eval and compare share them
-_HINTS = typing.get_type_hints(TrainConfig)
+_HINTS = {**typing.get_type_hints(TrainConfig),
+          **{flat: typing.get_type_hints(GROUPS[group][0])[name] for flat, (group, name) in GROUP_KEYS.items()}}
 
 
 def field_help() -> dict[str, str]:
-    """Each setting's comment in TrainConfig above: the one description, used by --help."""
-    source = inspect.getsource(TrainConfig)
-    return dict(re.findall(r"^\s+(\w+): [^=\n]+=[^#\n]+#\s*(.+)$", source, flags=re.M))
+    """Each setting's comment in TrainConfig above (a group's in its class): the one description, used by --help."""
+    def comments(kind) -> dict[str, str]:
+        return dict(re.findall(r"^\s+(\w+): [^=\n]+=[^#\n]+#\s*(.+)$", inspect.getsource(kind), flags=re.M))
+
+    helps = {k: v for k, v in comments(TrainConfig).items() if k not in GROUPS}
+    for kind, prefix in GROUPS.values():
+        helps.update({prefix + k: v for k, v in comments(kind).items()})
+    return helps
 
 
 def _coerce(name: str, value):
@@ -269,7 +303,7 @@ def build_config(cli_overrides: dict | None = None, config_file: str | None = No
         layered.update(check_keys(task_defaults(str(chosen["task"]), chosen.get("model")), "task defaults"))
     layered.update(chosen)
     values = {name: _coerce(name, value) for name, value in layered.items()}
-    config = TrainConfig(**values)
+    config = TrainConfig.from_flat(values)
     validate(config)
     return config
 
@@ -395,7 +429,7 @@ def check_reporters(names: list[str]) -> str | None:
 
 
 def to_dict(c: TrainConfig) -> dict:
-    return dataclasses.asdict(c)
+    return c.flat()
 
 
 def dump_yaml(c: TrainConfig) -> str:

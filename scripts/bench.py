@@ -265,7 +265,7 @@ class Ours:
         settings.update(overrides or {})
         self.name = name
         self.patch = patch or contextlib.nullcontext
-        self.config = TrainConfig(**{k: v for k, v in settings.items() if k in FIELDS})
+        self.config = TrainConfig.from_flat({k: v for k, v in settings.items() if k in FIELDS})
         self.model, self.tokenizer = load_policy(model_path)
         mx.random.seed(args.seed)  # the same adapter initialisation as the peer
         prepare_for_training(self.model, "lora", {"rank": args.lora_rank, "scale": 20.0, "dropout": 0.0,

@@ -2,7 +2,9 @@
 
 Every train setting is a field of the TrainConfig dataclass, with its default
 and a trailing comment that says what it does, grouped under the comment
-lines of the class; the other commands' options are typer's. This script
+lines of the class; a group of settings (config.GROUPS: `health`) is its own
+dataclass, whose fields are listed where the group is, under their flat names
+(health_window). The other commands' options are typer's. This script
 renders both, so the reference cannot drift from the code:
 
     python scripts/settings_doc.py          # rewrite docs/settings.md
@@ -20,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlx_grpo.config import TrainConfig  # noqa: E402
+from mlx_grpo.config import GROUPS, TrainConfig  # noqa: E402
 
 OUT = ROOT / "docs" / "settings.md"
 _FIELD = re.compile(r"^    (\w+): [^=]+?=.*?(?:  # (.*))?$")
@@ -40,7 +42,7 @@ def _cell(text: str) -> str:
 
 
 def train_settings() -> list[str]:
-    """One table per group of TrainConfig, in the order of the class."""
+    """One table per section of TrainConfig, in the order of the class."""
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     lines = []
     for line in inspect.getsource(TrainConfig).splitlines():
@@ -49,6 +51,11 @@ def train_settings() -> list[str]:
             if lines:
                 lines.append("")
             lines += [f"**{section.group(1)}**", "", "| key | default | meaning |", "| --- | --- | --- |"]
+        elif field and field.group(1) in GROUPS:  # a group's settings, by their flat names
+            kind, prefix = GROUPS[field.group(1)]
+            rows = dict(_FIELD.match(row).groups() for row in inspect.getsource(kind).splitlines() if _FIELD.match(row))
+            lines += [f"| `{prefix}{f.name}` | {_cell(_default(f))} | {_cell(rows.get(f.name) or '')} |"
+                      for f in dataclasses.fields(kind)]
         elif field and field.group(1) in fields:
             name = field.group(1)
             lines.append(f"| `{name}` | {_cell(_default(fields[name]))} | {_cell(field.group(2) or '')} |")

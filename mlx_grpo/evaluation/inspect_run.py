@@ -6,7 +6,6 @@ loads no model. summarize() returns plain lines (the CLI prints them).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -58,7 +57,7 @@ def _ago(seconds: float) -> str:
 
 def _settings(config: dict) -> list[str]:
     """Model and task, then every setting that differs from TrainConfig's default."""
-    defaults = dataclasses.asdict(TrainConfig())
+    defaults = TrainConfig().flat()
     head = f"  model {config.get('model') or 'embedded tiny-arith'}, task {config.get('task')}"
     changed = [f"{k}={v}" for k, v in config.items()
                if k not in ("model", "task") and k in defaults and v != defaults[k]]

@@ -53,8 +53,8 @@ class Thresholds:
     @classmethod
     def from_config(cls, config, budget: int | None = None) -> "Thresholds":
         facts = {"max_grad_norm": config.max_grad_norm, "max_tokens": budget or config.max_tokens, "lr": config.lr}
-        # every other field is a threshold, the setting health_<field>
-        return cls(**facts, **{f.name: getattr(config, f"health_{f.name}") for f in fields(cls) if f.name not in facts})
+        # every other field is a threshold: the setting of the same name in config's health group (health_<field>)
+        return cls(**facts, **{f.name: getattr(config.health, f.name) for f in fields(cls) if f.name not in facts})
 
 
 @dataclass

@@ -7,7 +7,6 @@ trainer's events, like the terminal display does.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -24,9 +23,9 @@ class WandbReporter:
         import wandb
 
         self.wandb = wandb
-        # the config as a plain dict, without importing config.py (which imports this module)
+        # the config as a plain dict of its flat settings, as config.yaml holds them
         self.run = wandb.init(project="mlx-grpo", name=Path(run_dir).name, dir=str(run_dir),
-                              config=dataclasses.asdict(config))
+                              config=config.flat())
 
     def log(self, metrics: dict, step: int) -> None:
         self.wandb.log(scalars(metrics), step=step)

@@ -1,0 +1,40 @@
+"""Settings in groups (mlx_grpo/setting_groups.py): the health_* settings are one dataclass,
+config.health, while every flat name a user writes keeps working as before."""
+
+import dataclasses
+
+import pytest
+import yaml
+
+from mlx_grpo.config import FIELDS, ConfigError, HealthSettings, TrainConfig, build_config, dump_yaml
+from mlx_grpo.run.health import Thresholds
+
+
+def test_flat_keys_fill_the_group_and_read_back(tmp_path):
+    old = tmp_path / "old.yaml"  # a config file written before the group existed: flat keys only
+    old.write_text("lr: 0.001\nhealth_window: 4\nhealth-kl-max: 2.5\nmax_nonfinite_steps: 1\n")
+    config = build_config({"health_zero_std": 0.25}, str(old))
+    assert isinstance(config.health, HealthSettings)
+    assert (config.health.window, config.health.kl_max, config.health.zero_std) == (4, 2.5, 0.25)
+    assert (config.health_window, config.health_kl_max, config.health_zero_std) == (4, 2.5, 0.25)
+    assert config.health.clip_frac == HealthSettings().clip_frac and config.max_nonfinite_steps == 1
+    written = yaml.safe_load(dump_yaml(config))
+    assert "health" not in written and written["health_window"] == 4 and list(written) == list(FIELDS)
+    assert build_config(written) == config  # a run's config.yaml (resume, eval) gives the same config
+
+
+def test_the_group_is_checked_and_misspelt_keys_are_refused():
+    with pytest.raises(ConfigError, match="health_window must be at least 2"):
+        build_config({"health_window": 1})
+    with pytest.raises(ConfigError, match="did you mean 'health_window'"):
+        build_config({"health_windw": 5})
+    with pytest.raises(AttributeError):
+        TrainConfig().health_nothing  # noqa: B018
+
+
+def test_the_health_rules_read_the_group():
+    config = build_config({"health_window": 6, "health_closed_book": 0.7, "max_grad_norm": 2.0})
+    thresholds = Thresholds.from_config(config)
+    assert thresholds.window == 6 and thresholds.closed_book == 0.7 and thresholds.max_grad_norm == 2.0
+    names = {f.name for f in dataclasses.fields(Thresholds)} - {"max_grad_norm", "max_tokens", "lr"}
+    assert names == {f.name for f in dataclasses.fields(HealthSettings)}
