@@ -315,7 +315,7 @@ def validate(c: TrainConfig) -> None:
         if not ok:
             raise ConfigError(message)
 
-    for name, value in dataclasses.asdict(c).items():
+    for name, value in c.flat().items():  # every setting by its flat name, a group's included
         for v in value if isinstance(value, list) else [value]:
             need(not isinstance(v, float) or math.isfinite(v), f"{name} must be a finite number, got {v}")
             # MLX keeps counts in 32-bit integers; the seed is the one 64-bit number.

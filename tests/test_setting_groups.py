@@ -30,6 +30,8 @@ def test_the_group_is_checked_and_misspelt_keys_are_refused():
         build_config({"health_windw": 5})
     with pytest.raises(AttributeError):
         TrainConfig().health_nothing  # noqa: B018
+    with pytest.raises(ConfigError, match="health_spike_factor must be a finite number, got inf"):
+        build_config({"health_spike_factor": float("inf")})  # the group's values are checked as the others are
 
 
 def test_the_health_rules_read_the_group():
