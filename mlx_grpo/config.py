@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from .errors import ConfigError  # noqa: F401 (defined below every floor; public here)
-from .setting_groups import GROUP_KEYS, GROUPS, HealthSettings
+from .setting_groups import GROUP_KEYS, GROUPS, HealthSettings, SamplingSettings
 from .models.adapters import FINE_TUNE_TYPES
 from .update.advantages import SCALE_MODES
 from .update.losses import LOSS_TYPES
@@ -51,11 +51,7 @@ class TrainConfig:
     steps: int = 100  # GRPO steps (one rollout batch each)
     batch_size: int = 8  # prompts per step
     group_size: int = 8  # completions per prompt
-    max_tokens: int = 256  # completion length limit
-    temperature: float = 1.0  # sampling temperature; log-probs are taken at the same temperature
-    top_p: float = 1.0  # nucleus sampling (1: off)
-    top_k: int = 0  # top-k sampling (0: off)
-    min_p: float = 0.0  # min-p sampling (0: off)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)  # max_tokens ... min_p, one group (setting_groups.py)
     decode_concurrency: int = 256  # sequences decoded at once; independent of micro_batch_size
     max_turns: int = 8  # multi-turn tasks (web): the most model turns in one episode
     max_episode_tokens: int = 1024  # multi-turn tasks: the most tokens of an episode after its first prompt (turns and observations)

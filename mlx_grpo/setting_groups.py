@@ -1,17 +1,31 @@
 """Groups of settings: the dataclasses TrainConfig (config.py) holds its settings of one concern in.
 
-A group is one field of TrainConfig (`health`: HealthSettings) whose settings keep their flat
-names everywhere a user sees them: a flag (--health-window), a YAML key (health_window), a row
-of docs/settings.md, a line of a run's config.yaml. GROUPS maps the field to its dataclass and
-the prefix of its flat names; config.py's FIELDS, build_config and TrainConfig.flat use it, and
-`config.health_window` still reads `config.health.window`. A layer that needs the group takes it
-whole (run/health.py reads `config.health`).
+A group is one field of TrainConfig (`sampling`: SamplingSettings, `health`: HealthSettings)
+whose settings keep their flat names everywhere a user sees them: a flag (--health-window,
+--temperature), a YAML key, a row of docs/settings.md, a line of a run's config.yaml. GROUPS
+maps the field to its dataclass and the prefix of its flat names (none for sampling's);
+config.py's FIELDS, build_config and TrainConfig.flat use it, and `config.health_window` still
+reads `config.health.window`, `config.temperature` `config.sampling.temperature`. A layer that
+needs a group takes it whole (run/health.py reads `config.health`; the sampler is given
+`config.sampling`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
+
+@dataclass
+class SamplingSettings:
+    """How a rollout is sampled: the settings of the same names, flat (no prefix). The sampler's own
+    SamplingConfig (sampling/rollout.py) takes them as they are: SamplingConfig(**asdict(config.sampling))."""
+
+    max_tokens: int = 256  # completion length limit
+    temperature: float = 1.0  # sampling temperature; log-probs are taken at the same temperature
+    top_p: float = 1.0  # nucleus sampling (1: off)
+    top_k: int = 0  # top-k sampling (0: off)
+    min_p: float = 0.0  # min-p sampling (0: off)
 
 
 @dataclass
@@ -40,7 +54,7 @@ class HealthSettings:
 
 # The setting groups: TrainConfig field -> (its dataclass, the prefix of its settings' flat names).
 # A flat name (a flag, a YAML key, a docs/settings.md row) maps to its group: health_window is health.window.
-GROUPS: dict[str, tuple[type, str]] = {"health": (HealthSettings, "health_")}
+GROUPS: dict[str, tuple[type, str]] = {"sampling": (SamplingSettings, ""), "health": (HealthSettings, "health_")}
 # flat name -> (group, field in the group)
 GROUP_KEYS = {prefix + f.name: (group, f.name) for group, (kind, prefix) in GROUPS.items()
               for f in dataclasses.fields(kind)}

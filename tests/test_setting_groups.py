@@ -40,3 +40,15 @@ def test_the_health_rules_read_the_group():
     assert thresholds.window == 6 and thresholds.closed_book == 0.7 and thresholds.max_grad_norm == 2.0
     names = {f.name for f in dataclasses.fields(Thresholds)} - {"max_grad_norm", "max_tokens", "lr"}
     assert names == {f.name for f in dataclasses.fields(HealthSettings)}
+
+
+def test_the_sampler_is_given_the_sampling_group():
+    from mlx_grpo.config import SamplingSettings
+    from mlx_grpo.sampling.kinds import training_sampling
+
+    config = build_config({"temperature": 0.7, "top_k": 5, "max_tokens": 12})
+    assert config.sampling == SamplingSettings(max_tokens=12, temperature=0.7, top_k=5)
+    assert (config.temperature, config.top_k, config.max_tokens, config.top_p) == (0.7, 5, 12, 1.0)
+    sampler = training_sampling(config)
+    assert (sampler.temperature, sampler.top_p, sampler.top_k, sampler.min_p, sampler.max_tokens) == (0.7, 1.0, 5, 0.0, 12)
+    assert "sampling" not in yaml.safe_load(dump_yaml(config))

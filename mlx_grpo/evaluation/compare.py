@@ -327,6 +327,6 @@ def build_settings(config: TrainConfig, split: str = "test", samples: int = 1, t
         temperature = 0.0 if samples == 1 else config.temperature
     if temperature < 0:
         raise CompareError(f"--temperature must be >= 0, got {temperature}")
-    sampling = SamplingConfig(temperature, config.top_p, config.top_k, config.min_p, config.max_tokens)
+    sampling = SamplingConfig(**{**asdict(config.sampling), "temperature": temperature})
     return Settings(split, samples, sampling, seed, config.decode_concurrency,
                     getattr(config, "max_turns", 8), getattr(config, "max_episode_tokens", 1024), cache)

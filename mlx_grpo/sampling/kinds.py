@@ -19,6 +19,7 @@ answer is right is tasks/accuracy.py's to say.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import mlx.core as mx
@@ -36,8 +37,8 @@ from .rollout import SamplingConfig, sample_completions
 
 
 def training_sampling(config: TrainConfig) -> SamplingConfig:
-    """The run's sampling settings, as its training rollouts (and --prefilter's pre-pass) use them."""
-    return SamplingConfig(config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens)
+    """The run's sampling settings (its `sampling` group), as its training rollouts (and --prefilter's pre-pass) use them."""
+    return SamplingConfig(**dataclasses.asdict(config.sampling))
 
 
 class SingleTurn:
