@@ -92,6 +92,7 @@ def main(argv=None):
         model, tokenizer = load_policy(path)
         model.eval()
         prompt = tokenizer.encode("Write a function that returns the last element of a list, in OCaml.")
+        bare_loop(model, prompt, 1, 4)  # the weights' first touch (page faults, caches) is no width's cost
         rows = []
         for width in args.widths:
             bare = bare_loop(model, prompt, width, args.tokens)
