@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from .errors import ConfigError  # noqa: F401 (defined below every floor; public here)
-from .setting_groups import GROUP_KEYS, GROUPS, HealthSettings, SamplingSettings
+from .setting_groups import GROUP_KEYS, GROUPS, HealthSettings, ObjectiveSettings, SamplingSettings, TaskOptions
 from .models.adapters import FINE_TUNE_TYPES
 from .update.advantages import SCALE_MODES
 from .update.losses import LOSS_TYPES
@@ -61,26 +61,10 @@ class TrainConfig:
     prefilter: int = 0  # sample this many answers to each training prompt from the base model first; train only on prompts solved in some but not all (0: off; docs/rare-rewards.md)
     prefilter_prompts: int = 0  # the most training prompts the prefilter samples, in the run's order (0: all)
     guide: bool = False  # in a group with no right answer, one member is the row's reference answer (off-policy guidance; docs/rare-rewards.md)
-    web_kinds: list[str] = field(default_factory=list)  # web task: only these families/levels (fact/1 ... account/3); empty: all
-    multihop_hops: list[int] = field(default_factory=list)  # multihop task: questions of these many hops (2, 3, 4); empty: all
-    multihop_chains: list[str] = field(default_factory=list)  # multihop task: only these chains of relations (city/country, founder/born_in, ...); empty: all
+    task_options: TaskOptions = field(default_factory=TaskOptions)  # web_kinds, multihop_*: one group (setting_groups.py)
 
     # Objective
-    loss: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo | gspo | sapo (docs/algorithms.md)
-    num_iterations: int = 1  # updates per rollout batch (>1 reuses rollouts; the ratio matters)
-    epsilon_low: float = 0.2  # ratio clipped below at 1 - epsilon_low
-    epsilon_high: float = 0.2  # ratio clipped above at 1 + epsilon_high (clip-higher: > epsilon_low)
-    beta: float = 0.0  # KL(k3) weight to the reference model
-    kl_every: int = 10  # with beta = 0, measure KL to the reference every N steps (0: never; full fine-tuning keeps a copy of the starting weights for it)
-    scale_rewards: str = "none"  # none | group | batch
-    scale_eps: float = 1e-4  # added to the std when scaling advantages
-    delta: float | None = None  # two-sided cap on the unclipped ratio, PPO-clip losses (None: off; > 1 + epsilon_high)
-    sapo_tau_pos: float = 1.0  # sapo: gate temperature for tokens with positive advantage
-    sapo_tau_neg: float = 1.05  # sapo: gate temperature for tokens with negative advantage
-    entropy_coef: float = 0.0  # entropy bonus weight (0: off); the entropy is logged either way
-    entropy_top_quantile: float = 1.0  # train only on this top fraction of tokens by entropy (0.2: top 20%; 1: all)
-    ref_refresh_every: int = 0  # move the reference toward the policy every N steps (0: never; the base stays)
-    ref_refresh_alpha: float = 0.6  # on refresh: reference = alpha * policy + (1 - alpha) * reference
+    objective: ObjectiveSettings = field(default_factory=ObjectiveSettings)  # loss ... ref_refresh_alpha, one group (setting_groups.py)
 
     # Rewards and filtering
     runaway_penalty: float = 0.3  # reward factor for completions cut at max_tokens with no end marker, episodes cut at max_episode_tokens (1: off)
@@ -128,14 +112,6 @@ class TrainConfig:
     health: HealthSettings = field(default_factory=HealthSettings)  # the health_* settings, one group (setting_groups.py)
     max_nonfinite_steps: int = 3  # stop after this many steps in a row with a NaN/Inf loss or gradient (0: never)
 
-    def __getattr__(self, name: str):
-        """A group's setting by its flat name: config.health_window is config.health.window."""
-        for group, (_, prefix) in GROUPS.items():
-            held = self.__dict__.get(group)  # absent while an object is being built or unpickled
-            if held is not None and name.startswith(prefix) and name[len(prefix):] in held.__dataclass_fields__:
-                return getattr(held, name[len(prefix):])
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     def flat(self) -> dict:
         """Every setting by its flat name (a flag, a YAML key): what config.yaml holds."""
         out = {}
@@ -149,17 +125,52 @@ class TrainConfig:
 
     @classmethod
     def from_flat(cls, values: dict) -> "TrainConfig":
-        """A config from flat settings: each group's (health_window, ...) into its group."""
-        top = {k: v for k, v in values.items() if k not in GROUP_KEYS}
-        for group, (kind, prefix) in GROUPS.items():
-            top[group] = kind(**{GROUP_KEYS[k][1]: v for k, v in values.items() if GROUP_KEYS.get(k, ("",))[0] == group})
-        return cls(**top)
+        """A config from flat settings, each group's (health_window, beta, ...) into its group."""
+        return cls(**values)
 
 
 
 
 SHAPING = ("always", "gated", "scaled")  # tasks/shaping.py applies them
 TOOL_STYLES = ("hermes", "llama3", "mistral")  # tools/calls.py reads them (STYLES there; a test keeps both equal)
+
+
+class _GroupSetting:
+    """A group's setting under its flat name: config.beta is config.objective.beta (read and written),
+    config.health_window config.health.window, and TrainConfig.beta the default, as for any setting."""
+
+    def __init__(self, group: str, name: str):
+        self.group, self.name = group, name
+        self.field = {f.name: f for f in dataclasses.fields(GROUPS[group][0])}[name]
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            f = self.field
+            return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        return getattr(getattr(obj, self.group), self.name)
+
+    def __set__(self, obj, value) -> None:
+        setattr(getattr(obj, self.group), self.name, value)
+
+
+for _flat, (_group, _name) in GROUP_KEYS.items():
+    setattr(TrainConfig, _flat, _GroupSetting(_group, _name))
+
+
+def _init_with_flat_names(init):
+    """TrainConfig(beta=0.1, health_window=4) and dataclasses.replace(config, beta=0.1) take a group's
+    settings by their flat names too; each changed group is a new object, never the one passed in."""
+    def __init__(self, *args, **kwargs):
+        flat = {k: kwargs.pop(k) for k in list(kwargs) if k in GROUP_KEYS}
+        init(self, *args, **kwargs)
+        for group in {GROUP_KEYS[k][0] for k in flat}:
+            changes = {GROUP_KEYS[k][1]: v for k, v in flat.items() if GROUP_KEYS[k][0] == group}
+            setattr(self, group, dataclasses.replace(getattr(self, group), **changes))
+    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init
+    return __init__
+
+
+TrainConfig.__init__ = _init_with_flat_names(TrainConfig.__init__)
 
 
 def _flat_fields() -> dict[str, dataclasses.Field]:

@@ -1,9 +1,9 @@
 """Groups of settings: the dataclasses TrainConfig (config.py) holds its settings of one concern in.
 
-A group is one field of TrainConfig (`sampling`: SamplingSettings, `health`: HealthSettings)
-whose settings keep their flat names everywhere a user sees them: a flag (--health-window,
+A group is one field of TrainConfig (`sampling`: SamplingSettings, `task_options`: TaskOptions,
+`objective`: ObjectiveSettings, `health`: HealthSettings) whose settings keep their flat names everywhere a user sees them: a flag (--health-window,
 --temperature), a YAML key, a row of docs/settings.md, a line of a run's config.yaml. GROUPS
-maps the field to its dataclass and the prefix of its flat names (none for sampling's);
+maps the field to its dataclass and the prefix of its flat names (health_, or none);
 config.py's FIELDS, build_config and TrainConfig.flat use it, and `config.health_window` still
 reads `config.health.window`, `config.temperature` `config.sampling.temperature`. A layer that
 needs a group takes it whole (run/health.py reads `config.health`; the sampler is given
@@ -13,7 +13,7 @@ needs a group takes it whole (run/health.py reads `config.health`; the sampler i
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -26,6 +26,38 @@ class SamplingSettings:
     top_p: float = 1.0  # nucleus sampling (1: off)
     top_k: int = 0  # top-k sampling (0: off)
     min_p: float = 0.0  # min-p sampling (0: off)
+
+
+@dataclass
+class TaskOptions:
+    """A built-in task's own options (the web and multihop tasks read them): flat names, unprefixed."""
+
+    web_kinds: list[str] = field(default_factory=list)  # web task: only these families/levels (fact/1 ... account/3); empty: all
+    multihop_hops: list[int] = field(default_factory=list)  # multihop task: questions of these many hops (2, 3, 4); empty: all
+    multihop_chains: list[str] = field(default_factory=list)  # multihop task: only these chains of relations (city/country, founder/born_in, ...); empty: all
+
+
+@dataclass
+class ObjectiveSettings:
+    """The objective: the loss, its clipping, KL and entropy terms, advantage scaling and the
+    reference's refresh; flat names, unprefixed. update_settings (run/step_update.py) turns the
+    group into the update's LossSettings and UpdateSettings."""
+
+    loss: str = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo | gspo | sapo (docs/algorithms.md)
+    num_iterations: int = 1  # updates per rollout batch (>1 reuses rollouts; the ratio matters)
+    epsilon_low: float = 0.2  # ratio clipped below at 1 - epsilon_low
+    epsilon_high: float = 0.2  # ratio clipped above at 1 + epsilon_high (clip-higher: > epsilon_low)
+    beta: float = 0.0  # KL(k3) weight to the reference model
+    kl_every: int = 10  # with beta = 0, measure KL to the reference every N steps (0: never; full fine-tuning keeps a copy of the starting weights for it)
+    scale_rewards: str = "none"  # none | group | batch
+    scale_eps: float = 1e-4  # added to the std when scaling advantages
+    delta: float | None = None  # two-sided cap on the unclipped ratio, PPO-clip losses (None: off; > 1 + epsilon_high)
+    sapo_tau_pos: float = 1.0  # sapo: gate temperature for tokens with positive advantage
+    sapo_tau_neg: float = 1.05  # sapo: gate temperature for tokens with negative advantage
+    entropy_coef: float = 0.0  # entropy bonus weight (0: off); the entropy is logged either way
+    entropy_top_quantile: float = 1.0  # train only on this top fraction of tokens by entropy (0.2: top 20%; 1: all)
+    ref_refresh_every: int = 0  # move the reference toward the policy every N steps (0: never; the base stays)
+    ref_refresh_alpha: float = 0.6  # on refresh: reference = alpha * policy + (1 - alpha) * reference
 
 
 @dataclass
@@ -54,7 +86,12 @@ class HealthSettings:
 
 # The setting groups: TrainConfig field -> (its dataclass, the prefix of its settings' flat names).
 # A flat name (a flag, a YAML key, a docs/settings.md row) maps to its group: health_window is health.window.
-GROUPS: dict[str, tuple[type, str]] = {"sampling": (SamplingSettings, ""), "health": (HealthSettings, "health_")}
+GROUPS: dict[str, tuple[type, str]] = {
+    "sampling": (SamplingSettings, ""),
+    "task_options": (TaskOptions, ""),
+    "objective": (ObjectiveSettings, ""),
+    "health": (HealthSettings, "health_"),
+}
 # flat name -> (group, field in the group)
 GROUP_KEYS = {prefix + f.name: (group, f.name) for group, (kind, prefix) in GROUPS.items()
               for f in dataclasses.fields(kind)}

@@ -52,3 +52,26 @@ def test_the_sampler_is_given_the_sampling_group():
     sampler = training_sampling(config)
     assert (sampler.temperature, sampler.top_p, sampler.top_k, sampler.min_p, sampler.max_tokens) == (0.7, 1.0, 5, 0.0, 12)
     assert "sampling" not in yaml.safe_load(dump_yaml(config))
+
+
+def test_the_objective_and_task_options_are_groups_and_the_update_reads_its_group():
+    from mlx_grpo.config import ObjectiveSettings, TaskOptions
+    from mlx_grpo.run.step_update import update_settings
+
+    config = build_config({"loss": "dapo", "epsilon_high": 0.28, "delta": 2.0, "web_kinds": "fact/1,shop/2",
+                           "temperature": 0.9})
+    assert config.objective == ObjectiveSettings(loss="dapo", epsilon_high=0.28, delta=2.0)
+    assert config.task_options == TaskOptions(web_kinds=["fact/1", "shop/2"])
+    assert (config.loss, config.delta, config.web_kinds) == ("dapo", 2.0, ["fact/1", "shop/2"])
+    settings = update_settings(config)
+    assert (settings.loss.loss_type, settings.loss.epsilon_high, settings.loss.delta) == ("dapo", 0.28, 2.0)
+    assert settings.temperature == 0.9
+
+
+def test_flat_names_construct_replace_and_give_defaults_as_before():
+    config = TrainConfig(lr=1e-4, beta=0.2, health_window=4, temperature=0.5)
+    assert (config.beta, config.health.window, config.sampling.temperature, config.lr) == (0.2, 4, 0.5, 1e-4)
+    changed = dataclasses.replace(config, beta=0.7, group_size=3)
+    assert (changed.beta, changed.group_size, changed.health_window) == (0.7, 3, 4)
+    assert config.beta == 0.2 and changed.objective is not config.objective  # the original keeps its group
+    assert (TrainConfig.beta, TrainConfig.max_tokens, TrainConfig.health_window, TrainConfig.web_kinds) == (0.0, 256, 10, [])

@@ -51,11 +51,13 @@ def logprob_chunk(config: TrainConfig, model, batch: RolloutBatch, size: int) ->
 
 
 def update_settings(config: TrainConfig) -> UpdateSettings:
-    loss = LossSettings(loss_type=config.loss, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
-                        delta=config.delta, beta=config.beta, sapo_tau_pos=config.sapo_tau_pos,
-                        sapo_tau_neg=config.sapo_tau_neg, entropy_coef=config.entropy_coef)
-    return UpdateSettings(loss, config.temperature, config.num_iterations, config.max_grad_norm, config.entropy_coef,
-                          config.entropy_top_quantile)
+    """The update's settings: the objective group, the sampling temperature and the gradient clip."""
+    o = config.objective
+    loss = LossSettings(loss_type=o.loss, epsilon_low=o.epsilon_low, epsilon_high=o.epsilon_high, delta=o.delta,
+                        beta=o.beta, sapo_tau_pos=o.sapo_tau_pos, sapo_tau_neg=o.sapo_tau_neg,
+                        entropy_coef=o.entropy_coef)
+    return UpdateSettings(loss, config.sampling.temperature, o.num_iterations, config.max_grad_norm, o.entropy_coef,
+                          o.entropy_top_quantile)
 
 
 @dataclass
