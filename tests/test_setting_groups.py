@@ -44,7 +44,7 @@ def test_the_health_rules_read_the_group():
 
 def test_the_sampler_is_given_the_sampling_group():
     from mlx_grpo.config import SamplingSettings
-    from mlx_grpo.sampling.kinds import training_sampling
+    from mlx_grpo.run.step_rollouts import training_sampling
 
     config = build_config({"temperature": 0.7, "top_k": 5, "max_tokens": 12})
     assert config.sampling == SamplingSettings(max_tokens=12, temperature=0.7, top_k=5)

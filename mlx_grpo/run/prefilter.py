@@ -34,11 +34,12 @@ from ..config import ConfigError, TrainConfig
 from ..files import CheckpointError, atomic_write_json
 from ..models.gguf import cache_root
 from ..models.loading import model_fingerprint
-from ..sampling.kinds import rollouts_for, training_sampling
+from ..sampling.kinds import rollouts_for
 from ..sampling.rollout import SamplingConfig, sample_completions
 from ..tasks.accuracy import accuracy_values, right
 from ..tasks.data import DataError, task_prompts
 from ..tasks.rewarding import reward_name
+from .step_rollouts import training_sampling
 
 FORMAT = 1  # bump when what the cache holds, or how it is computed, changes
 SEED = 0x50F17E  # the pre-pass's own sampling seed

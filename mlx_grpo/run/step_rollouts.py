@@ -14,12 +14,14 @@ whichever rank takes a prompt.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..config import TrainConfig
-from ..sampling.kinds import rollouts_for
+from ..sampling.kinds import RolloutSettings, rollouts_for
+from ..sampling.rollout import SamplingConfig
 from ..tasks.curriculum import group_success
 from ..tasks.registry import Task, token_budget
 from ..tasks.rewarding import Scores
@@ -27,6 +29,17 @@ from ..tasks.shaping import groups_to_keep, shape_rewards, side_shaped_totals
 from ..update.batch import batch_rows
 from . import distributed as dist
 from .guidance import guide_groups
+
+
+def training_sampling(config: TrainConfig) -> SamplingConfig:
+    """The run's sampling group as the sampler takes it (training rollouts, --prefilter's pre-pass)."""
+    return SamplingConfig(**dataclasses.asdict(config.sampling))
+
+
+def rollout_settings(config: TrainConfig) -> RolloutSettings:
+    """What sampling/ takes from the run's settings to sample a step's groups and to evaluate."""
+    return RolloutSettings(config.group_size, training_sampling(config), config.decode_concurrency, config.max_turns,
+                           config.max_episode_tokens, config.eval_pass_k, config.seed)
 
 
 def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed: int | None = None):
@@ -75,7 +88,8 @@ def merge_rollouts(shares: list, group_size: int):
 
 def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed, first: int):
     """rollout_and_score on this process alone; rows[0] is the step's prompt number `first`."""
-    completions, scores, rollout_s = rollouts_for(task).sample_and_score(model, tokenizer, rows, config, seed, first)
+    completions, scores, rollout_s = rollouts_for(task).sample_and_score(model, tokenizer, rows,
+                                                                         rollout_settings(config), seed, first)
     if config.guide:  # a reference answer into each group with no right one (guidance.py; single-turn tasks only)
         completions, scores = guide_groups(model, tokenizer, task, rows, completions, scores, config.group_size,
                                            config.temperature)

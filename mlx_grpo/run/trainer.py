@@ -37,7 +37,7 @@ from .interrupt import steps_until_ctrl_c
 from .reporting import with_reporters
 from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer: also trainer's, as before)
 from .step_metrics import completion_records, reward_range, step_metrics
-from .step_rollouts import collect_rollouts, step_seed
+from .step_rollouts import collect_rollouts, rollout_settings, step_seed
 from .step_update import choose_trained, prepare_update, update_settings
 
 
@@ -59,7 +59,7 @@ class RunResult:
 
 def evaluate(model, tokenizer, task: Task, config: TrainConfig) -> dict:
     """Held-out accuracy: greedy completions, or greedy episodes for a multi-turn task."""
-    return rollouts_for(task).evaluate(model, tokenizer, config)
+    return rollouts_for(task).evaluate(model, tokenizer, rollout_settings(config))
 
 
 def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, step: int, ref_params) -> tuple[dict, list]:

@@ -19,13 +19,12 @@ answer is right is tasks/accuracy.py's to say.
 
 from __future__ import annotations
 
-import dataclasses
 import time
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
-from ..config import TrainConfig
 from ..tasks.accuracy import accuracy_of, accuracy_values, solved
 from ..tasks.data import columns_of, encode_prompt, task_prompts
 from ..tasks.rewarding import Scores, score_completions
@@ -36,9 +35,18 @@ from .multiturn import _encode, episode_metrics, episode_scores, make_envs, roll
 from .rollout import SamplingConfig, sample_completions
 
 
-def training_sampling(config: TrainConfig) -> SamplingConfig:
-    """The run's sampling settings (its `sampling` group), as its training rollouts (and --prefilter's pre-pass) use them."""
-    return SamplingConfig(**dataclasses.asdict(config.sampling))
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What sampling a step's groups and evaluating take from a run's settings, and nothing else
+    (run/step_rollouts.py's rollout_settings(config) fills it): this floor never sees the whole config."""
+
+    group_size: int = 8  # completions (episodes) a prompt
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # the run's sampling group
+    concurrency: int = 256  # sequences decoded at once
+    max_turns: int = 8  # multi-turn tasks: model turns in an episode
+    max_episode_tokens: int = 1024  # multi-turn tasks: an episode's token budget after its first prompt
+    eval_pass_k: int = 0  # evaluate: also sampled pass@k (0: off)
+    seed: int = 0  # evaluate: pass@k's own sampling seed
 
 
 class SingleTurn:
@@ -49,7 +57,7 @@ class SingleTurn:
     def __init__(self, task):
         self.task = task
 
-    def sample_and_score(self, model, tokenizer, rows: list[dict], config: TrainConfig, seed: int | None = None,
+    def sample_and_score(self, model, tokenizer, rows: list[dict], settings: RolloutSettings, seed: int | None = None,
                          first: int = 0) -> tuple[list, Scores, float]:
         """(completions, scores, seconds) of group_size completions for each row; rows[0] is the step's
         prompt number `first`, and completions are keyed by (seed, prompt, member)."""
@@ -57,24 +65,24 @@ class SingleTurn:
         model.eval()
         start = time.perf_counter()
         completions = sample_completions(
-            model, tokenizer, prompts, config.group_size, training_sampling(config), config.decode_concurrency,
+            model, tokenizer, prompts, settings.group_size, settings.sampling, settings.concurrency,
             seed=seed, prompt_ids=list(range(first, first + len(rows))),
         )
         rollout_s = time.perf_counter() - start
-        g = config.group_size
+        g = settings.group_size
         scores = score_completions(
             self.task.reward_functions, self.task.reward_weights, [r["prompt"] for r in rows for _ in range(g)],
             [c.text for c in completions], columns_of(rows, g, completions),
         )
         return completions, scores, rollout_s
 
-    def evaluate(self, model, tokenizer, config: TrainConfig) -> dict:
+    def evaluate(self, model, tokenizer, settings: RolloutSettings) -> dict:
         """Held-out accuracy of greedy completions, and sampled pass@k when eval_pass_k asks for it."""
-        result = evaluate_accuracy(model, tokenizer, self.task, config.max_tokens, config.decode_concurrency)
-        if config.eval_pass_k > 0:
-            result["pass_at_k"] = evaluate_pass_at_k(model, tokenizer, self.task, config.eval_pass_k,
-                                                     config.max_tokens, config.temperature,
-                                                     config.decode_concurrency, config.seed)
+        s = settings
+        result = evaluate_accuracy(model, tokenizer, self.task, s.sampling.max_tokens, s.concurrency)
+        if s.eval_pass_k > 0:
+            result["pass_at_k"] = evaluate_pass_at_k(model, tokenizer, self.task, s.eval_pass_k, s.sampling.max_tokens,
+                                                     s.sampling.temperature, s.concurrency, s.seed)
         return result
 
     def generate(self, model, tokenizer, rows: list[dict], k: int, sampling: SamplingConfig, concurrency: int,
@@ -111,22 +119,22 @@ class MultiTurn:
     def __init__(self, task):
         self.task = task
 
-    def sample_and_score(self, model, tokenizer, rows: list[dict], config: TrainConfig, seed: int | None = None,
+    def sample_and_score(self, model, tokenizer, rows: list[dict], settings: RolloutSettings, seed: int | None = None,
                          first: int = 0) -> tuple[list, Scores, float]:
         """(episodes, scores, seconds): group_size episodes a row, env tokens masked; rows[0] is the step's
         prompt number `first` (episodes are keyed by their place in the step)."""
+        s = settings
         if seed is not None:  # one seed for the step's episodes, on every rank
             mx.random.seed(int(np.random.SeedSequence([seed, 0]).generate_state(1)[0]))
         model.eval()
         start = time.perf_counter()
         episodes = rollout_episodes(
-            model, tokenizer, make_envs(self.task, rows, config.group_size), config.group_size,
-            training_sampling(config), config.max_turns, config.max_episode_tokens, self.task.system_prompt,
-            config.decode_concurrency, first_prompt=first,
+            model, tokenizer, make_envs(self.task, rows, s.group_size), s.group_size, s.sampling, s.max_turns,
+            s.max_episode_tokens, self.task.system_prompt, s.concurrency, first_prompt=first,
         )
         return episodes, episode_scores(episodes), time.perf_counter() - start
 
-    def evaluate(self, model, tokenizer, config: TrainConfig, temperature: float = 0.0) -> dict:
+    def evaluate(self, model, tokenizer, settings: RolloutSettings, temperature: float = 0.0) -> dict:
         """The fraction of held-out episodes solved (greedy by default)."""
         rows = self.task.eval_rows
         if not rows:
@@ -136,8 +144,8 @@ class MultiTurn:
         start = time.perf_counter()
         episodes = rollout_episodes(
             model, tokenizer, make_envs(self.task, rows, 1), 1,
-            SamplingConfig(temperature=temperature, max_tokens=config.max_tokens),
-            config.max_turns, config.max_episode_tokens, self.task.system_prompt, config.decode_concurrency,
+            SamplingConfig(temperature=temperature, max_tokens=settings.sampling.max_tokens),
+            settings.max_turns, settings.max_episode_tokens, self.task.system_prompt, settings.concurrency,
         )
         model.train(was_training)
         return {
