@@ -129,7 +129,14 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     """
     main = dist.is_main()  # data-parallel (distributed.py): rank 0 alone writes and reports
     emit = with_reporters(config, on_event or (lambda kind, data: None)) if main else (lambda kind, data: None)
-    PROGRESS.set(lambda state: emit("rollout", state))  # where each rollout and evaluation decode is
+    listening = PROGRESS.set(lambda state: emit("rollout", state))  # where each rollout and evaluation decode is
+    try:
+        return _train(config, emit, main)
+    finally:  # a later decode in this process (a notebook's, a test's) is not reported to this run
+        PROGRESS.reset(listening)
+
+
+def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -> RunResult:
     run_dir = Path(config.resume or config.output or default_run_dir(config))
     # Task, policy, adapters, reference, optimizer: as the API's Trainer sets them up (setup.py); a bad
     # data file, reward or output folder is reported before the slow model load.
