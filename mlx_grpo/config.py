@@ -103,6 +103,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # how many step checkpoints to keep
     keep_best: bool = False  # also keep the checkpoint with the best eval accuracy (needs eval_steps; the evaluation after the last step counts for its checkpoint)
     eval_steps: int = 0  # evaluate every N steps; 0: only before and after training
+    time_limit_minutes: float = 0.0  # stop starting steps when one more (at the mean step time) and the final evaluation would end past this many minutes of the run; then save and evaluate as at the end (the lr schedule still spans `steps`); 0: no limit
     eval_num_problems: int = 200  # held-out problems for accuracy (greedy decoding)
     eval_pass_k: int = 0  # also sample k completions per held-out problem, log eval/pass@k (0: off)
     log_every: int = 1  # print a line every N steps when not on a terminal
@@ -343,7 +344,8 @@ def validate(c: TrainConfig) -> None:
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",
                  "lora_rank", "log_every", "keep_checkpoints"):
         need(getattr(c, name) >= 1, f"{name} must be at least 1, got {getattr(c, name)}")
-    for name in ("warmup_steps", "eval_steps", "top_k", "weight_decay", "beta", "min_p", "kl_every"):
+    for name in ("warmup_steps", "eval_steps", "top_k", "weight_decay", "beta", "min_p", "kl_every",
+                 "time_limit_minutes"):
         need(getattr(c, name) >= 0, f"{name} must be >= 0, got {getattr(c, name)}")
     need(c.group_size >= 2, "group_size must be at least 2: the group mean is the baseline, "
          "so a group of 1 always has advantage 0 and nothing is learned")

@@ -219,6 +219,10 @@ class TrainDisplay:
             self.console.print(what, highlight=False, soft_wrap=True, markup=False)
             self.console.print(todo, highlight=False, soft_wrap=True, markup=False)
 
+    def on_time_limit(self, d):
+        self.console.print(f"time limit of {d['minutes']:g} min: stopping after step {d['step']} of {d['total']}, "
+                           "then the evaluation", highlight=False)
+
     def on_stopped(self, d):
         self.stop()  # the CLI prints the reason as its last line
 

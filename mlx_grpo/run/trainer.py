@@ -116,6 +116,15 @@ def run_step(run: RunState, step: int) -> tuple[dict, list]:
     return metrics, records
 
 
+def past_time_limit(config: TrainConfig, elapsed: float, history: list[dict], eval_seconds: float) -> bool:
+    """Whether one more step (at the mean step time so far) and the final evaluation (as long as the first)
+    would end past `time_limit_minutes` from the run's start. Never before the first step of a session."""
+    if not config.time_limit_minutes or not history:
+        return False
+    mean_step = sum(m["time/step_s"] for m in history) / len(history)
+    return elapsed + mean_step + eval_seconds > 60 * config.time_limit_minutes
+
+
 def default_run_dir(config: TrainConfig) -> Path:
     return Path("checkpoints") / f"{config.task}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
@@ -123,7 +132,8 @@ def default_run_dir(config: TrainConfig) -> Path:
 def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None) -> RunResult:
     """Run (or resume) a training run described by `config`.
 
-    on_event(kind, data) is told about progress: "start", "eval", "step", "rollout" (a multi-turn
+    on_event(kind, data) is told about progress: "start", "eval", "step", "time_limit" (time_limit_minutes
+    ended the run early: it then saves and evaluates as at the end), "rollout" (a multi-turn
     rollout's turn), "health" (a health rule fired: health.py), "checkpoint", "stopped" (too many
     NaN/Inf steps; TrainingStopped follows), "end". The CLI draws its live display from these.
     """
@@ -137,6 +147,7 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
 
 
 def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -> RunResult:
+    began = time.perf_counter()  # time_limit_minutes counts from here: the model's load included
     run_dir = Path(config.resume or config.output or default_run_dir(config))
     # Task, policy, adapters, reference, optimizer: as the API's Trainer sets them up (setup.py); a bad
     # data file, reward or output folder is reported before the slow model load.
@@ -171,10 +182,10 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
                    "warnings": task.warnings, "notes": run.notes})
 
-    before = state.get("eval_before")
+    before, eval_seconds = state.get("eval_before"), 0.0
     if before is None and not resumed:
         result = evaluate(model, tokenizer, task, config)
-        before = result["accuracy"]
+        before, eval_seconds = result["accuracy"], result.get("seconds", 0.0)
         emit("eval", {"when": "before", **result})
 
     history = []
@@ -200,7 +211,15 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
             save(step)
         return f"interrupted after step {step}, checkpoint saved; continue with: mlx-grpo train --resume {run_dir}"
 
+    last_step = start_step
     for step in steps_until_ctrl_c(range(start_step + 1, config.steps + 1), stop_on_ctrl_c):
+        if past_time_limit(config, time.perf_counter() - began, history, eval_seconds):
+            emit("time_limit", {"step": last_step, "total": config.steps, "minutes": config.time_limit_minutes})
+            newest = ckpt.latest_checkpoint(run_dir)
+            if newest is None or newest.name != ckpt.checkpoint_name(last_step):
+                save(last_step)
+            break
+        last_step = step
         metrics, records = run_step(run, step)
         if config.eval_steps and step % config.eval_steps == 0 and step < config.steps:
             result = evaluate(model, tokenizer, task, config)
@@ -229,8 +248,8 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     result = evaluate(model, tokenizer, task, config)
     emit("eval", {"when": "after", **result})
     if config.keep_best and result["accuracy"] is not None:  # the final weights compete for best too
-        save(max(start_step, config.steps), result["accuracy"])
-    final = {"step": config.steps, "eval/accuracy": result["accuracy"], "final": True}
+        save(last_step, result["accuracy"])
+    final = {"step": last_step, "eval/accuracy": result["accuracy"], "final": True}
     if result.get("pass_at_k") is not None:
         final[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
     _append_jsonl(run_dir / "metrics.jsonl", [final])
@@ -238,7 +257,7 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     if main:
         ckpt.atomic_write_json(run_dir / "summary.json", {
             "accuracy_before": before, "accuracy_after": result["accuracy"], "eval_n": result["n"],
-            "steps": config.steps, "line": outcome.summary_line(),
+            "steps": last_step, "line": outcome.summary_line(),
         })
     emit("end", {"result": outcome})
     return outcome
