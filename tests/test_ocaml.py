@@ -87,13 +87,14 @@ def test_each_test_can_fail():
     """The tests are not vacuous: a constant answer fails some of every problem's tests."""
     p = SUM_LIST
     g = ocaml.grade(fenced("let sum_list (xs : int list) : int = 0"), p)
-    assert g.stage == "tests" and 0 < g.tests_passed < g.tests_total  # only sum_list [] = 0 passes
+    assert g.stage == "constant" and 0 < g.tests_passed < g.tests_total  # only sum_list [] = 0 passes
+    assert g.score == 0.0  # and a constant earns nothing for it (test_ocaml_constant.py)
 
 
 HAND_MADE = {  # for sum_list, best first
     "correct": "let sum_list (xs : int list) : int =\n  List.fold_left ( + ) 0 xs",
     "partial": "let sum_list (xs : int list) : int =\n  List.fold_left (fun a x -> if x > 0 then a + x else a) 0 xs",
-    "wrong": "let sum_list (xs : int list) : int = 42",
+    "wrong": "let sum_list (xs : int list) : int =\n  List.length xs + 42",
     "does_not_compile": "let sum_list xs = List.fold_left ( +. ) 0. xs",  # its own type clashes with the tests
     "type_error": "let sum_list (xs : int list) : int =\n  List.fold_left ( + ) \"0\" xs",
     "syntax_error": "let sum_list (xs : int list) : int =\n  List.fold_left ( + ) 0 xs +",
@@ -152,7 +153,7 @@ def test_a_solution_cannot_redefine_equality_to_pass():
                   "module Stdlib = struct let ( = ) _ _ = true end\nlet sum_list (xs : int list) : int = 0",
                   'let () = print_endline "PASS 0"; print_endline "PASS 1"\nlet sum_list (xs : int list) : int = 0']:
         g = ocaml.grade(fenced(cheat), SUM_LIST)
-        assert g.stage == "tests" and g.tests_passed == 1, cheat  # only sum_list [] = 0 holds
+        assert g.stage == "constant" and g.tests_passed == 1, cheat  # only sum_list [] = 0 holds
 
 
 @needs_ocaml
@@ -167,7 +168,7 @@ def test_reward_functions_through_the_engine():
     completions = [fenced(problem["solution"]), "Sorry, I cannot help.", fenced(problem["solution"])[:-4]]
     columns = {k: [row[k]] * 3 for k in row if k != "prompt"}
     fns = [fn for fn, _ in ocaml.REWARDS] + [ocaml.accuracy_reward]
-    scores = score_completions(fns, [1.0, 0.0, 0.0, 0.0], [row["prompt"]] * 3, completions, columns)
+    scores = score_completions(fns, [1.0] + [0.0] * (len(fns) - 1), [row["prompt"]] * 3, completions, columns)
     assert scores.errors == {}
     assert scores.parts["ocaml_reward"] == [1.0, 0.0, 1.0]  # the trainer, not the reward, penalises cuts
     assert scores.parts["ocaml_compiles"] == [1.0, 0.0, 1.0]
@@ -344,7 +345,7 @@ def test_hostile_completions_are_contained():
     assert grades["stack_overflow"].tests_passed == 0
     assert grades["fork_bomb"].stage == "compile_error" and "Unix" in grades["fork_bomb"].error
     assert grades["socket"].stage == "compile_error"
-    assert grades["write_outside"].stage == "tests"  # it ran (and may have written)...
+    assert grades["write_outside"].stage in ("tests", "constant")  # it ran (and may have written)...
     assert not {n for n in set(os.listdir("/tmp")) - before if n.startswith("ocaml-grade-")}
     if capabilities().drop_uid:  # containment that needs a fresh uid (root)
         assert not os.path.exists(outside)  # ...but nothing is left
@@ -394,7 +395,7 @@ def test_task_is_registered_and_the_config_file_validates():
     task = tasks.load_task(config)
     assert len(task.train_rows) == len(TRAIN) and len(task.eval_rows) == len(TEST)
     assert task.train_rows[0]["prompt"].startswith("let ")  # the tiny model's compact prompt
-    assert task.reward_weights == [1.0, 0.0, 0.0]
+    assert task.reward_weights == [1.0, 0.0, 0.0, 0.0]  # the score; compiles, runaway and constant only logged
     yaml_config = build_config({}, str(ROOT / "configs" / "ocaml.yaml"), tasks.recommended_settings)
     assert yaml_config.task == "ocaml" and yaml_config.max_grad_norm == 1.0 and yaml_config.runaway_penalty == 0.3
 

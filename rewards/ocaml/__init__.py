@@ -16,6 +16,7 @@ Grading (``grade``; ``score`` is its number) goes through stages, each worth mor
     syntax_error    the code does not parse                        0.0
     type_error      parses, fails the type check                   0.1
     compile_error   type-checks alone, fails to build with tests   0.2
+    constant        builds, fails a test, uses none of its inputs  0.0
     tests           builds; k of n tests pass                      0.3 + 0.7 k/n
     passed          every test passes                              1.0
 

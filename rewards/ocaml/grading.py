@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from .. import completion_text
 from ..sandbox import Limits, Sandbox
-from .source import assemble, extract_code, function_name, program, with_preamble
+from .source import assemble, extract_code, function_name, ignores_its_input, program, with_preamble
 from .testcode import count_tests
 
-STAGES = ("no_code", "syntax_error", "type_error", "compile_error", "tests", "passed")
+STAGES = ("no_code", "syntax_error", "type_error", "compile_error", "constant", "tests", "passed")
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class StageWeights:
     syntax_error: float = 0.0  # also no code at all
     type_error: float = 0.1  # parses
     compile_error: float = 0.2  # type-checks on its own
+    constant: float = 0.0  # builds, fails a test, and uses none of its parameters (source.ignores_its_input)
     compiles: float = 0.3  # builds with the tests; k of n passing adds (1 - compiles) * k / n
 
     def value(self, stage: str, passed: int, total: int) -> float:
@@ -34,6 +35,8 @@ class StageWeights:
             return self.type_error
         if stage == "compile_error":
             return self.compile_error
+        if stage == "constant":
+            return self.constant
         if passed >= total:
             return 1.0  # exactly, whatever the rounding of the line below
         return self.compiles + (1.0 - self.compiles) * passed / max(total, 1)
@@ -185,7 +188,7 @@ def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reaso
             if build.ok:
                 run = box.run(["./main"], config.run_limits)
                 passed = _count_passes(run.stdout, marker, total)
-                stage = "passed" if passed == total else "tests"
+                stage = ("passed" if passed == total else "constant" if ignores_its_input(source, name) else "tests")
                 if run.timed_out:
                     error = "timed out"
                 elif run.output_capped:

@@ -27,7 +27,7 @@ def ocaml_passes(prompts, completions, signature, tests, preamble=None, **kwargs
 
 def ocaml_compiles(prompts, completions, signature, tests, preamble=None, finish_reason=None, **kwargs):
     """Logged only (weight 0): 1.0 when the code builds with the tests."""
-    return [1.0 if g.stage in ("tests", "passed") else 0.0
+    return [1.0 if g.stage in ("constant", "tests", "passed") else 0.0
             for g in grades_for(completions, signature, tests, preamble, finish_reason, TRAINING)]
 
 
@@ -37,8 +37,14 @@ def ocaml_runaway(prompts, completions, signature, tests, preamble=None, finish_
             for g in grades_for(completions, signature, tests, preamble, finish_reason, TRAINING)]
 
 
+def ocaml_constant(prompts, completions, signature, tests, preamble=None, finish_reason=None, **kwargs):
+    """Logged only (weight 0): 1.0 when the code builds but returns a constant (no credit: grading.py)."""
+    return [1.0 if g.stage == "constant" else 0.0
+            for g in grades_for(completions, signature, tests, preamble, finish_reason, TRAINING)]
+
+
 accuracy_reward = ocaml_passes
 
 # The weight-0 rewards put the compile rate and the runaway rate into the
 # metrics (reward/ocaml_compiles/mean, ...) without changing the reward.
-REWARDS = [(ocaml_reward, 1.0), (ocaml_compiles, 0.0), (ocaml_runaway, 0.0)]
+REWARDS = [(ocaml_reward, 1.0), (ocaml_compiles, 0.0), (ocaml_runaway, 0.0), (ocaml_constant, 0.0)]

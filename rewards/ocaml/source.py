@@ -42,6 +42,33 @@ def assemble(code: str, signature: str) -> str:
     return head + "\n" + "\n".join("  " + line for line in code.splitlines())
 
 
+_IDENT = r"[a-z_][A-Za-z0-9_']*"
+
+
+def ignores_its_input(source: str, name: str) -> bool:
+    """Whether the definition of ``name`` in ``source`` (as ``assemble`` makes it) names none of its
+    parameters after its header: it returns a constant, whatever it is given.
+
+    No problem's tests accept a constant (tests/test_ocaml_data.py checks that constants of the return
+    type fail one), so such a program earns no credit for the tests it passes by luck. Qwen2.5-Coder-0.5B
+    learned exactly that in 18 steps (``let fib (n : int) : int = 0`` passes ``fib 0 = 0``: 0.44,
+    against 0.1 for a real attempt that failed the type check; docs/real-models.md). A header with no
+    named parameter (``let f = function ...``) is not judged.
+    """
+    match = re.search(rf"\b(?:let|and)\s+(?:rec\s+)?{re.escape(name)}\b([^=]*)=", source)
+    if not match:
+        return False
+    header = match.group(1)
+    annotated = re.findall(rf"[~?]?\(\s*({_IDENT})\s*:", header)
+    bare = re.sub(r"\([^()]*\)", " ", header).split(":")[0]  # annotated groups out, then the return type
+    names = set(annotated) | {w.lstrip("~?") for w in bare.split() if re.fullmatch(rf"[~?]?{_IDENT}", w)}
+    names.discard("_")
+    if not names:
+        return False
+    body = source[match.end():]
+    return not any(re.search(rf"(?<![\w']){re.escape(n)}(?![\w'])", body) for n in names)
+
+
 def with_preamble(source: str, preamble: str) -> str:
     """The problem's type definitions, then the solution.
 
