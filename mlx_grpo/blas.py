@@ -150,15 +150,27 @@ def preload_command(argv: list[str] | None = None) -> tuple[list[str], dict] | N
     return [sys.executable, *(argv if argv is not None else sys.orig_argv[1:])], env
 
 
-def loaded_blas() -> str:
-    """Which BLAS MLX's CPU matmuls use in this process: "openblas", "mkl", "reference" or "platform"."""
+def _mapped_files() -> set[str] | None:
+    """The files mapped into this process (Linux), or None where /proc/self/maps does not exist."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
+        return None
+    return {line.split()[-1] for line in maps.splitlines() if "/" in line}
+
+
+def _openblas_files(mapped: set[str]) -> list[str]:
+    """The OpenBLAS libraries among `mapped` that MLX can use: numpy brings its own (numpy.libs/,
+    scipy.libs/), and that one is not MLX's."""
+    return sorted(m for m in mapped if "openblas" in m.lower() and ".libs/" not in m)
+
+
+def loaded_blas() -> str:
+    """Which BLAS MLX's CPU matmuls use in this process: "openblas", "mkl", "reference" or "platform"."""
+    mapped = _mapped_files()
+    if mapped is None:
         return "platform"  # macOS: Accelerate
-    # numpy brings its own OpenBLAS (numpy.libs/, scipy.libs/); that one is not MLX's.
-    mapped = {line.split()[-1] for line in maps.splitlines() if "/" in line}
-    if any("openblas" in m.lower() and ".libs/" not in m for m in mapped):
+    if _openblas_files(mapped):
         return "openblas"
     if any(m.rsplit("/", 1)[-1].startswith("libmkl_rt.") for m in mapped):
         return "mkl"
@@ -221,10 +233,8 @@ def use_openblas() -> None:
     if command is None:
         _warn_if_slow()
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
     try:
-        os.execve(command[0][0], command[0], command[1])
+        _exec(*command)
     except OSError:
         _warn_if_slow()  # carry on with the stock BLAS
 
@@ -260,17 +270,20 @@ def _check_chosen_kernels(library: str) -> None:
     env = dict(os.environ)
     env.pop(CORETYPE, None)
     env[_DONE], env[_REJECTED] = library, f"{version}|{theirs}|{ours}"
+    _exec([sys.executable, *sys.orig_argv[1:]], env)
+
+
+def _exec(argv: list[str], env: dict) -> None:
+    """Replace this process with `argv` under `env`, what it printed so far written out first."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    os.execve(argv[0], argv, env)
 
 
 def blas_description() -> str:
     """What runs MLX's CPU matmuls here, for reports: "OpenBLAS 0.3.21, Cooperlake kernels", "MKL", ..."""
     kind = loaded_blas()
     if kind == "openblas":
-        maps = Path("/proc/self/maps").read_text().splitlines()
-        paths = [line.split()[-1] for line in maps if "openblas" in line.lower() and ".libs/" not in line]
-        identity = next((i for i in map(openblas_identity, dict.fromkeys(paths)) if i), None)
+        identity = next((i for i in map(openblas_identity, _openblas_files(_mapped_files() or set())) if i), None)
         return f"OpenBLAS {identity[0]}, {identity[1]} kernels" if identity else "OpenBLAS"
     return {"mkl": "MKL", "reference": "the mlx wheel's reference BLAS", "platform": "the platform's BLAS"}[kind]
