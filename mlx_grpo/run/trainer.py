@@ -205,19 +205,20 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
         save_adapters(model, run_dir, run.adapter_config)
         emit("checkpoint", {"step": step})
 
-    def stop_on_ctrl_c(step: int) -> str:  # the first Ctrl-C: keep the finished step, then leave
+    def save_unless_saved(step: int):  # a run that stops early keeps its last finished step
         newest = ckpt.latest_checkpoint(run_dir)
         if newest is None or newest.name != ckpt.checkpoint_name(step):
             save(step)
+
+    def stop_on_ctrl_c(step: int) -> str:  # the first Ctrl-C: keep the finished step, then leave
+        save_unless_saved(step)
         return f"interrupted after step {step}, checkpoint saved; continue with: mlx-grpo train --resume {run_dir}"
 
     last_step = start_step
     for step in steps_until_ctrl_c(range(start_step + 1, config.steps + 1), stop_on_ctrl_c):
         if past_time_limit(config, time.perf_counter() - began, history, eval_seconds):
             emit("time_limit", {"step": last_step, "total": config.steps, "minutes": config.time_limit_minutes})
-            newest = ckpt.latest_checkpoint(run_dir)
-            if newest is None or newest.name != ckpt.checkpoint_name(last_step):
-                save(last_step)
+            save_unless_saved(last_step)
             break
         last_step = step
         metrics, records = run_step(run, step)
