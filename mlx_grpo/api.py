@@ -43,7 +43,8 @@ from .tasks.data import columns_of, encode_prompt
 from .tasks.registry import Task, recommended_settings
 from .tasks.rewarding import Scores, score_completions
 from .update.advantages import group_advantages
-from .update.batch import batch_shape, build_batch, micro_batches
+from .update.batch import batch_shape, build_batch, micro_batches, padded_fraction
+from .update.losses import same_at_any_cut
 from .update.step import reference_logprobs, update
 
 __all__ = [
@@ -240,14 +241,15 @@ class Trainer:
         advantages = group_advantages(rewards, g, c.scale_rewards, c.scale_eps)
         batch = build_batch(completions, advantages, g)
         settings = c if g == c.group_size else _with_group_size(c, g)
-        parts = micro_batches(batch, settings.micro_batch_size)
-        sizes = batch_shape(batch, settings.micro_batch_size, c.max_tokens)
+        by_length = same_at_any_cut(c.loss)  # as a training step cuts its groups (run/step_update.py)
+        parts = micro_batches(batch, settings.micro_batch_size, by_length)
+        sizes = batch_shape(batch, settings.micro_batch_size, c.max_tokens, by_length)
         chunk = logprob_chunk(settings, self.model, batch, settings.micro_batch_size)
         ref = (reference_logprobs(self.model, parts, self.ref_params, settings.temperature, chunk)
                if c.beta > 0 else None)
         self.model.train()
         metrics = update(self.model, self.optimizer, update_settings(settings), sizes, parts, ref, chunk)
-        return {"reward/mean": float(rewards.mean()), **metrics}
+        return {"reward/mean": float(rewards.mean()), **metrics, "update/padded_frac": padded_fraction(parts)}
 
     def step(self) -> dict:
         """One GRPO step on the next batch of the task's prompts (as `train` runs it); returns its metrics."""

@@ -165,7 +165,7 @@ def test_train_step_cuts_micro_batches_to_the_cpu_budget_and_trains_the_same(tin
                 reward_weights=[1.0], system_prompt=None, accuracy_reward=None, warnings=[])
     sizes = []
     cut = step_update.micro_batches
-    monkeypatch.setattr(step_update, "micro_batches", lambda b, size: sizes.append(size) or cut(b, size))
+    monkeypatch.setattr(step_update, "micro_batches", lambda b, size, *rest: sizes.append(size) or cut(b, size, *rest))
 
     def one_step(loss, budget):
         monkeypatch.setattr(batching, "CPU_ACTIVATION_BUDGET", budget)

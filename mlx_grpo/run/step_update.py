@@ -10,6 +10,8 @@ step's sampled completions (the records say which were trained).
     bounded by the CPU's activation memory, update/batch.py);
   - the micro-batches, without the groups that carry no signal when no KL or
     entropy term would still train them (`groups_with_signal`), this rank's share;
+    a group cut into pieces has its rows ordered by length first where the loss
+    allows (`same_at_any_cut`), and the padded share of their slots is logged;
   - the reference's log-probs when the loss needs them, and the KL to it when
     only watched (over every group);
   - whether the step carries any signal at all, and `entropy_top_quantile`'s
@@ -27,8 +29,8 @@ from ..config import TrainConfig
 from ..tasks.registry import Task, token_budget
 from ..update.advantages import group_advantages
 from ..update.batch import (MicroBatch, RolloutBatch, batch_shape, build_batch, carries_signal, groups_with_signal,
-                            memory_bound_size, micro_batches)
-from ..update.losses import BatchShape, LossSettings
+                            memory_bound_size, micro_batches, padded_fraction)
+from ..update.losses import BatchShape, LossSettings, same_at_any_cut
 from ..update.step import UpdateSettings, reference_logprobs, top_entropy_weights
 from . import distributed as dist
 from .step_rollouts import StepRollouts
@@ -94,6 +96,7 @@ class PreparedUpdate:
     skip: bool  # skip_no_signal on a step without signal: the optimizer does not step
     kl: float | None  # KL to the reference, when watched this step (0 at step 1); None: not measured
     prompt_tokens: int  # prompt tokens in the update, for train/tokens_per_s
+    padded_frac: float | None = None  # update/padded_frac: padding's share of every rank's micro-batches' slots
 
 
 def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
@@ -131,10 +134,12 @@ def prepare_update(model, trained: Trained, task: Task, config: TrainConfig, ste
     # A zero-advantage group adds nothing to the loss unless a KL or entropy term
     # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
     skip_silent = config.beta == 0 and config.entropy_coef == 0 and config.loss != "bnpo"
-    parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, size)
-    sizes = batch_shape(batch, size, token_budget(task, config))
+    by_length = same_at_any_cut(config.loss)  # a cut group's rows of similar length share a piece
+    parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, size, by_length)
+    sizes = batch_shape(batch, size, token_budget(task, config), by_length)
+    padded = padded_fraction(parts)  # over the step's trained micro-batches, before they are shared out
     if watch_kl:  # over every group, silent ones included
-        all_parts = micro_batches(batch, size) if skip_silent else parts
+        all_parts = micro_batches(batch, size, by_length) if skip_silent else parts
         mine = [all_parts[i] for i in dist.shard(len(all_parts))]
         kl = _kl_to_reference(mine, reference_logprobs(model, mine, ref_params, config.temperature, chunk))
     parts = [parts[i] for i in dist.shard(len(parts))]  # data-parallel: this rank's micro-batches
@@ -146,9 +151,9 @@ def prepare_update(model, trained: Trained, task: Task, config: TrainConfig, ste
                  if config.beta > 0 and not skip else None)
     weights = None  # entropy_top_quantile: the tokens that carry the loss, chosen over the whole step
     if config.entropy_top_quantile < 1 and not skip:
-        silent = micro_batches(groups_with_signal(batch, silent=True), size) if skip_silent else []
+        silent = micro_batches(groups_with_signal(batch, silent=True), size, by_length) if skip_silent else []
         weights = top_entropy_weights(model, parts, [silent[i] for i in dist.shard(len(silent))],
                                       config.entropy_top_quantile, config.temperature, chunk,
                                       dist.all_gather_objects)
     return PreparedUpdate(sizes, parts, ref_logps, chunk, weights, no_signal, skip, kl,
-                          sum(map(len, batch.prompts)))
+                          sum(map(len, batch.prompts)), padded)

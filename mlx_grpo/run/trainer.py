@@ -77,6 +77,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
                           ready.chunk, dist.all_sum_tree, dist.sum_across_ranks, skip=ready.skip,
                           token_weights=ready.token_weights))
     metrics["update/no_signal"] = ready.no_signal
+    metrics["update/padded_frac"] = ready.padded_frac  # padding's share of the micro-batches' completion slots
     # The rate the last update used (absent only if every update so far was skipped).
     metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
     update_s = time.perf_counter() - update_start

@@ -4,7 +4,9 @@ The prompts of a step come in a fixed, seeded order (`batch_rows`), so a
 resumed run sees the same ones. A rollout batch is laid out group by group
 (`RolloutBatch`) and cut into micro-batches of whole groups (`MicroBatch`),
 each prompt left-padded once and its G completions right-padded, which is the
-shape `logprobs.completion_logprobs` wants.
+shape `logprobs.completion_logprobs` wants. A group cut into pieces may have its
+rows ordered by length first (`by_length`), so that a piece pads only as far as
+its own rows need; `padded_fraction` says how much of the update's slots is padding.
 """
 
 from __future__ import annotations
@@ -168,39 +170,60 @@ def micro_batch_count(num_groups: int, group_size: int, size: int) -> int:
     return num_groups * len(_pieces(group_size, size))
 
 
-def batch_shape(batch: RolloutBatch, size: int, max_tokens: int) -> BatchShape:
+def batch_shape(batch: RolloutBatch, size: int, max_tokens: int, by_length: bool = False) -> BatchShape:
     """The whole batch's sizes for the loss's normalisers, cut into micro-batches of `size`.
 
-    bnpo's count is of the micro-batches `micro_batches(batch, size)` gives: one whose every token
-    is masked (every completion cut, with mask_truncated) is dropped there and is none of its terms."""
-    micro = sum(1 for *_, rows in _spans(batch, size) if batch.mask[rows].any())
+    bnpo's count is of the micro-batches `micro_batches(batch, size, by_length)` gives: one whose every
+    token is masked (every completion cut, with mask_truncated) is dropped there and is none of its terms."""
+    ends = _row_ends(batch.mask)
+    micro = sum(1 for *_, rows in _spans(batch, size, by_length) if ends[rows].any())
     return BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
                       num_micro_batches=micro, max_tokens=max_tokens)
 
 
-def _spans(batch: RolloutBatch, size: int) -> list[tuple]:
-    """(groups, completions per prompt, the group it is a piece of or None, rows) of each micro-batch."""
+def _row_ends(mask: np.ndarray) -> np.ndarray:
+    """One past each row's last masked-in column (0: every token masked): the width the row needs.
+
+    Multi-turn masks have zeros inside (the environment's tokens), not only at the end."""
+    live = np.asarray(mask) > 0
+    return np.where(live.any(axis=1), live.shape[1] - np.argmax(live[:, ::-1], axis=1), 0)
+
+
+def _spans(batch: RolloutBatch, size: int, by_length: bool = False) -> list[tuple]:
+    """(groups, completions per prompt, the group it is a piece of or None, rows) of each micro-batch.
+
+    `by_length`: a group cut into pieces has its rows ordered by `_row_ends` (stably) before the cut,
+    so rows of similar length share a piece. Whole groups keep their rows and their order."""
     g, n = batch.group_size, len(batch.prompts)
     if size >= g:
         per = size // g
         return [(range(i, min(i + per, n)), g, None, slice(i * g, min(i + per, n) * g)) for i in range(0, n, per)]
-    return [(range(i, i + 1), stop - start, i, slice(i * g + start, i * g + stop))
-            for i in range(n) for start, stop in _pieces(g, size)]
+    ends = _row_ends(batch.mask)
+    spans = []
+    for i in range(n):
+        rows = np.arange(i * g, (i + 1) * g)
+        if by_length:
+            rows = rows[np.argsort(ends[rows], kind="stable")]
+        spans += [(range(i, i + 1), stop - start, i, rows[start:stop]) for start, stop in _pieces(g, size)]
+    return spans
 
 
-def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
+def micro_batches(batch: RolloutBatch, size: int, by_length: bool = False) -> list[MicroBatch]:
     """Whole groups, about `size` sequences each, each padded only as far as it needs.
 
     With `size` below the group size each group is cut into pieces of at most
     `size` sequences (marked with `piece_of`): the update's memory then follows
     `size`, whatever the group size, and the pieces share one prompt pass (gradients.py).
+    `by_length` puts a group's rows of similar length in the same piece (each row's
+    completion, mask, behaviour log-probs and advantage travel together). Every loss
+    but bnpo is the same however its rows are cut; bnpo's token mean is per micro-batch,
+    so which rows share a piece is part of its objective (`by_length` False keeps them in order).
     """
+    ends = _row_ends(batch.mask)
     out = []
-    for groups, group_size, piece_of, rows in _spans(batch, size):
+    for groups, group_size, piece_of, rows in _spans(batch, size, by_length):
         prompts = [batch.prompts[i] for i in groups]
-        # The last masked-in column (multi-turn masks have zeros inside, not only at the end).
-        used = np.flatnonzero(batch.mask[rows].any(axis=0))
-        width = int(used[-1]) + 1 if len(used) else 0
+        width = int(ends[rows].max())
         if width == 0:  # every token masked (all truncated, with mask_truncated): nothing to train on
             continue
         longest = max(len(p) for p in prompts)
@@ -213,3 +236,12 @@ def micro_batches(batch: RolloutBatch, size: int) -> list[MicroBatch]:
             mx.array(batch.behaviour_logp[rows, :width]), mx.array(batch.advantages[rows]), group_size, piece_of,
         ))
     return out
+
+
+def padded_fraction(parts: list[MicroBatch]) -> float | None:
+    """The share of the micro-batches' completion slots (rows x width) that no row needs: the slots past
+    each row's last masked-in column (None: no slots). A single-turn row needs its masked-in tokens; a
+    multi-turn row also the environment's tokens between its turns, which its later turns read."""
+    slots = sum(mb.mask.shape[0] * mb.mask.shape[1] for mb in parts)
+    needed = sum(int(_row_ends(np.array(mb.mask)).sum()) for mb in parts)
+    return (slots - needed) / slots if slots else None

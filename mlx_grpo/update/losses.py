@@ -54,6 +54,12 @@ LOSS_TYPES = tuple(LOSS_DESCRIPTIONS)
 PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
+def same_at_any_cut(loss_type: str) -> bool:
+    """Whether the loss is the same however the batch's rows are cut into micro-batches: every one but
+    bnpo, whose token mean is per micro-batch (so its rows stay in sampling order, batch.py `by_length`)."""
+    return loss_type != "bnpo"
+
+
 @dataclass
 class BatchShape:
     """Sizes of the whole accumulated batch, which the normalisations need."""
