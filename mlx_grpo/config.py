@@ -99,6 +99,7 @@ class TrainConfig:
     seed: int = 0  # the same seed gives the same run
     output: str | None = None  # run folder; default checkpoints/<task>-<time>
     resume: str | None = None  # run folder to continue
+    overwrite: bool = False  # start again in an output folder that holds an earlier run: its run files are removed first (without it such a run stops; docs/runs.md); config.yaml records false
     save_every: int = 50  # checkpoint every N steps, and at the end
     keep_checkpoints: int = 2  # how many step checkpoints to keep
     keep_best: bool = False  # also keep the checkpoint with the best eval accuracy (needs eval_steps; the evaluation after the last step counts for its checkpoint)
@@ -338,6 +339,7 @@ def validate(c: TrainConfig) -> None:
          f"prefilter must be 0 (off) or at least 2 samples a prompt, got {c.prefilter}")
     need(c.prefilter_prompts >= 0, f"prefilter_prompts must be >= 0 (0: all), got {c.prefilter_prompts}")
     need(c.prefilter_prompts == 0 or c.prefilter > 0, "prefilter_prompts needs --prefilter K")
+    need(not (c.overwrite and c.resume), "--overwrite starts a run again and --resume continues it: give one")
     need(not c.guide or c.group_size >= 2, "guide needs group_size >= 2 (one member becomes the reference answer)")
     need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")
     for name in ("steps", "batch_size", "group_size", "max_tokens", "num_iterations",

@@ -26,9 +26,9 @@ from ..models.quantized import prepare_base
 from ..tasks.data import screen_task
 from ..tasks.registry import Task, load_task
 from ..tasks.rewarding import with_timeout
-from . import checkpoint as ckpt
 from .guidance import check_guidance
 from .prefilter import prefilter_train_rows
+from .run_folder import prepare_run_folder
 
 
 @dataclass
@@ -64,13 +64,14 @@ def keeps_reference(config: TrainConfig) -> bool:
 def setup(config: TrainConfig, writable: Path | None = None) -> RunState:
     """The task, the policy with its adapters, the reference and the optimizer of a run.
 
-    `writable`: a run folder to check can be written, before the model loads (train() passes its own)."""
+    `writable`: a run folder to check, before the model loads (train() passes its own): that it can be
+    written, and that a fresh run does not go into an earlier run's folder unless `overwrite`."""
     mx.random.seed(config.seed)
     task = load_task(config)
     if config.guide:
         check_guidance(task)
-    if writable is not None:
-        ckpt.ensure_writable(writable)
+    if writable is not None:  # writable, and a fresh run never mixed into an earlier one's folder (run_folder.py)
+        prepare_run_folder(writable, resume=bool(config.resume), overwrite=config.overwrite)
     model, tokenizer = load_policy(config.model, keep_quantized=True)
     weights_note = prepare_base(model, config.keep_quantized, fine_tune_type=config.fine_tune_type)
     screen_task(task, tokenizer, model, config.max_tokens, config.max_prompt_tokens, config.on_bad_data)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
@@ -176,8 +176,10 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
             ckpt.truncate_jsonl(run_dir / name, start_step)
     monitor = HealthMonitor.from_config(config, run_dir if resumed else None, token_budget(task, config))
     if main:
-        ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(config))
-        if task.train_rows and not (run_dir / "prompt.txt").exists():  # what the model is shown, once per run
+        # overwrite acts once, on this start: a --resume or a copy used as --config does not repeat it
+        ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(replace(config, overwrite=False)))
+        # what the model is shown: written by a fresh run (never an earlier one's), kept by a resume
+        if task.train_rows and not (config.resume and (run_dir / "prompt.txt").exists()):
             seen = rollouts_for(task).prompt_as_seen(tokenizer, task.train_rows[0])
             ckpt.atomic_write_text(run_dir / "prompt.txt", seen)
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
