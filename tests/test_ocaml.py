@@ -167,7 +167,8 @@ def test_reward_functions_through_the_engine():
     assert problem["signature"] in row["prompt"] and problem["prompt"] in row["prompt"]
     completions = [fenced(problem["solution"]), "Sorry, I cannot help.", fenced(problem["solution"])[:-4]]
     columns = {k: [row[k]] * 3 for k in row if k != "prompt"}
-    fns = [fn for fn, _ in ocaml.REWARDS] + [ocaml.accuracy_reward]
+    fns = [fn for fn, _ in ocaml.REWARDS]
+    assert ocaml.accuracy_reward in fns  # the pass rate is logged as a part (weight 0)
     scores = score_completions(fns, [1.0] + [0.0] * (len(fns) - 1), [row["prompt"]] * 3, completions, columns)
     assert scores.errors == {}
     assert scores.parts["ocaml_reward"] == [1.0, 0.0, 1.0]  # the trainer, not the reward, penalises cuts

@@ -64,3 +64,27 @@ def test_gemma3_recipe_builds_with_the_base_model_frame():
     assert config.prompt_format == arith.BASE_PROMPT_FORMAT and config.stop == ["\n"] and config.system_prompt == ""
     task = load_task(config)
     assert task.prompt_format == arith.BASE_PROMPT_FORMAT
+
+
+def test_ocaml_recipe_pays_only_for_passing_every_test():
+    """configs/ocaml.yaml: the stage ladder taught constants, then echoed inputs (docs/real-models.md); the
+    recipe rewards a program only when every test passes and logs the ladder's parts at weight 0."""
+    from rewards import ocaml
+
+    config = _config("ocaml.yaml")
+    assert (config.model, config.task, config.lr) == ("ollama:qwen2.5-coder:0.5b", "ocaml", 1e-5)
+    task = load_task(config)
+    weights = {f.__name__: w for f, w in zip(task.reward_functions, task.reward_weights)}
+    assert weights == {"ocaml_passes": 1.0, "ocaml_reward": 0.0, "ocaml_compiles": 0.0, "ocaml_runaway": 0.0,
+                       "ocaml_constant": 0.0}
+    assert task.accuracy_reward is ocaml.ocaml_passes
+
+
+def test_gsm8k_qwen_recipe_builds():
+    if not (GSM8K_DATA / "test.jsonl").is_file():
+        pytest.skip("shared GSM8K data not found")
+    config = _config("gsm8k_qwen05.yaml", data=str(GSM8K_DATA))
+    assert (config.model, config.task, config.max_tokens, config.time_limit_minutes) == (
+        "ollama:qwen2.5-coder:0.5b", "gsm8k", 384, 55)
+    task = load_task(config)
+    assert task.system_prompt == gsm8k.SYSTEM_PROMPT and len(task.eval_rows) == 16

@@ -45,6 +45,8 @@ def ocaml_constant(prompts, completions, signature, tests, preamble=None, finish
 
 accuracy_reward = ocaml_passes
 
-# The weight-0 rewards put the compile rate and the runaway rate into the
-# metrics (reward/ocaml_compiles/mean, ...) without changing the reward.
-REWARDS = [(ocaml_reward, 1.0), (ocaml_compiles, 0.0), (ocaml_runaway, 0.0), (ocaml_constant, 0.0)]
+# The weight-0 rewards put the pass, compile and runaway rates into the metrics
+# (reward/ocaml_passes/mean, ...) without changing the reward. A recipe may weight
+# them otherwise by name (`reward:` and `reward_weights:`, as configs/ocaml.yaml does).
+REWARDS = [(ocaml_reward, 1.0), (ocaml_compiles, 0.0), (ocaml_runaway, 0.0), (ocaml_constant, 0.0),
+           (ocaml_passes, 0.0)]
