@@ -35,6 +35,7 @@ Rewards:
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from fractions import Fraction
@@ -268,6 +269,9 @@ def _math_verify_match(raw: str, gold) -> bool | None:
         from math_verify import parse, verify
     except ImportError:
         return None
+    # It warns once a process that its timeouts are off (outside the main thread): the
+    # length cap below is the limit it asks for, so the warning would only alarm a user.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
     if len(raw) > 200:
         return False
     timeout = 3 if threading.current_thread() is threading.main_thread() else None
