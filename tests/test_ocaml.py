@@ -396,7 +396,7 @@ def test_task_is_registered_and_the_config_file_validates():
     task = tasks.load_task(config)
     assert len(task.train_rows) == len(TRAIN) and len(task.eval_rows) == len(TEST)
     assert task.train_rows[0]["prompt"].startswith("let ")  # the tiny model's compact prompt
-    assert task.reward_weights == [1.0, 0.0, 0.0, 0.0]  # the score; compiles, runaway and constant only logged
+    assert task.reward_weights == [1.0, 0.0, 0.0, 0.0, 0.0]  # the score; compiles, runaway, constant and passes only logged
     yaml_config = build_config({}, str(ROOT / "configs" / "ocaml.yaml"), tasks.recommended_settings)
     assert yaml_config.task == "ocaml" and yaml_config.max_grad_norm == 1.0 and yaml_config.runaway_penalty == 0.3
 
