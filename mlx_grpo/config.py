@@ -91,7 +91,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # global gradient-norm clip; the norm before clipping is logged
-    skip_no_signal: bool = False  # skip the optimizer step and the lr schedule's tick when no group carries signal (none kept, or no advantage and no KL/entropy term): AdamW's moments would move the weights on a zero gradient
+    skip_no_signal: bool = True  # skip the optimizer step and the lr schedule's tick when no group carries signal (none kept, or no advantage and no KL/entropy term): AdamW's moments would move the weights on a zero gradient
     micro_batch_size: int = 16  # sequences per forward/backward (on a CPU fewer when their activations would pass ~384 MiB; not for bnpo); gradients are accumulated; below group_size a group is cut into pieces (less memory, its prompt runs once a piece)
     logprob_chunk_size: int | None = None  # positions per vocabulary-projection chunk; None: automatic
 

@@ -56,9 +56,16 @@ def test_a_step_without_signal_moves_nothing_when_skipped(tiny_model_path):
     assert metrics["update/rel_change"] == 0.0 and metrics["grad_norm"] == 0.0
 
 
+def test_skipping_is_the_default():
+    """Decided by measurement (docs/algorithms.md): on a Qwen run a step without signal moved the
+    weights as far as the steps with signal around it."""
+    assert build_config({}).skip_no_signal
+    assert not build_config({"skip_no_signal": False}).skip_no_signal
+
+
 def test_without_the_switch_adam_moves_the_weights_on_a_zero_gradient(tiny_model_path):
-    """The default, kept until a measurement decides: AdamW steps on the zero gradient, and its
-    first moment from step 1 moves every weight step 1 moved."""
+    """`--no-skip-no-signal`, the old behaviour: AdamW steps on the zero gradient, and its first
+    moment from step 1 moves every weight step 1 moved."""
     after_first, after_second, metrics, optimizer, _ = _two_steps(tiny_model_path, skip=False)
     assert metrics["update/no_signal"] and not metrics["update/skipped"]
     assert metrics["grad_norm"] == 0.0 and metrics["update/rel_change"] > 0
