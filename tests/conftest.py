@@ -1,3 +1,4 @@
+import json
 import os
 import sys
 from pathlib import Path
@@ -43,3 +44,13 @@ def answer_cache_of_its_own(tmp_path, monkeypatch):
     """eval and compare keep answers between runs (evaluation/answer_cache.py): each test starts with none,
     so no test reads answers another test (or the user) decoded."""
     monkeypatch.setenv("MLX_GRPO_ANSWER_CACHE", str(tmp_path / "answers"))
+
+
+@pytest.fixture
+def variety_task(tmp_path):
+    """A custom task for tiny runs: 40 "say i" prompts and a reward for distinct characters, as flags."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(40)))
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text("def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n")
+    return dict(data=str(data), reward_file=str(rewards), reward=["variety"])

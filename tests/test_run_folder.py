@@ -15,19 +15,11 @@ from mlx_grpo.run import run_folder
 from mlx_grpo.run import setup as run_setup
 from mlx_grpo.run.trainer import train
 
-REWARDS = "def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n"
-
-
 @pytest.fixture
-def flags(tmp_path, tiny_model_path):
-    """The command line's flags of a tiny custom run (as tests/test_train_resume.py's), by name."""
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(30)))
-    rewards = tmp_path / "rewards.py"
-    rewards.write_text(REWARDS)
-    return dict(model=str(tiny_model_path), data=str(data), reward_file=str(rewards), reward=["variety"],
-                batch_size=2, group_size=2, max_tokens=6, lr=1e-2, save_every=1, seed=3, warmup_steps=0,
-                eval_num_problems=3)
+def flags(tiny_model_path, variety_task):
+    """The command line's flags of a tiny custom run (conftest's variety_task), by name."""
+    return dict(model=str(tiny_model_path), **variety_task, batch_size=2, group_size=2, max_tokens=6, lr=1e-2,
+                save_every=1, seed=3, warmup_steps=0, eval_num_problems=3)
 
 
 def cli_args(flags: dict, **more) -> list[str]:

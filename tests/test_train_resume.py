@@ -10,21 +10,10 @@ import pytest
 from mlx_grpo.config import build_config
 from mlx_grpo.run.trainer import train
 
-REWARDS = '''
-def variety(prompts, completions, **kw):
-    return [len(set(c)) / 10 for c in completions]
-'''
-
-
 @pytest.fixture
-def custom_run(tmp_path, tiny_model_path):
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(40)))
-    rewards = tmp_path / "rewards.py"
-    rewards.write_text(REWARDS)
-
+def custom_run(tiny_model_path, variety_task):
     def make(output, **overrides):
-        flags = dict(model=str(tiny_model_path), data=str(data), reward_file=str(rewards), reward=["variety"],
+        flags = dict(model=str(tiny_model_path), **variety_task,
                      steps=4, batch_size=2, group_size=4, max_tokens=10, lr=1e-2, save_every=2,
                      micro_batch_size=3, num_iterations=2, seed=7, output=str(output), warmup_steps=1)
         flags.update(overrides)
