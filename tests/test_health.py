@@ -37,7 +37,7 @@ def healthy(step: int, rng) -> dict:
 
 
 def run(stream, **thresholds) -> list[dict]:
-    monitor = HealthMonitor(Thresholds(lr=1e-5, max_tokens=64, **thresholds))
+    monitor = HealthMonitor(Thresholds(lr=1e-5, max_tokens=64, accuracy_reward="correct", **thresholds))
     return [e for m in stream for e in monitor.observe(m)]
 
 
@@ -86,6 +86,8 @@ def spike(m, s):
 CASES = {
     "reward_takeover": set_(**{"reward_share/correct": 0.1, "reward_share/format": 0.9, "groups/main_flat_frac": 0.2}),
     "answer_collapse": set_(**{"completion/top_share": 0.9, "completion/top_answer": "#### 3"}),
+    # right answers 0.4 -> 0 from step 40 (health_rewards.py; tests/test_health_accuracy.py has more)
+    "accuracy_collapse": lambda m, s: m.update({"reward/correct/mean": 0.4 if s < 40 else 0.0}),
     "grad_at_clip": set_(grad_norm=1.0, grad_clipped=True),
     "grad_spike": spike,
     "zero_std": set_(frac_zero_std=0.75),

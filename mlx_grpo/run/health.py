@@ -49,10 +49,12 @@ class Thresholds:
     max_grad_norm: float = 1.0
     max_tokens: int | None = None  # the token budget a rollout is cut at (an episode's: max_episode_tokens)
     lr: float | None = None
+    accuracy_reward: str | None = None  # the task's accuracy reward (accuracy_collapse reads reward/<it>/mean)
 
     @classmethod
-    def from_config(cls, config, budget: int | None = None) -> "Thresholds":
-        facts = {"max_grad_norm": config.max_grad_norm, "max_tokens": budget or config.max_tokens, "lr": config.lr}
+    def from_config(cls, config, budget: int | None = None, accuracy: str | None = None) -> "Thresholds":
+        facts = {"max_grad_norm": config.max_grad_norm, "max_tokens": budget or config.max_tokens, "lr": config.lr,
+                 "accuracy_reward": accuracy}
         # every other field is a threshold: the setting of the same name in config's health group (health_<field>)
         return cls(**facts, **{f.name: getattr(config.health, f.name) for f in fields(cls) if f.name not in facts})
 
@@ -369,11 +371,10 @@ class HealthMonitor:
     stop_reason: str | None = None
 
     @classmethod
-    def from_config(cls, config, resumed_from: Path | None = None, budget: int | None = None) -> "HealthMonitor":
-        """The monitor of a run; when resuming, caught up on the run folder's metrics.jsonl."""
-        monitor = cls(Thresholds.from_config(config, budget), max_nonfinite=config.max_nonfinite_steps)
-        if resumed_from is not None and (Path(resumed_from) / "metrics.jsonl").exists():
-            monitor.replay(read_jsonl(Path(resumed_from) / "metrics.jsonl"))
+    def from_config(cls, config, resumed_from: Path | None = None, budget: int | None = None, accuracy=None):
+        """The monitor of a run (accuracy: its task's accuracy reward's name); resuming, caught up on metrics.jsonl."""
+        monitor = cls(Thresholds.from_config(config, budget, accuracy), max_nonfinite=config.max_nonfinite_steps)
+        monitor.replay(read_jsonl(Path(resumed_from) / "metrics.jsonl") if resumed_from is not None else [])
         return monitor
 
     def observe(self, metrics: dict) -> list[dict]:

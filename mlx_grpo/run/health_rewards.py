@@ -10,6 +10,11 @@ SmolLM2 GSM8K recipe learned exactly that: format 0.02 -> 0.97, accuracy
   variance, or the main reward is flat in most groups while the total is not.
 - answer_collapse: completions shrink fast while the main reward does not
   rise, or one short answer makes up most completions.
+- accuracy_collapse: the task's own accuracy reward (logged as a part, at
+  weight 0 where it is not paid) falls to a quarter of its first steps while
+  training goes on: Qwen2.5-Coder-0.5B on OCaml learned partial credit for
+  trivial programs, 15/32 passing at step 1 and none from step 7, with no
+  other rule firing (the hack sat inside one reward part).
 
 The step metrics they read come from `reward_variance_shares` and
 `answer_pattern`, which the trainer logs every step.
@@ -108,6 +113,30 @@ def answer_collapse(h) -> str | None:
     return None
 
 
+ACCURACY_STEPS = 4  # accuracy_collapse compares the run's first this many steps with its last as many
+ACCURACY_FLOOR = 0.1  # ... when at least this share was right at first (below it there is nothing to lose)
+ACCURACY_FALL = 0.25  # ... and fires when the recent share is at most this fraction of the first
+
+
+def accuracy_collapse(h) -> str | None:
+    if not h.t.accuracy_reward:
+        return None
+    key, k = f"reward/{h.t.accuracy_reward}/mean", ACCURACY_STEPS
+    rows = [r for r in h.steps if isinstance(r.get(key), (int, float)) and np.isfinite(r[key])]
+    if len(rows) < 2 * k:  # the two windows must not overlap
+        return None
+    early, recent = float(np.mean([r[key] for r in rows[:k]])), float(np.mean([r[key] for r in rows[-k:]]))
+    if early < ACCURACY_FLOOR or recent > ACCURACY_FALL * early:
+        return None
+    steps = [f"steps {rs[0].get('step')}-{rs[-1].get('step')}" for rs in (rows[:k], rows[-k:])]
+    rewards = [[r["reward/mean"] for r in rs if isinstance(r.get("reward/mean"), (int, float))]
+               for rs in (rows[:k], rows[-k:])]
+    reward = (f" while the mean reward went {np.mean(rewards[0]):.2f} -> {np.mean(rewards[1]):.2f}"
+              if all(rewards) else "")
+    return (f"the share of right answers in training ({key}) fell from {early:.2f} ({steps[0]}) to {recent:.2f} "
+            f"({steps[1]}){reward}: the reward may be paying for something other than the task (a hack)")
+
+
 # Registered by health.py (a Rule each: name, title, check, suggestion, setting, seed evidence).
 REWARD_RULES = (
     ("reward_takeover", "a side reward took over the advantages", reward_takeover,
@@ -122,4 +151,11 @@ REWARD_RULES = (
      "that pays for it, and lower lr",
      "health_collapse_share",
      "issue 27: 258 of 287 GSM8K answers in steps 9-18 were a single digit; completions 201 -> 50 tokens"),
+    ("accuracy_collapse", "right answers collapsed during training", accuracy_collapse,
+     "read completions.jsonl from the steps of the fall for what the reward now pays (partial credit for trivial "
+     "answers, an echo of the input); pay only for the task's own success (weight its accuracy reward, zero the "
+     "partial credit), lower lr, or resume from a checkpoint before the fall; see docs/health.md",
+     "none (constants ACCURACY_STEPS, ACCURACY_FLOOR, ACCURACY_FALL in health_rewards.py)",
+     "docs/real-models.md: OCaml on Qwen2.5-Coder-0.5B, 15/32 programs passing at step 1, 0 from step 7, "
+     "reward 0.51 -> 0.35, no rule fired"),
 )

@@ -29,6 +29,7 @@ from ..models.adapters import save_adapters
 from ..sampling.kinds import rollouts_for
 from ..sampling.progress import PROGRESS
 from ..tasks.registry import Task, token_budget
+from ..tasks.rewarding import reward_name
 from ..update.step import update
 from . import checkpoint as ckpt
 from . import distributed as dist
@@ -174,7 +175,8 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     if config.resume and main:  # drop records past the checkpoint (all, if none was written) and lines cut by a kill
         for name in ("metrics.jsonl", "completions.jsonl", "health.jsonl"):
             ckpt.truncate_jsonl(run_dir / name, start_step)
-    monitor = HealthMonitor.from_config(config, run_dir if resumed else None, token_budget(task, config))
+    accuracy = reward_name(task.accuracy_reward) if task.accuracy_reward is not None else None  # accuracy_collapse
+    monitor = HealthMonitor.from_config(config, run_dir if resumed else None, token_budget(task, config), accuracy)
     if main:
         # overwrite acts once, on this start: a --resume or a copy used as --config does not repeat it
         ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(replace(config, overwrite=False)))
