@@ -43,6 +43,10 @@ from pathlib import Path
 
 from rewards import completion_text
 
+# math-verify warns once a process that its timeouts are off (outside the main thread): the
+# length cap in _math_verify_match is the limit it asks for, so the warning would only alarm a user.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
 SYSTEM_PROMPT: str | None = (
     "Solve the math problem step by step, showing your reasoning. "
     "Then give the final answer on its own last line in the form `#### N`, "
@@ -269,9 +273,6 @@ def _math_verify_match(raw: str, gold) -> bool | None:
         from math_verify import parse, verify
     except ImportError:
         return None
-    # It warns once a process that its timeouts are off (outside the main thread): the
-    # length cap below is the limit it asks for, so the warning would only alarm a user.
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
     if len(raw) > 200:
         return False
     timeout = 3 if threading.current_thread() is threading.main_thread() else None

@@ -81,7 +81,7 @@ def _step_of(folder: Path) -> int:
     return int(folder.name.split("_")[1])
 
 
-def _step_folders(root: Path) -> list[Path]:
+def step_folders(root: Path) -> list[Path]:
     """Folders named step_N, oldest first."""
     return sorted((p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), key=_step_of)
 
@@ -146,7 +146,7 @@ def save_checkpoint(run_dir: Path, step: int, adapter_weights: dict, adapter_con
 
 def _complete(root: Path) -> list[Path]:
     """Checkpoint folders that finished writing (they have a manifest), oldest first."""
-    return [p for p in _step_folders(root) if (p / MANIFEST).is_file()]
+    return [p for p in step_folders(root) if (p / MANIFEST).is_file()]
 
 
 def _metric(folder: Path) -> float | None:
@@ -230,7 +230,7 @@ def load_latest(run_dir: Path):
     """
     root = Path(run_dir) / CHECKPOINTS
     problems, damaged = [], []
-    for folder in reversed(_step_folders(root)):
+    for folder in reversed(step_folders(root)):
         try:
             weights, opt_state, state = load_checkpoint(folder)
         except CheckpointError as e:

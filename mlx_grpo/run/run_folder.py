@@ -30,7 +30,7 @@ def earlier_run(run_dir: Path) -> list[str]:
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file() and metrics.stat().st_size > 0:
         found.append("metrics.jsonl")
-    steps = len(ckpt._step_folders(run_dir / ckpt.CHECKPOINTS))
+    steps = len(ckpt.step_folders(run_dir / ckpt.CHECKPOINTS))
     if steps:
         found.append(f"{steps} checkpoint{'s' if steps > 1 else ''}")
     if (run_dir / "adapters.safetensors").exists():
