@@ -155,3 +155,21 @@ def test_a_base_models_reference_follows_its_frame_and_ends_at_the_stop_string(t
     assert ref.text == " cat" and tokenizer.decode(ref.tokens) == " cat\n\n"  # no end-of-text token: the stop
     task.prompt_format = "Q: {prompt}\nA: "
     assert guidance.reference_completion(model, tokenizer, task, [1, 2, 3], "cat", 0, 1.0).text == "cat"
+
+
+def test_ocaml_references_are_fenced_solutions_that_pass_every_test():
+    """--guide on OCaml trains on the train split's reference solutions, so each must be written as the system
+    prompt asks (one ```ocaml block) and pass every one of its problem's tests through the task's own reward."""
+    from rewards import ocaml
+
+    if ocaml.toolchain_path() is None:
+        pytest.skip(f"the OCaml toolchain is not installed ({ocaml.INSTALL_HINT})")
+    task = load_task(make_config(task="ocaml"))
+    guidance.check_guidance(task)  # the task qualifies: single-turn, an accuracy reward, references
+    rows = task.train_rows
+    references = [task.reference_answer(r) for r in rows]
+    assert len(rows) >= 90 and all(r.startswith("```ocaml\nlet ") and r.endswith("\n```") for r in references)
+    passes = ocaml.ocaml_passes([r["prompt"] for r in rows], references, [r["signature"] for r in rows],
+                                [r["tests"] for r in rows], [r["preamble"] for r in rows])
+    assert passes == [1.0] * len(rows)
+    assert ocaml.reference_answer({"prompt": "p", "signature": "let f (x : int) : int ="}) is None

@@ -32,7 +32,8 @@ def problems(split: str) -> list[dict]:
 
 
 def load_rows(split: str, config) -> list[dict]:
-    """Rows of ``split``: {"prompt", "id", "difficulty", "signature", "preamble", "tests"}.
+    """Rows of ``split``: {"prompt", "id", "difficulty", "signature", "preamble", "tests"}, and "solution"
+    where the problem gives one (the reference answer for --guide).
 
     config.data: None (the shipped problems), a folder with train.jsonl and
     test.jsonl, or one JSONL file (its last 10%, at most eval_num_problems, are

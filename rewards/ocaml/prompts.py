@@ -41,7 +41,7 @@ def to_row(record: dict, where: str, compact: bool = False) -> dict:
         function_name(record["signature"])
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    return {
+    row = {
         "prompt": format_prompt(record, compact),
         "id": str(record.get("id", where)),
         "difficulty": str(record.get("difficulty", "")),
@@ -49,3 +49,14 @@ def to_row(record: dict, where: str, compact: bool = False) -> dict:
         "preamble": record.get("preamble") or "",
         "tests": tests,
     }
+    if isinstance(record.get("solution"), str) and record["solution"].strip():
+        row["solution"] = record["solution"]
+    return row
+
+
+def reference_answer(row: dict) -> str | None:
+    """The row's reference solution as the system prompt asks for an answer (--guide): one ```ocaml block."""
+    solution = row.get("solution")
+    if not isinstance(solution, str) or not solution.strip():
+        return None
+    return f"```ocaml\n{solution.strip()}\n```"
