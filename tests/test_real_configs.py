@@ -73,6 +73,7 @@ def test_ocaml_recipe_pays_only_for_passing_every_test():
 
     config = _config("ocaml.yaml")
     assert (config.model, config.task, config.lr) == ("ollama:qwen2.5-coder:0.5b", "ocaml", 1e-5)
+    assert config.guide and config.loss == "dr_grpo"
     task = load_task(config)
     weights = {f.__name__: w for f, w in zip(task.reward_functions, task.reward_weights)}
     assert weights == {"ocaml_passes": 1.0, "ocaml_reward": 0.0, "ocaml_compiles": 0.0, "ocaml_runaway": 0.0,
