@@ -152,7 +152,9 @@ def metrics_table(rows: Iterable[dict]):
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The step metrics a run folder recorded (metrics.jsonl), a list of dicts.
+    """The step metrics a run folder recorded (metrics.jsonl), a list of dicts; the held-out
+    evaluations before training (step 0, `"before": True`) and at the end (`"final": True`) are
+    rows of their own.
 
     >>> rows = read_metrics("checkpoints/arith-20250101-120000")  # doctest: +SKIP
     >>> rows[-1]["eval/accuracy"]                                 # doctest: +SKIP

@@ -339,9 +339,10 @@ def test_short_run_on_a_tiny_model(tmp_path, tiny_model_path):
     }, task_defaults=tasks.recommended_settings)
     result = train(config)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2, 2]
-    assert 0 <= metrics[0]["eval/accuracy"] <= 1 and 0 <= metrics[0]["eval/pass@2"] <= 1
-    assert {"reward/correctness_reward/mean", "reward/format_reward/mean"} <= metrics[0].keys()
+    assert [m["step"] for m in metrics] == [0, 1, 2, 2]  # before training, the steps, the final evaluation
+    assert metrics[0]["before"] and 0 <= metrics[0]["eval/pass@2"] <= 1
+    assert 0 <= metrics[1]["eval/accuracy"] <= 1 and 0 <= metrics[1]["eval/pass@2"] <= 1
+    assert {"reward/correctness_reward/mean", "reward/format_reward/mean"} <= metrics[1].keys()
     assert metrics[-1]["final"] and "eval/pass@2" in metrics[-1]
     assert result.eval_n == 3 and (run / "adapters.safetensors").is_file()
 

@@ -17,7 +17,7 @@ from mlx_grpo.cli import app
 from mlx_grpo.run import trainer
 from mlx_grpo.update import step as update_step
 from mlx_grpo.run.display import TrainDisplay, metrics_table, trend
-from mlx_grpo.run.health import RULES, HealthMonitor, Thresholds, fitted_trend
+from mlx_grpo.run.health import RULES, HealthMonitor, Thresholds, fitted_trend, training_rows
 from mlx_grpo.update.step import relative_change
 
 STEPS = 60
@@ -275,7 +275,7 @@ def test_injected_nan_skips_updates_then_stops_with_last_good_checkpoint(tmp_pat
     last = result.output.strip().splitlines()[-1]
     assert "stopped at step 4" in last and "step_000003" in last
 
-    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = training_rows([json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()])
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert [m["skipped_updates"] for m in metrics] == [0, 0, 1, 1]
     assert metrics[0]["update/rel_change"] > 0 and metrics[2]["update/rel_change"] == 0

@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from mlx_grpo.run.health import HealthMonitor, Thresholds
+from mlx_grpo.run.health import HealthMonitor, Thresholds, training_rows
 from mlx_grpo.run.health_rewards import answer_pattern, reward_variance_shares
 from mlx_grpo.tasks.shaping import SHAPING, side_shaped_totals
 
@@ -105,7 +105,7 @@ def test_a_healthy_arith_run_fires_neither(tmp_path):
     events = [json.loads(line) for line in (tmp_path / "run" / "health.jsonl").read_text().splitlines()] \
         if (tmp_path / "run" / "health.jsonl").exists() else []
     assert not {"reward_takeover", "answer_collapse"} & {e["rule"] for e in events}
-    assert not {"reward_takeover", "answer_collapse"} & set(_fired(rows, Thresholds(window=4)))
+    assert not {"reward_takeover", "answer_collapse"} & set(_fired(training_rows(rows), Thresholds(window=4)))
 
 
 def test_shaping_is_a_checked_setting(tmp_path):

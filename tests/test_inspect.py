@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from mlx_grpo.cli import app
 from mlx_grpo.config import TrainConfig, dump_yaml
 from mlx_grpo.evaluation.inspect_run import summarize
+from mlx_grpo.run.health import training_rows
 
 
 def fake_run(path, finished=True, stopped=False):
@@ -75,6 +76,6 @@ def test_inspect_a_real_run(tmp_path, tiny_model_path):
     assert result.exit_code == 0, result.output
     assert (run / "health.jsonl").is_file()  # written every run, empty when all is well
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert all(m["reward/min"] <= m["reward/mean"] <= m["reward/max"] for m in metrics if "final" not in m)
+    assert all(m["reward/min"] <= m["reward/mean"] <= m["reward/max"] for m in training_rows(metrics))
     text = "\n".join(summarize(run))
     assert "finished, 2 of 2 steps" in text and "checkpoints/step_000002" in text and "(latest)" in text

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from mlx_grpo.cli import app
 from mlx_grpo.evaluation.inspect_episode import CLOSE, OPEN, _split, record_lines
+from mlx_grpo.run.health import training_rows
 from mlx_grpo.sampling.episode_record import episode_segments
 from mlx_grpo.tools import episode as tool_env
 from mlx_grpo.tools.calls import ToolCall
@@ -63,7 +64,7 @@ def test_inspect_shows_a_tool_episode_with_its_calls_results_and_masked_spans(tm
     ran = {"name": "lookup", "arguments": {"title": "Norway"}, "error": None}
     assert record["turns"] == 2 and record["calls"] == [[ran], [ran]]
     # the step metrics the tool health rules read
-    metrics = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    metrics = training_rows([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()])[0]
     assert metrics["tools/calls_per_episode"] == 2.0 and metrics["tools/parse_fail_frac"] == 0.0
     assert metrics["tools/answered_without_call_frac"] == 0.0
 

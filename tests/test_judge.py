@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlx_grpo.cli import app
+from mlx_grpo.run.health import training_rows
 from rewards import judge as judge_module
 from rewards.judge import (JudgeError, builtin_rubrics, judge_prompts, load_rubric, make_judge_reward,
                            parse_rubric, parse_score)
@@ -232,7 +233,7 @@ def test_train_with_the_embedded_model_as_policy_and_judge(tmp_path, monkeypatch
     assert len(sampler.calls) == 2  # one judge decode a step
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
-    for m in [m for m in steps if not m.get("final")]:
+    for m in training_rows(steps):
         mine = [r["rewards"]["judge"] for r in records if r["step"] == m["step"]]
         assert len(mine) == 4 and m["time/judge_s"] > 0 and m["judge/decoded"] == sampler.calls[m["step"] - 1]
         assert m["judge/unreadable_frac"] == pytest.approx(sum(v is None for v in mine) / 4)

@@ -60,6 +60,30 @@ def test_plot_has_the_panels_and_overlays_runs(tmp_path, monkeypatch):
     assert list(axes["reward"].get_lines()[1].get_ydata()) == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1.2])
 
 
+def eval_accuracy_points(run_dir, tmp_path, monkeypatch) -> list[tuple[int, float]]:
+    """(step, accuracy) of the eval accuracy line `plot` draws for one run."""
+    import matplotlib.pyplot as plt
+
+    captured = {}
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (captured.setdefault("fig", fig), real_close(fig)))
+    plot_runs([run_dir], tmp_path / "plot.png")
+    ax = next(ax for ax in captured["fig"].axes if ax.get_title() == "eval accuracy")
+    return [(x, y) for line in ax.get_lines() for x, y in zip(line.get_xdata(), line.get_ydata())]
+
+
+def test_the_step_0_row_is_drawn_once_with_or_without_a_summary(tmp_path, monkeypatch):
+    """metrics.jsonl's step-0 row (the evaluation before training) is the before point; summary.json's
+    accuracy_before is used only for runs written before that row existed, never twice."""
+    pytest.importorskip("matplotlib")
+    run = fake_run(tmp_path / "run", accuracy_before=0.25)
+    lines = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.25, "before": True}) + "\n" + lines)
+    assert eval_accuracy_points(run, tmp_path, monkeypatch) == [(0, 0.25), (3, 0.4), (6, 0.5)]
+    (run / "summary.json").unlink()  # interrupted: no summary, the row alone
+    assert eval_accuracy_points(run, tmp_path, monkeypatch) == [(0, 0.25), (3, 0.4), (6, 0.5)]
+
+
 def test_cli_plot_default_output_and_errors(tmp_path, monkeypatch):
     import mlx_grpo.evaluation.plot
 

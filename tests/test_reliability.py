@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from mlx_grpo.cli import app
 from mlx_grpo.config import build_config
 from mlx_grpo.run import checkpoint as ckpt
+from mlx_grpo.run.health import training_rows
 from mlx_grpo.run.trainer import train
 
 MLX_GRPO = [str(Path(sys.executable).parent / "mlx-grpo"), "train"]
@@ -74,7 +75,7 @@ def assert_same_weights(a_dir, b_dir):
 
 def step_losses(run_dir):
     lines = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [(m["step"], m["loss"]) for m in lines if "final" not in m]
+    return [(m["step"], m["loss"]) for m in training_rows(lines)]
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +276,7 @@ def test_keep_best_keeps_the_best_evaluated_checkpoint(tmp_path, tiny_model_path
                             eval_steps=1, keep_best=True, keep_checkpoints=1, eval_num_problems=3,
                             output=str(run_dir))))
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    accuracy = {m["step"]: m["eval/accuracy"] for m in lines if "eval/accuracy" in m and "final" not in m}
+    accuracy = {m["step"]: m["eval/accuracy"] for m in training_rows(lines) if "eval/accuracy" in m}
     assert sorted(accuracy) == [1, 2, 3, 4]  # evaluated during training (not at the last step)
     best = max(accuracy, key=lambda s: (accuracy[s], -s))  # the first to reach the best
     root = run_dir / "checkpoints"

@@ -74,7 +74,7 @@ def test_overwrite_starts_again_removing_only_the_earlier_runs_files(earlier_run
     result = CliRunner().invoke(app, ["train", *cli_args(flags, steps=2, output=earlier_run), "--overwrite"])
     assert result.exit_code == 0, result.output
 
-    assert steps_of(earlier_run / "metrics.jsonl") == [1, 2]  # the new run's steps, once each
+    assert steps_of(earlier_run / "metrics.jsonl") == [0, 1, 2]  # the new run's, once each (0: before training)
     assert sorted({r["step"] for r in map(json.loads, (earlier_run / "completions.jsonl").read_text().splitlines())}) \
         == [1, 2]
     checkpoints = earlier_run / "checkpoints"
@@ -89,7 +89,7 @@ def test_overwrite_starts_again_removing_only_the_earlier_runs_files(earlier_run
     # --resume continues the overwritten run (its config.yaml does not ask to overwrite again)
     result = CliRunner().invoke(app, ["train", "--resume", str(earlier_run), "--steps", "3"])
     assert result.exit_code == 0, result.output
-    assert steps_of(earlier_run / "metrics.jsonl") == [1, 2, 3]
+    assert steps_of(earlier_run / "metrics.jsonl") == [0, 1, 2, 3]  # not evaluated before training again
     assert (earlier_run / "notes.txt").read_text() == "mine"
 
 
@@ -97,7 +97,7 @@ def test_resume_continues_a_finished_run_in_its_folder(earlier_run, flags):
     kept = (earlier_run / "compare" / "report.md").read_bytes()
     train(build_config({"resume": str(earlier_run), "output": str(earlier_run), "steps": 4},
                        str(earlier_run / "config.yaml")))
-    assert steps_of(earlier_run / "metrics.jsonl") == [1, 2, 3, 4]
+    assert steps_of(earlier_run / "metrics.jsonl") == [0, 1, 2, 3, 4]
     assert (earlier_run / "compare" / "report.md").read_bytes() == kept  # resume removes nothing
 
 

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 import mlx_grpo
 from mlx_grpo.cli import app
+from mlx_grpo.run.health import training_rows
 
 SETTINGS = {"steps": 2, "batch_size": 2, "group_size": 4, "max_tokens": 16, "eval_num_problems": 2, "seed": 3,
             "warmup_steps": 0, "lr": 1e-3}
@@ -24,7 +25,7 @@ def _cli_steps(tmp_path, settings: dict) -> list[dict]:
     result = CliRunner().invoke(app, ["train", *_flags(settings), "--output", str(out)])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if not r.get("final")]
+    return training_rows(rows)
 
 
 def _same(cli: dict, api: dict) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.config import build_config
+from mlx_grpo.run.health import training_rows
 from mlx_grpo.run.trainer import train
 
 @pytest.fixture
@@ -51,10 +52,45 @@ def test_resume_reproduces_uninterrupted_weights(tmp_path, custom_run):
     def steps(run_dir):
         return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                 if "final" not in json.loads(line)]
-    assert steps(interrupted_dir) == [1, 2, 3, 4]
+    assert steps(interrupted_dir) == [0, 1, 2, 3, 4]  # the resume did not evaluate before training again
     losses_a = [json.loads(x).get("loss") for x in (straight.run_dir / "metrics.jsonl").read_text().splitlines()]
     losses_b = [json.loads(x).get("loss") for x in (interrupted_dir / "metrics.jsonl").read_text().splitlines()]
     assert losses_a == losses_b
+
+
+def test_the_evaluation_before_training_is_metrics_row_0(tmp_path, custom_run, monkeypatch):
+    """Written as soon as it is measured, so an interrupted run keeps it (plot draws it, inspect says it);
+    a resume without a checkpoint evaluates again and leaves one step-0 row; it equals summary.json's
+    accuracy_before, and inspect counts the training steps from 1."""
+    from test_plot import eval_accuracy_points
+
+    from mlx_grpo.evaluation.inspect_run import summarize
+
+    def stop_after_step_1(kind, data):  # before any checkpoint (save_every=2)
+        if kind == "step":
+            raise Interrupt
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        train(custom_run(run_dir, steps=2, eval_num_problems=4), on_event=stop_after_step_1)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and rows[0]["before"] and not (run_dir / "summary.json").exists()
+    before = rows[0]["eval/accuracy"]
+    assert eval_accuracy_points(run_dir, tmp_path, monkeypatch) == [(0, before)]
+    text = "\n".join(summarize(run_dir))
+    assert "running or interrupted: step 1 of 2" in text and f"accuracy before training {before:.3f}" in text
+
+    resumed = train(custom_run(run_dir, steps=2, eval_num_problems=4, resume=str(run_dir)))
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [r["step"] for r in rows] == [0, 1, 2, 2] and rows[-1]["final"]
+    assert rows[0] == {"step": 0, "eval/accuracy": summary["accuracy_before"], "before": True}
+    assert summary["accuracy_before"] == resumed.accuracy_before == before  # the same weights, evaluated again
+    assert eval_accuracy_points(run_dir, tmp_path, monkeypatch) == [(0, before), (2, summary["accuracy_after"])]
+    lines = summarize(run_dir)
+    assert "finished, 2 of 2 steps" in "\n".join(lines)
+    reward = next(line.split() for line in lines if line.strip().startswith("reward/mean "))
+    assert float(reward[1]) == pytest.approx(rows[1]["reward/mean"], rel=1e-3)  # first: step 1, not the eval row
+    assert not any(line.strip().startswith("eval/accuracy") for line in lines)  # evaluated only outside training
 
 
 def test_run_folder_loads_in_mlx_lm(tmp_path, custom_run, tiny_model_path):
@@ -95,7 +131,7 @@ REQUIRED_METRICS = [
 def test_metrics_and_completions_files(tmp_path, custom_run):
     run = train(custom_run(tmp_path / "run", steps=3, beta=0.1, num_iterations=1))
     lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in lines if "final" not in m]
+    steps = training_rows(lines)
     assert [m["step"] for m in steps] == [1, 2, 3]
     for m in steps:
         missing = [k for k in REQUIRED_METRICS if k not in m]
@@ -112,7 +148,7 @@ def test_full_fine_tuning_keeps_a_frozen_reference(tmp_path, custom_run, tiny_mo
     run = train(custom_run(tmp_path / "full", steps=3, fine_tune_type="full", beta=0.1, lr=1e-3, num_iterations=1))
     config = json.loads((run.run_dir / "adapter_config.json").read_text())
     assert config["fine_tune_type"] == "full"
-    steps = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()][:3]
+    steps = training_rows([json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()])[:3]
     assert steps[0]["kl"] == pytest.approx(0.0, abs=1e-5) and steps[-1]["kl"] > 0
     # mlx-lm loads the full weights as an "adapter" and they differ from the base
     from mlx_lm import load

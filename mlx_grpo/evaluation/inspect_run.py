@@ -14,7 +14,7 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..run import checkpoint as ckpt
-from ..run.health import read_events
+from ..run.health import read_events, training_rows
 from .plot import read_run, series
 
 # (label, metric key, show its best (highest) value and the step)
@@ -35,7 +35,7 @@ METRICS = (
 
 def _status(run_dir: Path, rows: list[dict], config: dict) -> str:
     summary_path = run_dir / "summary.json"
-    steps = [r["step"] for r in rows if "step" in r and "final" not in r]
+    steps = [r["step"] for r in training_rows(rows) if "step" in r]
     done = max(steps) if steps else 0
     total = config.get("steps", "?")
     if summary_path.is_file():
@@ -75,7 +75,7 @@ def _settings(config: dict) -> list[str]:
 def _metric_lines(rows: list[dict]) -> list[str]:
     lines = [f"  {'metric':<26}{'first':>11}{'last':>11}{'mean':>11}  best"]
     for label, key, best in METRICS:
-        steps, values = series([r for r in rows if "final" not in r], key)
+        steps, values = series(training_rows(rows), key)
         if not values:
             continue
         best_text = ""
@@ -113,13 +113,15 @@ def summarize(run_dir: str | Path) -> list[str]:
     rows, config = read_run(run_dir)
     lines = [f"run {run_dir}", f"  {_status(run_dir, rows, config)}", "", "settings", *_settings(config)]
     lines += ["", "metrics", *_metric_lines(rows)]
-    final = [r for r in rows if r.get("final")]
+    before, final = [r for r in rows if r.get("before")], [r for r in rows if r.get("final")]
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     if summary.get("accuracy_before") is not None:
         lines.append(f"  accuracy before {summary['accuracy_before']:.3f}, after "
                      f"{_fmt(summary.get('accuracy_after'))} on {summary.get('eval_n')} held-out problems")
-    elif final:
-        lines.append(f"  final accuracy {_fmt(final[-1].get('eval/accuracy'))}")
+    elif before or final:  # no summary yet: running or interrupted
+        said = [f"accuracy before training {_fmt(before[-1].get('eval/accuracy'))}"] if before else []
+        said += [f"final accuracy {_fmt(final[-1].get('eval/accuracy'))}"] if final else []
+        lines.append("  " + ", ".join(said))
     events = read_events(run_dir)
     lines += ["", f"health events ({len(events)})"]
     lines += [f"  step {e.get('step')}: {e.get('rule')}: {e.get('evidence')}" for e in events] or ["  none"]

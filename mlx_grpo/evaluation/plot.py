@@ -1,6 +1,7 @@
 """`mlx-grpo plot`: one PNG of a run's curves, several runs overlaid.
 
-Reads RUN_DIR/metrics.jsonl (and config.yaml for the clip limit). matplotlib
+Reads RUN_DIR/metrics.jsonl (and config.yaml for the clip limit; summary.json for the accuracy
+before training of runs whose metrics.jsonl has no step-0 row). matplotlib
 is optional (`pip install 'mlx-grpo[plot]'`); without it plot_runs raises
 PlotError with the install line.
 """
@@ -77,7 +78,9 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path) -> dict[str, list[
     runs = [(Path(d).name or str(d), *read_run(d)) for d in run_dirs]
     for (_, rows, _), run_dir in zip(runs, run_dirs):
         before = _accuracy_before(Path(run_dir))
-        if before is not None:  # measured before step 1: drawn at step 0
+        # measured before step 1, drawn at step 0: metrics.jsonl's step-0 row; a run written before that
+        # row existed has it in summary.json only
+        if before is not None and not any("before" in r for r in rows):
             rows.insert(0, {"step": 0, "eval/accuracy": before})
     warnings = [[e["step"] for e in read_events(d) if isinstance(e.get("step"), int)] for d in run_dirs]
     plt = _pyplot()

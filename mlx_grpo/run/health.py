@@ -417,9 +417,8 @@ class HealthMonitor:
 
     def replay(self, metrics_rows: list[dict]) -> None:
         """Catch up on the steps of a resumed run, reporting nothing (those events are on file)."""
-        for row in metrics_rows:
-            if "final" not in row:
-                self.observe(row)
+        for row in training_rows(metrics_rows):
+            self.observe(row)
         self.stop_reason = None  # the streak goes on, but only new steps can stop the run
 
 
@@ -443,6 +442,12 @@ def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def training_rows(rows: list[dict]) -> list[dict]:
+    """The rows of metrics.jsonl that are training steps: not the held-out evaluations written before
+    training (step 0, `"before": true`) and at the end (`"final": true`)."""
+    return [r for r in rows if "before" not in r and "final" not in r]
 
 
 def read_events(run_dir: str | Path) -> list[dict]:

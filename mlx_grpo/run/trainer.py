@@ -86,6 +86,15 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     return metrics, completion_records(tokenizer, task, step, sampled, trained)
 
 
+def eval_row(step: int, result: dict, config: TrainConfig, **mark) -> dict:
+    """A held-out evaluation as its own metrics.jsonl row: before training (step 0, before=True) or the
+    final one (final=True); health.training_rows leaves both out of the training steps."""
+    row = {"step": step, "eval/accuracy": result["accuracy"], **mark}
+    if result.get("pass_at_k") is not None:
+        row[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
+    return row
+
+
 def _append_jsonl(path: Path, records: list[dict]) -> None:
     if not dist.is_main():  # data-parallel: rank 0 alone writes the run folder
         return
@@ -172,9 +181,10 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     if config.resume and len(set(dist.all_gather_objects(start_step))) > 1:  # every rank reads its own copy
         raise ckpt.CheckpointError(f"--resume {run_dir}: the ranks found different checkpoints; with several "
                                    "machines, copy the run folder to the same path on each first")
-    if config.resume and main:  # drop records past the checkpoint (all, if none was written) and lines cut by a kill
+    if config.resume and main:  # drop records past the checkpoint and lines cut by a kill; with no checkpoint,
+        kept = start_step if resumed else -1  # all of them, the step-0 evaluation too (it runs again)
         for name in ("metrics.jsonl", "completions.jsonl", "health.jsonl"):
-            ckpt.truncate_jsonl(run_dir / name, start_step)
+            ckpt.truncate_jsonl(run_dir / name, kept)
     accuracy = reward_name(task.accuracy_reward) if task.accuracy_reward is not None else None  # accuracy_collapse
     monitor = HealthMonitor.from_config(config, run_dir if resumed else None, token_budget(task, config), accuracy)
     if main:
@@ -191,6 +201,8 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     if before is None and not resumed:
         result = evaluate(model, tokenizer, task, config)
         before, eval_seconds = result["accuracy"], result.get("seconds", 0.0)
+        if before is not None:  # on file at once: an interrupted run keeps it too (plot, inspect)
+            _append_jsonl(run_dir / "metrics.jsonl", [eval_row(0, result, config, before=True)])
         emit("eval", {"when": "before", **result})
 
     history = []
@@ -255,10 +267,7 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     emit("eval", {"when": "after", **result})
     if config.keep_best and result["accuracy"] is not None:  # the final weights compete for best too
         save(last_step, result["accuracy"])
-    final = {"step": last_step, "eval/accuracy": result["accuracy"], "final": True}
-    if result.get("pass_at_k") is not None:
-        final[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
-    _append_jsonl(run_dir / "metrics.jsonl", [final])
+    _append_jsonl(run_dir / "metrics.jsonl", [eval_row(last_step, result, config, final=True)])
     outcome = RunResult(run_dir, before, result["accuracy"], result["n"], history)
     if main:
         ckpt.atomic_write_json(run_dir / "summary.json", {
