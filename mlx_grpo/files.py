@@ -81,3 +81,16 @@ def atomic_save_safetensors(path: Path, arrays: dict) -> None:
         remove_quietly(tmp)
         raise CheckpointError(f"could not write {path}: {os_reason(e)}") from e
     fsync_dir(path.parent)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a run's JSONL file (metrics, health events); empty when it is not there yet."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def training_rows(rows: list[dict]) -> list[dict]:
+    """The rows of metrics.jsonl that are training steps: not the held-out evaluations written before
+    training (step 0, `"before": true`) and at the end (`"final": true`)."""
+    return [r for r in rows if "before" not in r and "final" not in r]

@@ -11,7 +11,7 @@ from mlx.utils import tree_flatten
 
 import mlx_grpo
 from mlx_grpo import api
-from mlx_grpo.run.health import training_rows
+from mlx_grpo.files import training_rows
 
 
 def test_every_public_name_is_exported_and_documented():

@@ -17,7 +17,8 @@ from mlx_grpo.cli import app
 from mlx_grpo.run import trainer
 from mlx_grpo.update import step as update_step
 from mlx_grpo.run.display import TrainDisplay, metrics_table, trend
-from mlx_grpo.run.health import RULES, HealthMonitor, Thresholds, fitted_trend, training_rows
+from mlx_grpo.files import training_rows
+from mlx_grpo.run.health import RULES, HealthMonitor, Thresholds, fitted_trend
 from mlx_grpo.update.step import relative_change
 
 STEPS = 60

@@ -6,7 +6,8 @@ import warnings
 import numpy as np
 import pytest
 
-from mlx_grpo.run.health import HealthMonitor, Thresholds, training_rows
+from mlx_grpo.files import training_rows
+from mlx_grpo.run.health import HealthMonitor, Thresholds
 from mlx_grpo.run.health_rewards import answer_pattern, reward_variance_shares
 from mlx_grpo.tasks.shaping import SHAPING, side_shaped_totals
 

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from mlx_grpo.cli import app
 from mlx_grpo.config import TrainConfig, dump_yaml
 from mlx_grpo.evaluation.inspect_run import summarize
-from mlx_grpo.run.health import training_rows
+from mlx_grpo.files import training_rows
 
 
 def fake_run(path, finished=True, stopped=False):

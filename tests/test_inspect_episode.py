@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from mlx_grpo.cli import app
 from mlx_grpo.evaluation.inspect_episode import CLOSE, OPEN, _split, record_lines
-from mlx_grpo.run.health import training_rows
+from mlx_grpo.files import training_rows
 from mlx_grpo.sampling.episode_record import episode_segments
 from mlx_grpo.tools import episode as tool_env
 from mlx_grpo.tools.calls import ToolCall

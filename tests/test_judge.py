@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlx_grpo.cli import app
-from mlx_grpo.run.health import training_rows
+from mlx_grpo.files import training_rows
 from rewards import judge as judge_module
 from rewards.judge import (JudgeError, builtin_rubrics, judge_prompts, load_rubric, make_judge_reward,
                            parse_rubric, parse_score)

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from mlx_grpo.cli import app
 from mlx_grpo.config import build_config
 from mlx_grpo.run import checkpoint as ckpt
-from mlx_grpo.run.health import training_rows
+from mlx_grpo.files import training_rows
 from mlx_grpo.run.trainer import train
 
 MLX_GRPO = [str(Path(sys.executable).parent / "mlx-grpo"), "train"]

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 import mlx_grpo
 from mlx_grpo.cli import app
-from mlx_grpo.run.health import training_rows
+from mlx_grpo.files import training_rows
 
 SETTINGS = {"steps": 2, "batch_size": 2, "group_size": 4, "max_tokens": 16, "eval_num_problems": 2, "seed": 3,
             "warmup_steps": 0, "lr": 1e-3}

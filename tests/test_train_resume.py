@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlx_grpo.config import build_config
-from mlx_grpo.run.health import training_rows
+from mlx_grpo.files import training_rows
 from mlx_grpo.run.trainer import train
 
 @pytest.fixture

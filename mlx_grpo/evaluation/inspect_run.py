@@ -14,7 +14,8 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..run import checkpoint as ckpt
-from ..run.health import read_events, training_rows
+from ..files import training_rows
+from ..run.health import read_events
 from .plot import read_run, series
 
 # (label, metric key, show its best (highest) value and the step)

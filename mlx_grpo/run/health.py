@@ -12,7 +12,6 @@ is simply not evidence.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..files import read_jsonl, training_rows
 from .health_rewards import REWARD_RULES
 from .health_tools import TOOL_RULES
 
@@ -436,18 +436,6 @@ def stop_run(run_dir: Path, reason: str) -> str:
     line = f"{reason}; {where}"
     ckpt.atomic_write_json(Path(run_dir) / "summary.json", {"stopped": True, "line": line})
     return line
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def training_rows(rows: list[dict]) -> list[dict]:
-    """The rows of metrics.jsonl that are training steps: not the held-out evaluations written before
-    training (step 0, `"before": true`) and at the end (`"final": true`)."""
-    return [r for r in rows if "before" not in r and "final" not in r]
 
 
 def read_events(run_dir: str | Path) -> list[dict]:

@@ -88,7 +88,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
 
 def eval_row(step: int, result: dict, config: TrainConfig, **mark) -> dict:
     """A held-out evaluation as its own metrics.jsonl row: before training (step 0, before=True) or the
-    final one (final=True); health.training_rows leaves both out of the training steps."""
+    final one (final=True); files.training_rows leaves both out of the training steps."""
     row = {"step": step, "eval/accuracy": result["accuracy"], **mark}
     if result.get("pass_at_k") is not None:
         row[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
