@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..config import TrainConfig
-from ..run import checkpoint as ckpt
 from ..files import training_rows
+from ..run import checkpoint as ckpt
 from ..run.health import read_events
 from .plot import read_run, series
 

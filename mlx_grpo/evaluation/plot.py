@@ -77,10 +77,12 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path) -> dict[str, list[
     """
     runs = [(Path(d).name or str(d), *read_run(d)) for d in run_dirs]
     for (_, rows, _), run_dir in zip(runs, run_dirs):
-        before = _accuracy_before(Path(run_dir))
         # measured before step 1, drawn at step 0: metrics.jsonl's step-0 row; a run written before that
         # row existed has it in summary.json only
-        if before is not None and not any("before" in r for r in rows):
+        if any("before" in r for r in rows):
+            continue
+        before = _accuracy_before(Path(run_dir))
+        if before is not None:
             rows.insert(0, {"step": 0, "eval/accuracy": before})
     warnings = [[e["step"] for e in read_events(d) if isinstance(e.get("step"), int)] for d in run_dirs]
     plt = _pyplot()
