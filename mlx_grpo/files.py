@@ -83,7 +83,7 @@ def atomic_save_safetensors(path: Path, arrays: dict) -> None:
     fsync_dir(path.parent)
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_run_records(path: Path) -> list[dict]:
     """The records of a run's JSONL file (metrics, health events); empty when it is not there yet."""
     if not path.exists():
         return []

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..files import read_jsonl, training_rows
+from ..files import read_run_records, training_rows
 from .health_rewards import REWARD_RULES
 from .health_tools import TOOL_RULES
 
@@ -374,7 +374,7 @@ class HealthMonitor:
     def from_config(cls, config, resumed_from: Path | None = None, budget: int | None = None, accuracy=None):
         """The monitor of a run (accuracy: its task's accuracy reward's name); resuming, caught up on metrics.jsonl."""
         monitor = cls(Thresholds.from_config(config, budget, accuracy), max_nonfinite=config.max_nonfinite_steps)
-        monitor.replay(read_jsonl(Path(resumed_from) / "metrics.jsonl") if resumed_from is not None else [])
+        monitor.replay(read_run_records(Path(resumed_from) / "metrics.jsonl") if resumed_from is not None else [])
         return monitor
 
     def observe(self, metrics: dict) -> list[dict]:
@@ -440,4 +440,4 @@ def stop_run(run_dir: Path, reason: str) -> str:
 
 def read_events(run_dir: str | Path) -> list[dict]:
     """The health events a run recorded in RUN_DIR/health.jsonl."""
-    return read_jsonl(Path(run_dir) / "health.jsonl")
+    return read_run_records(Path(run_dir) / "health.jsonl")
