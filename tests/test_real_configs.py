@@ -89,3 +89,7 @@ def test_gsm8k_qwen_recipe_builds():
         "ollama:qwen2.5-coder:0.5b", "gsm8k", 384, 55)
     task = load_task(config)
     assert task.system_prompt == gsm8k.SYSTEM_PROMPT and len(task.eval_rows) == 16
+    # paid for the right answer alone: v2's format part and overlong penalty paid bare `#### N` answers
+    weights = {f.__name__: w for f, w in zip(task.reward_functions, task.reward_weights)}
+    assert weights == {"correctness_reward": 1.0, "format_reward": 0.0}
+    assert config.overlong_buffer == 0 and config.loss == "dr_grpo"
