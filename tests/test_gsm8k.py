@@ -130,6 +130,15 @@ def test_answers_match(predicted, gold, expected):
     assert answers_match(predicted, gold) is expected
 
 
+def test_a_huge_answer_is_wrong_not_an_error():
+    # A collapsed run answered '#### 1000...0' (hundreds of digits): float(a - b) overflowed and the
+    # reward raised instead of scoring it wrong.
+    huge = "1" + "0" * 400
+    assert answers_match(huge, "100") is False
+    assert answers_match(huge, huge) is True
+    assert correctness_reward(["q"], ["#### " + huge], answer=["100"]) == [0.0]
+
+
 def test_correctness_reward_hand_worked():
     completions = [
         "Natalia sold 48 / 2 = 24 clips in May.\n48 + 24 = 72\n#### 72",  # right
