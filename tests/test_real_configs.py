@@ -16,6 +16,11 @@ def _config(name: str, **flags):
     return build_config(flags, str(CONFIGS / name), task_defaults=recommended_settings)
 
 
+def _weights(task) -> dict[str, float]:
+    """Each of the task's reward functions by name, with its weight."""
+    return {f.__name__: w for f, w in zip(task.reward_functions, task.reward_weights)}
+
+
 def test_arith_recipe_builds_with_the_chat_variant():
     config = _config("smollm2.yaml")
     assert (config.model, config.task) == ("smollm2-135m", "arith")
@@ -75,8 +80,7 @@ def test_ocaml_recipe_pays_only_for_passing_every_test():
     assert (config.model, config.task, config.lr) == ("ollama:qwen2.5-coder:0.5b", "ocaml", 1e-5)
     assert config.guide and config.loss == "dr_grpo"
     task = load_task(config)
-    weights = {f.__name__: w for f, w in zip(task.reward_functions, task.reward_weights)}
-    assert weights == {"ocaml_passes": 1.0, "ocaml_reward": 0.0, "ocaml_compiles": 0.0, "ocaml_runaway": 0.0,
+    assert _weights(task) == {"ocaml_passes": 1.0, "ocaml_reward": 0.0, "ocaml_compiles": 0.0, "ocaml_runaway": 0.0,
                        "ocaml_constant": 0.0}
     assert task.accuracy_reward is ocaml.ocaml_passes
 
@@ -90,6 +94,5 @@ def test_gsm8k_qwen_recipe_builds():
     task = load_task(config)
     assert task.system_prompt == gsm8k.SYSTEM_PROMPT and len(task.eval_rows) == 16
     # paid for the right answer alone: v2's format part and overlong penalty paid bare `#### N` answers
-    weights = {f.__name__: w for f, w in zip(task.reward_functions, task.reward_weights)}
-    assert weights == {"correctness_reward": 1.0, "format_reward": 0.0}
+    assert _weights(task) == {"correctness_reward": 1.0, "format_reward": 0.0}
     assert config.overlong_buffer == 0 and config.loss == "dr_grpo"
