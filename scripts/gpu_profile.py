@@ -46,10 +46,11 @@ def merged_in_bfloat16(model):
 
 def decode_timings(model, vocab, width, steps=40, ncu=False):
     sampling = SamplingConfig(temperature=1.0, max_tokens=MAX_TOKENS)
-    step = fixed_decode._make_step(model, lambda logits, keys: draw_tokens(logits, keys, sampling))
     prompt = [int(t) for t in np.random.default_rng(0).integers(3, vocab, PROMPT_TOKENS)]
     prefix = 128  # the prompt's buffer length, rounded up as decode() does
     keys, values = fixed_decode._prefilled_buffers(model, [prompt] * width, prefix, MAX_TOKENS)
+    # attention over the whole buffer at every step (decode() reads only the slots written so far)
+    step = fixed_decode._make_step(model, lambda logits, keys: draw_tokens(logits, keys, sampling), prefix + MAX_TOKENS)
     padding = mx.zeros((width,), dtype=mx.int32)
     random_keys = mx.random.randint(0, 2**31, (steps + 1, width, 2)).astype(mx.uint32)
     pending = step(mx.array([prompt[-1]] * width, dtype=mx.int32), keys, values, mx.array(prefix, dtype=mx.int32),

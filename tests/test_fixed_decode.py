@@ -103,6 +103,30 @@ def test_rows_that_stop_early_narrow_the_batch_without_changing_any_row(adapted,
     _assert_same(fixed, generator)
 
 
+def test_attention_reads_the_slots_written_so_far_and_samples_the_same(adapted, monkeypatch):
+    """Each step attends over the buffer up to its own slot, rounded up: with a multiple of 4 the
+    16 steps cross several lengths (an off-by-one would hide the step's own key), and every row is
+    still what mlx-lm's generator samples."""
+    monkeypatch.setattr(fixed_decode, "_ATTENTION_MULTIPLE", 4)
+    seen = []
+    compiled_step = fixed_decode._compiled_step
+
+    def watched(model, sampling_key, pick, n):
+        seen.append(n)
+        return compiled_step(model, sampling_key, pick, n)
+
+    monkeypatch.setattr(fixed_decode, "_compiled_step", watched)
+    for sampling in (SamplingConfig(temperature=1.0, max_tokens=16), SamplingConfig(temperature=0.0, max_tokens=16)):
+        seen.clear()
+        _assert_same(*_both_ways(*adapted, monkeypatch, sampling))
+        assert seen == sorted(seen) and len(set(seen)) >= 4 and all(n % 4 == 0 for n in seen)
+
+
+def test_slots_seen_round_up_within_the_buffer():
+    assert [fixed_decode.slots_seen(s, 576) for s in (0, 62, 63, 64, 500, 511, 512, 575)] == \
+        [64, 64, 64, 128, 512, 512, 576, 576]
+
+
 def test_narrow_waves_and_lone_prompts_give_the_same_rows(adapted):
     model, tokenizer = adapted
     sampling = SamplingConfig(temperature=1.0, max_tokens=10)

@@ -12,7 +12,11 @@ masked. Every step of a rollout then has the same shapes and runs one compiled
 graph. RoPE takes each row's own position (buffer slot minus its padding), so a
 row computes what it would alone, whatever the other rows' prompt lengths.
 Buffer lengths are rounded up to a multiple of 64, so that later rollouts with
-prompts of similar length reuse the compiled step.
+prompts of similar length reuse the compiled step. Attention reads only the
+buffer's first slots up to the step's position, rounded up to a multiple of 64
+(one compiled step per such length): on the CPU attending over a whole 576-slot
+buffer from the first step cost a third of a 0.5B decode step at 64 rows, and
+more than the matmuls at 256 (docs/performance.md).
 
 Rows that finish keep their slot (their tokens are ignored) until at most half
 the batch is still decoding; the live rows then move to a batch half as wide,
@@ -34,6 +38,8 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from ..models.heads import output_head
 
 _LENGTH_MULTIPLE = 64
+# Attention reads the buffer up to the step's slot rounded up to this: fewer wasted slots, more compiled steps.
+_ATTENTION_MULTIPLE = 64
 
 
 class PrefillMeter:
@@ -63,7 +69,8 @@ class _FixedCache:
         start = mx.reshape(self.slot, (1,))
         self.keys = mx.slice_update(self.keys, keys, start, axes=(2,))
         self.values = mx.slice_update(self.values, values, start, axes=(2,))
-        return self.keys, self.values
+        seen = self.visible.shape[-1]  # the slots attention reads: those written so far, rounded up
+        return self.keys[:, :, :seen], self.values[:, :, :seen]
 
     def make_mask(self, n, return_array=False, window_size=None):
         return self.visible
@@ -80,10 +87,9 @@ def supports_fixed_decode(model, length: int | None = None) -> bool:
     return True
 
 
-def _make_step(model, pick):
+def _make_step(model, pick, seen: int):
     def step(tokens, keys, values, slot, left_padding, random_keys):
-        length = keys[0].shape[2]
-        slots = mx.arange(length)
+        slots = mx.arange(seen)
         visible = ((slots[None] <= slot) & (slots[None] >= left_padding[:, None]))[:, None, None, :]
         positions = slot - left_padding
         caches = [_FixedCache(k, v, slot, positions, visible) for k, v in zip(keys, values)]
@@ -113,16 +119,22 @@ def keep_compiled(model) -> None:
     _kept.setdefault(id(model), (model, {}))
 
 
-def _compiled_step(model, sampling_key, pick):
+def _compiled_step(model, sampling_key, pick, seen: int):
+    """The compiled step for this sampling setting whose attention reads the first `seen` slots."""
     if id(model) in _kept:
         steps = _kept[id(model)][1]
     else:
         if _last["model"] is not model:
             _last["model"], _last["steps"] = model, {}
         steps = _last["steps"]
-    if sampling_key not in steps:
-        steps[sampling_key] = _make_step(model, pick)
-    return steps[sampling_key]
+    if (sampling_key, seen) not in steps:
+        steps[sampling_key, seen] = _make_step(model, pick, seen)
+    return steps[sampling_key, seen]
+
+
+def slots_seen(slot: int, length: int) -> int:
+    """How many buffer slots a step writing `slot` attends over: up to it, rounded up, within the buffer."""
+    return min(length, -(-(slot + 1) // _ATTENTION_MULTIPLE) * _ATTENTION_MULTIPLE)
 
 
 def release() -> None:
@@ -268,7 +280,12 @@ def decode_rows(model, rows: Rows, start: int, first_tokens, max_tokens, samplin
     n = len(first_tokens)
     left_padding = mx.array(rows.left_padding, dtype=mx.int32)
     row_padding = list(rows.left_padding)
-    step = _compiled_step(model, sampling_key, pick)
+    length = keys[0].shape[2]
+
+    def step(tokens, keys, values, slot: int, left_padding, random_keys):
+        compiled = _compiled_step(model, sampling_key, pick, slots_seen(slot, length))
+        return compiled(tokens, keys, values, mx.array(slot, dtype=mx.int32), left_padding, random_keys)
+
     end = set(end_ids)
 
     tokens = [[] for _ in range(n)]
@@ -276,15 +293,13 @@ def decode_rows(model, rows: Rows, start: int, first_tokens, max_tokens, samplin
     finish = [None] * n
     parked = []
     batch = list(range(n))  # rows in the compiled batch, in order
-    pending = step(mx.array(first_tokens, dtype=mx.int32), keys, values, mx.array(start, dtype=mx.int32),
-                   left_padding, random_keys(batch, 0))
+    pending = step(mx.array(first_tokens, dtype=mx.int32), keys, values, start, left_padding, random_keys(batch, 0))
     del keys, values
     for t in range(max_tokens):
         chosen, chosen_logprobs, keys, values = pending
         if t + 1 < max_tokens:
             # Queue the next step before reading this one: building and running overlap.
-            pending = step(chosen, keys, values, mx.array(start + t + 1, dtype=mx.int32), left_padding,
-                           random_keys(batch, t + 1))
+            pending = step(chosen, keys, values, start + t + 1, left_padding, random_keys(batch, t + 1))
             # Drop our references: the step then writes the new slot into these buffers in place
             # instead of copying every layer's buffers (13% of a 256-token SmolLM2 rollout).
             del keys, values
