@@ -61,6 +61,7 @@ class TrainConfig:
     prefilter: int = 0  # sample this many answers to each training prompt from the base model first; train only on prompts solved in some but not all (0: off; docs/rare-rewards.md)
     prefilter_prompts: int = 0  # the most training prompts the prefilter samples, in the run's order (0: all)
     guide: bool = False  # in a group with no right answer, one member is the row's reference answer (off-policy guidance; docs/rare-rewards.md)
+    guide_negatives: bool = True  # guide: the model's own (all wrong) answers in a guided group get their negative advantages; false: 0, the group trains the reference alone
     task_options: TaskOptions = field(default_factory=TaskOptions)  # web_kinds, multihop_*: one group (setting_groups.py)
 
     # Objective
@@ -341,6 +342,7 @@ def validate(c: TrainConfig) -> None:
     need(c.prefilter_prompts == 0 or c.prefilter > 0, "prefilter_prompts needs --prefilter K")
     need(not (c.overwrite and c.resume), "--overwrite starts a run again and --resume continues it: give one")
     need(not c.guide or c.group_size >= 2, "guide needs group_size >= 2 (one member becomes the reference answer)")
+    need(c.guide or c.guide_negatives, "guide_negatives: false changes guided groups only: it needs guide: true")
     need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")
     for name in ("steps", "batch_size", "group_size", "max_tokens", "num_iterations",
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",

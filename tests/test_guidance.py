@@ -120,6 +120,28 @@ def test_a_guided_run_raises_the_references_probability_and_says_what_it_did(tmp
     assert after > before + 1.0, (before, after)
 
 
+def test_without_negatives_a_guided_group_trains_the_reference_alone():
+    # two groups of 4: the first guided (its last member the reference), the second sampled as it came
+    rewards = np.array([0.0, 0.0, -0.5, 1.0, 1.0, 0.0, 1.0, 0.0])
+    guided = [False, False, False, True] + [False] * 4
+    grouped = rewards.reshape(2, 4)
+    usual = (grouped - grouped.mean(axis=1, keepdims=True)).reshape(-1)  # dr_grpo's r - mean, by hand
+    np.testing.assert_allclose(usual, [-0.125, -0.125, -0.625, 0.875, 0.5, -0.5, 0.5, -0.5])
+    np.testing.assert_allclose(guidance.without_guided_negatives(usual, guided, 4),
+                               [0.0, 0.0, 0.0, 0.875, 0.5, -0.5, 0.5, -0.5])
+
+
+def test_a_run_without_guided_negatives_logs_zero_for_the_models_own_answers(tmp_path, tiny_model_path, data):
+    config = _config(tmp_path, tiny_model_path, data, guide=True, guide_negatives=False, steps=1, warmup_steps=0,
+                     eval_num_problems=4, save_every=100)
+    train(config)
+    records = [json.loads(x) for x in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert len(records) == 12 and sum(bool(r.get("guided")) for r in records) == 3
+    assert all(r["advantage"] > 0 if r.get("guided") else r["advantage"] == 0.0 for r in records)
+    with pytest.raises(ConfigError, match="needs guide: true"):
+        make_config(guide_negatives=False)
+
+
 def test_a_task_without_references_is_one_clear_error(tmp_path, tiny_model_path):
     path = tmp_path / "plain.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(30)))

@@ -92,6 +92,23 @@ def guide_groups(model, tokenizer, task, rows: list[dict], completions: list[Com
                                error_examples={**rescored.error_examples, **scores.error_examples})
 
 
+def without_guided_negatives(advantages, guided, group_size: int) -> np.ndarray:
+    """`guide_negatives: false`: in a group holding a reference, the model's own answers get advantage 0.
+
+    Every sampled member of a guided group is wrong, so each gets a negative
+    advantage, and the update pushes down what the model wrote, its end of
+    answer included, while it pushes up a reference the model did not write:
+    on Qwen2.5-Coder-0.5B's OCaml runs the entropy rose 0.23 -> 0.4-0.7 and answers
+    cut at max_tokens grew (docs/real-models.md, run 4). With them at 0 a guided
+    group is advantage-weighted supervised learning on the reference alone;
+    groups without a reference are untouched.
+    """
+    advantages = np.array(advantages, dtype=np.float64).reshape(-1, group_size)
+    guided = np.asarray(guided, dtype=bool).reshape(-1, group_size)
+    advantages[guided.any(axis=1, keepdims=True) & ~guided] = 0.0
+    return advantages.reshape(-1)
+
+
 def guided_metrics(task, completions: list[Completion], parts: dict[str, list], group_size: int) -> dict:
     """How many groups were guided, and the accuracy of the model's own samples (the reference left out)."""
     guided = np.array([c.guided for c in completions])

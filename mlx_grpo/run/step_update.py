@@ -33,6 +33,7 @@ from ..update.batch import (MicroBatch, RolloutBatch, batch_shape, build_batch, 
 from ..update.losses import BatchShape, LossSettings, same_at_any_cut
 from ..update.step import UpdateSettings, reference_logprobs, top_entropy_weights
 from . import distributed as dist
+from .guidance import without_guided_negatives
 from .step_rollouts import StepRollouts
 
 # Chunk the vocabulary projection when one micro-batch's logits would exceed this many floats.
@@ -80,6 +81,8 @@ def choose_trained(sampled: StepRollouts, config: TrainConfig) -> Trained:
     kept_rows = np.repeat(sampled.keep, g)
     completions = [c for c, k in zip(sampled.completions, kept_rows) if k]
     advantages = group_advantages(sampled.rewards[kept_rows], g, config.scale_rewards, config.scale_eps)
+    if config.guide and not config.guide_negatives:
+        advantages = without_guided_negatives(advantages, [getattr(c, "guided", False) for c in completions], g)
     return Trained(completions, advantages, np.flatnonzero(kept_rows))
 
 
