@@ -21,7 +21,8 @@ resident memory.
 
 mallopt takes effect at once for later allocations. A value the user set
 through glibc's own environment variables (MALLOC_MMAP_THRESHOLD_,
-MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_) is left alone, and nothing happens off glibc.
+MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_) is left alone, and
+nothing happens off glibc.
 """
 
 from __future__ import annotations
