@@ -1,9 +1,13 @@
 """heap.keep_freed_memory: a large block freed and allocated again is not faulted in again (glibc only)."""
 
+import os
 import subprocess
 import sys
 
 import pytest
+
+SIZE = 96 << 20  # a block above glibc's largest mmap threshold (32 MB): mapped fresh unless told otherwise
+PAGES = SIZE // 4096
 
 CHILD = r"""
 import ctypes, resource, sys
@@ -13,7 +17,7 @@ if sys.argv[1] == "kept":
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-size = 96 << 20  # above glibc's largest mmap threshold (32 MB): mapped fresh unless told otherwise
+size = int(sys.argv[2])
 
 def touch_and_free():
     block = libc.malloc(size)
@@ -29,21 +33,18 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def _faults(mode: str, env: dict | None = None) -> int:
-    import os
-
-    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True,
+    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(SIZE)], capture_output=True, text=True, check=True,
                          env={**os.environ, **(env or {})})
     return int(out.stdout)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_a_large_freed_block_is_reused_without_faulting_its_pages_again():
-    pages = (96 << 20) // 4096
-    assert _faults("glibc") > 2 * pages  # as glibc comes: each 96 MB block is mapped and faulted in anew
-    assert _faults("kept") < pages // 10  # kept in the heap: the same pages come back
+    assert _faults("glibc") > 2 * PAGES  # as glibc comes: each 96 MB block is mapped and faulted in anew
+    assert _faults("kept") < PAGES // 10  # kept in the heap: the same pages come back
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_the_users_own_malloc_setting_wins():
     # MALLOC_MMAP_MAX_ left as the user set it (65536 = glibc's default: map large blocks)
-    assert _faults("kept", {"MALLOC_MMAP_MAX_": "65536"}) > 2 * (96 << 20) // 4096
+    assert _faults("kept", {"MALLOC_MMAP_MAX_": "65536"}) > 2 * PAGES

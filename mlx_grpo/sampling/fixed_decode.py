@@ -134,7 +134,7 @@ def _compiled_step(model, sampling_key, pick, seen: int):
 
 def slots_seen(slot: int, length: int) -> int:
     """How many buffer slots a step writing `slot` attends over: up to it, rounded up, within the buffer."""
-    return min(length, -(-(slot + 1) // _ATTENTION_MULTIPLE) * _ATTENTION_MULTIPLE)
+    return min(length, _round_up(slot + 1, _ATTENTION_MULTIPLE))
 
 
 def release() -> None:
@@ -212,13 +212,17 @@ def _prefilled_buffers(model, prompts, prefix_length, max_tokens):
     return keys, values
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def _power_of_two_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
 def buffer_length(tokens: int) -> int:
     """Buffer slots for `tokens` positions, rounded up so that similar rollouts reuse a compiled step."""
-    return -(-tokens // _LENGTH_MULTIPLE) * _LENGTH_MULTIPLE
+    return _round_up(tokens, _LENGTH_MULTIPLE)
 
 
 @dataclass
