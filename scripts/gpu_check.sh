@@ -24,7 +24,7 @@ wheels)
     "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_35_x86_64 --platform manylinux_2_17_x86_64 -d "$tmp" \
         mlx==$mlx_version mlx-cuda-13==$mlx_version "mlx-lm>=0.32.2,<0.33" mlx-lm-lora==5.10.2 \
-        datasets dill multiprocess "gguf>=0.17"
+        datasets dill multiprocess "gguf>=0.17" "rank-bm25>=0.2.2"
     mkdir -p "$tmp/unpacked" "$wheels/a" "$wheels/b"
     (cd "$tmp/unpacked" && python3 -m zipfile -e "$tmp"/mlx_cuda_13-*.whl . && tar cf - . | xz -9e -T0 > "$tmp/mlxcu.tar.xz")
     split -b 58000000 -d "$tmp/mlxcu.tar.xz" "$wheels/a/mlxcu.tar.xz.part-"

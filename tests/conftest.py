@@ -25,12 +25,21 @@ def tiny_model_path(tmp_path_factory):
 
 
 @pytest.fixture()
-def float64_device():
-    """float64 exists only on MLX's CPU backend: a test that needs it runs there, on a GPU machine too."""
+def cpu_device():
+    """MLX's CPU device as the default for one test, on a GPU machine too: for a test of what the product
+    computes or decides on the CPU backend (its own exp, the float32 copy of a quantized base, the CPU's
+    activation budget), which a GPU default would turn into another test. Where the CPU is the default
+    already (CI), it changes nothing."""
     device = mx.default_device()
     mx.set_default_device(mx.cpu)
     yield mx.cpu
     mx.set_default_device(device)
+
+
+@pytest.fixture()
+def float64_device(cpu_device):
+    """float64 exists only on MLX's CPU backend: a test that needs it runs there, on a GPU machine too."""
+    return cpu_device
 
 
 @pytest.fixture

@@ -165,7 +165,8 @@ def test_per_token_figures_and_the_table(capsys):
     assert f"| mlx_grpo | {ours['step_s']:.2f} |" in captured.err
 
 
-def test_dequantized_copy_computes_what_the_quantized_model_does(tmp_path):
+def test_dequantized_copy_computes_what_the_quantized_model_does(tmp_path, cpu_device):
+    # The CPU's case, which the copy is for: there load_policy widens the quantized model to float32 as well.
     import mlx.core as mx
 
     from mlx_grpo.models.loading import load_policy

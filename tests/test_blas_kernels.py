@@ -8,7 +8,10 @@ import sys
 
 import pytest
 
+from marks import cpu_backend_only
 from mlx_grpo import blas
+
+preloads = cpu_backend_only("the command preloads OpenBLAS only for MLX's CPU backend (blas.preload_command)")
 
 AVX512 = {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx2", "fma", "sse3"}
 
@@ -83,6 +86,7 @@ def _run_as_if_openblas_chose_prescott(extra: str = "") -> subprocess.CompletedP
                           check=True)
 
 
+@preloads
 def test_kernels_that_agree_with_numpy_are_kept_and_named():
     done = _run_as_if_openblas_chose_prescott()
     ours = blas.better_coretype("Prescott", blas.cpu_flags())
@@ -92,6 +96,7 @@ def test_kernels_that_agree_with_numpy_are_kept_and_named():
     assert f"{ours} kernels for this CPU, not the Prescott kernels" in lines[0] and "agrees with NumPy" in lines[0]
 
 
+@preloads
 def test_kernels_that_disagree_go_back_to_the_librarys_choice():
     done = _run_as_if_openblas_chose_prescott("blas.matmul_error = lambda: 1.0")
     ask = f"from mlx_grpo import blas; print(blas.openblas_identity({_system_openblas()!r})[1])"

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from marks import cpu_backend_only
 from mlx_grpo import blas
 
 
@@ -41,6 +42,7 @@ def test_no_notice_when_the_matmuls_are_not_on_the_reference_blas(linux_cpu, mon
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the wheel's reference BLAS is a Linux matter")
+@cpu_backend_only("the notice is about MLX's CPU matmuls, so it is said only on the CPU backend (blas.slow_blas_notice)")
 def test_a_process_left_on_the_reference_blas_says_so_once(tmp_path):
     """A real process: MLX_GRPO_OPENBLAS names a missing file, so the wheel's BLAS is what MLX maps."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", blas._DONE)}
@@ -91,6 +93,7 @@ def test_the_system_openblas_comes_first_then_mkl_from_pip(monkeypatch, tmp_path
 
 
 @pytest.mark.skipif(blas.pip_mkl_path() is None, reason="the mkl wheel (extra fastblas) is not installed")
+@cpu_backend_only("the command preloads a BLAS only for MLX's CPU backend (blas.preload_command)")
 def test_mkl_from_pip_runs_mlx_matmuls(tmp_path):
     """A real process preloads the wheel's libmkl_rt: MLX maps it, says nothing, and its matmul is NumPy's."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", blas._DONE)}

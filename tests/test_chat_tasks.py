@@ -6,6 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from marks import needs_ocaml
 from mlx_grpo.cli import app
 from mlx_grpo.config import build_config
 from mlx_grpo.models.loading import embedded_model_path
@@ -70,7 +71,7 @@ def test_a_chat_model_is_told_the_answer_form_and_scored_on_it():
     assert registry.load_task(typed).system_prompt == "Be brief."
 
 
-@pytest.mark.parametrize("task_name", ["arith", "gsm8k", "ocaml", "web"])
+@pytest.mark.parametrize("task_name", ["arith", "gsm8k", pytest.param("ocaml", marks=needs_ocaml), "web"])
 def test_every_task_tells_a_chat_model_its_answer_form(task_name):
     settings = registry.recommended_settings(task_name, CHAT_MODEL)
     if task_name == "gsm8k" and not (GSM8K_DATA / "test.jsonl").is_file():

@@ -12,6 +12,10 @@ from mlx_lm.models import qwen2
 from mlx_grpo.models import cpu_math
 from mlx_grpo.models.loading import load_policy
 
+# Off the CPU these functions are MLX's own ops (whose exp, for one, is not clamped at -87 and 88): every
+# test here runs on the CPU device, so that it tests the CPU's code on a GPU machine too.
+pytestmark = pytest.mark.usefixtures("cpu_device")
+
 # float32 rounds x * log2(e) by up to half an ulp of the product, which moves e^x by that many
 # ulps of |x| / 0.69 (MLX's own exp does the same): bound the error near 0 tightly, and far from
 # 0 relative to the rounding of the input.

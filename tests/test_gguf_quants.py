@@ -100,7 +100,7 @@ def mixed_file(tmp_path):
     return write_gguf(tmp_path / "mix.gguf", config, weights, bpe, blocks=blocks), stored, config, bpe
 
 
-def test_a_mixed_k_quant_file_loads_as_its_dequantized_model(tmp_path):
+def test_a_mixed_k_quant_file_loads_as_its_dequantized_model(tmp_path, cpu_device):
     path, stored, config, _ = mixed_file(tmp_path)
     want = hf_model(stored, config)
     folder = converted_folder(path)

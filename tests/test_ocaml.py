@@ -11,14 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from marks import needs_ocaml
 from rewards import ocaml
 from rewards.ocaml import testcode
 from rewards.sandbox import Limits, capabilities
 
 ROOT = Path(__file__).resolve().parents[1]
-
-needs_ocaml = pytest.mark.skipif(ocaml.toolchain_path() is None,
-                                 reason="OCaml is not installed (apt-get install ocaml-nox / brew install ocaml)")
 
 TRAIN, TEST = ocaml.problems("train"), ocaml.problems("test")
 ALL = TRAIN + TEST

@@ -5,11 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from marks import needs_ocaml
 from rewards import ocaml
 from rewards.ocaml.source import assemble, ignores_its_input
 
-needs_ocaml = pytest.mark.skipif(ocaml.toolchain_path() is None,
-                                 reason=f"the OCaml toolchain is not installed ({ocaml.INSTALL_HINT})")
 DATA = Path(ocaml.__file__).resolve().parents[1] / "ocaml_data"
 
 

@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from marks import needs_ocaml
 from rewards import ocaml
-
-needs_ocaml = pytest.mark.skipif(ocaml.toolchain_path() is None,
-                                 reason="OCaml is not installed (apt-get install ocaml-nox / brew install ocaml)")
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN, TEST = ocaml.problems("train"), ocaml.problems("test")

@@ -1,4 +1,6 @@
-"""Quantized bases (QLoRA): adapters train on a frozen 4-bit model, or on its float32 copy on the CPU."""
+"""Quantized bases (QLoRA): adapters train on a frozen 4-bit model, or on its float32 copy on the CPU.
+
+The tests of the float32 copy take the `cpu_device` fixture: a GPU backend keeps the 4-bit weights on purpose."""
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -69,7 +71,7 @@ def test_mlx_lm_applies_the_saved_adapters_to_the_quantized_model(quantized_mode
     np.testing.assert_allclose(np.array(ours), np.array(theirs), rtol=0, atol=1e-5)
 
 
-def test_the_cpu_copy_holds_the_dequantized_weights(quantized_model_path):
+def test_the_cpu_copy_holds_the_dequantized_weights(quantized_model_path, cpu_device):
     kept, _ = load_policy(str(quantized_model_path), keep_quantized=True)
     copy, _ = load_policy(str(quantized_model_path))  # the CPU default: a float32 copy
     assert not quantized.quantized_modules(copy)
@@ -82,15 +84,15 @@ def test_the_cpu_copy_holds_the_dequantized_weights(quantized_model_path):
     np.testing.assert_allclose(np.array(copy(TOKENS)), np.array(kept(TOKENS)), atol=1e-4)
 
 
-def test_float32_size_is_counted_from_the_shapes(quantized_model_path):
+def test_float32_size_is_counted_from_the_shapes(quantized_model_path, cpu_device):
     model, _ = load_policy(str(quantized_model_path), keep_quantized=True)
-    float_model, _ = load_policy(str(quantized_model_path))
+    float_model, _ = load_policy(str(quantized_model_path))  # the float32 copy (on a GPU it would stay 4-bit)
     expected = sum(v.size * 4 for _, v in tree_flatten(float_model.parameters()))
     assert quantized.float32_bytes(model) == expected
     assert quantized.describe_bits(model) == "4-bit"
 
 
-def test_the_choice_is_stated_and_memory_bounds_it(quantized_model_path):
+def test_the_choice_is_stated_and_memory_bounds_it(quantized_model_path, cpu_device):
     model, _ = load_policy(str(quantized_model_path), keep_quantized=True)
     needed = quantized.float32_bytes(model)
     note = quantized.prepare_base(model, memory=needed)  # the copy would take all of it: too much
@@ -102,7 +104,8 @@ def test_the_choice_is_stated_and_memory_bounds_it(quantized_model_path):
     assert quantized.prepare_base(model) is None  # nothing quantized left to decide about
 
 
-def test_training_states_the_choice_and_full_fine_tuning_needs_float_weights(quantized_model_path, tmp_path):
+def test_training_states_the_choice_and_full_fine_tuning_needs_float_weights(quantized_model_path, tmp_path,
+                                                                              cpu_device):
     events = []
     base = {"model": str(quantized_model_path), "task": "arith", "steps": 1, "batch_size": 2, "group_size": 2,
             "max_tokens": 4, "eval_num_problems": 2}

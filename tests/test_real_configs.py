@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from marks import needs_ocaml
 from mlx_grpo.config import build_config, load_yaml
 from mlx_grpo.tasks.registry import load_task, recommended_settings
 from rewards import arith, gsm8k
@@ -71,6 +72,7 @@ def test_gemma3_recipe_builds_with_the_base_model_frame():
     assert task.prompt_format == arith.BASE_PROMPT_FORMAT
 
 
+@needs_ocaml  # loading the task asks for the toolchain first (rewards/ocaml/problem_sets.load_rows)
 def test_ocaml_recipe_pays_only_for_passing_every_test():
     """configs/ocaml.yaml: the stage ladder taught constants, then echoed inputs (docs/real-models.md); the
     recipe rewards a program only when every test passes and logs the ladder's parts at weight 0."""

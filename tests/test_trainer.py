@@ -139,7 +139,7 @@ def test_batch_rows_cover_each_epoch_once_in_a_seeded_order():
     assert seen != [r["prompt"] for step in range(1, 6) for r in batch_rows(rows, step, 2, seed=4)]
 
 
-def test_activation_estimate_and_budget_by_hand():
+def test_activation_estimate_and_budget_by_hand(cpu_device):  # the budget is the CPU backend's
     from types import SimpleNamespace
 
     from mlx_grpo.update import batch as batching
@@ -153,7 +153,8 @@ def test_activation_estimate_and_budget_by_hand():
     assert batching.memory_bound_size(16, SimpleNamespace(), 64) == 16  # shape unknown: as configured
 
 
-def test_train_step_cuts_micro_batches_to_the_cpu_budget_and_trains_the_same(tiny_model_path, monkeypatch):
+def test_train_step_cuts_micro_batches_to_the_cpu_budget_and_trains_the_same(tiny_model_path, monkeypatch,
+                                                                          cpu_device):
     """Under a one-position budget every micro-batch is one row; the step's weights are those of whole
     groups (micro-batching is exact). bnpo, whose objective depends on the micro-batch, is never cut."""
     from mlx_grpo.run import step_update, trainer
