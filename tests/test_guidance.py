@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from marks import needs_ocaml
 from mlx_grpo import make_config
 from mlx_grpo.api import load_task
 from mlx_grpo.cli import app
@@ -179,13 +180,12 @@ def test_a_base_models_reference_follows_its_frame_and_ends_at_the_stop_string(t
     assert guidance.reference_completion(model, tokenizer, task, [1, 2, 3], "cat", 0, 1.0).text == "cat"
 
 
+@needs_ocaml
 def test_ocaml_references_are_fenced_solutions_that_pass_every_test():
     """--guide on OCaml trains on the train split's reference solutions, so each must be written as the system
     prompt asks (one ```ocaml block) and pass every one of its problem's tests through the task's own reward."""
     from rewards import ocaml
 
-    if ocaml.toolchain_path() is None:
-        pytest.skip(f"the OCaml toolchain is not installed ({ocaml.INSTALL_HINT})")
     task = load_task(make_config(task="ocaml"))
     guidance.check_guidance(task)  # the task qualifies: single-turn, an accuracy reward, references
     rows = task.train_rows
