@@ -39,6 +39,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from .device import on_cpu
+
 ENV = "MLX_GRPO_OPENBLAS"
 _DONE = "MLX_GRPO_OPENBLAS_PRELOADED"  # set in the re-executed process: never loop
 CORETYPE = "OPENBLAS_CORETYPE"  # OpenBLAS's own variable: which kernels it loads
@@ -120,12 +122,6 @@ def better_coretype(core: str, flags: set[str]) -> str | None:
     return None
 
 
-def _mlx_on_cpu() -> bool:
-    import mlx.core as mx
-
-    return mx.default_device().type == mx.DeviceType.cpu
-
-
 def preload_command(argv: list[str] | None = None) -> tuple[list[str], dict] | None:
     """(argv, environment) to re-execute this process with OpenBLAS preloaded, or None to go on as is."""
     if sys.platform != "linux" or os.environ.get(_DONE):
@@ -133,7 +129,7 @@ def preload_command(argv: list[str] | None = None) -> tuple[list[str], dict] | N
     library = blas_path()
     if library is None or library in os.environ.get("LD_PRELOAD", "").split(":"):
         return None
-    if not _mlx_on_cpu():
+    if not on_cpu():
         return None
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
@@ -191,7 +187,7 @@ def slow_blas_notice() -> str | None:
     backend, or when MLX_GRPO_OPENBLAS=0 turned the preload off on purpose.
     """
     choice = os.environ.get(ENV, "").strip()
-    if sys.platform != "linux" or choice.lower() in _OFF or not _mlx_on_cpu() or loaded_blas() != "reference":
+    if sys.platform != "linux" or choice.lower() in _OFF or not on_cpu() or loaded_blas() != "reference":
         return None
     slow = "MLX's matmuls run on the mlx wheel's reference BLAS (one core, unblocked: 3-10x slower)"
     if choice and choice.lower() not in ("1", "on", "yes", "true") and not Path(choice).is_file():

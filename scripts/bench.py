@@ -37,6 +37,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from mlx_grpo.blas import blas_description, loaded_blas, use_openblas
+from mlx_grpo.device import on_cpu
 
 PRESETS = {
     # The baseline workload.
@@ -606,8 +607,7 @@ def run(args) -> dict:
             del ours
         dtype = next(v.dtype for _, v in tree_flatten(trainers[0].model.parameters())
                      if mx.issubdtype(v.dtype, mx.floating))
-        on_gpu = mx.default_device().type == mx.DeviceType.gpu
-        peak = matmul_peak(dtype, sizes=(2048, 4096, 8192) if on_gpu else (512, 1024))
+        peak = matmul_peak(dtype, sizes=(512, 1024) if on_cpu() else (2048, 4096, 8192))
 
         results = {t.name: [] for t in trainers}
         with synthetic_rollouts() if args.synthetic_rollouts else contextlib.nullcontext():

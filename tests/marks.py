@@ -3,7 +3,7 @@
 import mlx.core as mx
 import pytest
 
-from mlx_grpo.models.quantized import on_cpu
+from mlx_grpo.device import on_cpu
 from rewards import ocaml
 
 needs_ocaml = pytest.mark.skipif(ocaml.toolchain_path() is None, reason=ocaml.INSTALL_HINT)

@@ -69,7 +69,7 @@ def test_openblas_preload_rules(monkeypatch, tmp_path):
     library = tmp_path / "libblas.so.3"
     library.write_bytes(b"")
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: True)
+    monkeypatch.setattr(blas, "on_cpu", lambda: True)
     monkeypatch.delenv(blas._DONE, raising=False)
     monkeypatch.setenv("LD_PRELOAD", "/other.so")
 
@@ -83,9 +83,9 @@ def test_openblas_preload_rules(monkeypatch, tmp_path):
     monkeypatch.setenv(blas.ENV, str(tmp_path / "missing.so"))
     assert blas.preload_command(["x"]) is None
     monkeypatch.setenv(blas.ENV, str(library))
-    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: False)  # CUDA backend: nothing to do
+    monkeypatch.setattr(blas, "on_cpu", lambda: False)  # CUDA backend: nothing to do
     assert blas.preload_command(["x"]) is None
-    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: True)
+    monkeypatch.setattr(blas, "on_cpu", lambda: True)
     monkeypatch.setenv(blas._DONE, str(library))  # already re-executed: never loop
     assert blas.preload_command(["x"]) is None
     monkeypatch.setattr(sys, "platform", "darwin")

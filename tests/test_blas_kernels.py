@@ -40,7 +40,7 @@ def _system_openblas():
 def test_a_coretype_already_set_is_never_changed(monkeypatch):
     library = _system_openblas() or pytest.skip("Debian's OpenBLAS is not installed")
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: True)
+    monkeypatch.setattr(blas, "on_cpu", lambda: True)
     monkeypatch.delenv(blas._DONE, raising=False)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.setenv(blas.ENV, library)

@@ -13,7 +13,7 @@ from mlx_grpo import blas
 @pytest.fixture()
 def linux_cpu(monkeypatch):
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: True)
+    monkeypatch.setattr(blas, "on_cpu", lambda: True)
     monkeypatch.delenv(blas.ENV, raising=False)
 
 
@@ -34,9 +34,9 @@ def test_no_notice_when_the_matmuls_are_not_on_the_reference_blas(linux_cpu, mon
         monkeypatch.setattr(blas, "loaded_blas", lambda loaded=loaded: loaded)
         assert blas.slow_blas_notice() is None
     monkeypatch.setattr(blas, "loaded_blas", lambda: "reference")
-    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: False)  # a GPU backend
+    monkeypatch.setattr(blas, "on_cpu", lambda: False)  # a GPU backend
     assert blas.slow_blas_notice() is None
-    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: True)
+    monkeypatch.setattr(blas, "on_cpu", lambda: True)
     monkeypatch.setattr(sys, "platform", "darwin")
     assert blas.slow_blas_notice() is None
 
@@ -76,7 +76,7 @@ def test_the_system_openblas_comes_first_then_mkl_from_pip(monkeypatch, tmp_path
     monkeypatch.setenv(blas.ENV, str(env / "lib" / "libmkl_rt.so.2"))  # named: that one
     assert blas.blas_path() == str(env / "lib" / "libmkl_rt.so.2")
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(blas, "_mlx_on_cpu", lambda: True)
+    monkeypatch.setattr(blas, "on_cpu", lambda: True)
     monkeypatch.delenv(blas._DONE, raising=False)
     monkeypatch.delenv("KMP_BLOCKTIME", raising=False)
     argv, child = blas.preload_command(["-c", "pass"])

@@ -120,9 +120,9 @@ def test_shaping_is_a_checked_setting(tmp_path):
 
     with pytest.raises(ConfigError, match="totals its episodes' rewards in its environment: --shaping gated"):
         load_task(make_config(task="web", shaping="gated"))
-    from mlx_grpo.config import SHAPING as CONFIG_SHAPING
+    from mlx_grpo.config_checks import SHAPING as CONFIG_SHAPING
 
-    assert CONFIG_SHAPING == SHAPING  # config.py sits below tasks/, so it repeats the names
+    assert CONFIG_SHAPING == SHAPING  # config_checks.py sits below tasks/, so it repeats the names
 
 
 

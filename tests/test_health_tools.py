@@ -139,11 +139,12 @@ def test_tool_metrics_of_real_episodes_by_hand(tiny_model_path):
 
 def test_the_suggested_tool_style_setting_reaches_the_episodes(tmp_path):
     """no_tool_calls_parse suggests --tool-style: it is checked, and --tools and multihop episodes read with it."""
-    from mlx_grpo.config import TOOL_STYLES, ConfigError, build_config
+    from mlx_grpo.config import ConfigError, build_config
+    from mlx_grpo.config_checks import TOOL_STYLES
     from mlx_grpo.tasks.registry import load_task, recommended_settings
     from mlx_grpo.tools.calls import STYLES
 
-    assert TOOL_STYLES == STYLES  # config.py sits below tools/, so it repeats the names
+    assert TOOL_STYLES == STYLES  # config_checks.py sits below tools/, so it repeats the names
     data = tmp_path / "rows.jsonl"
     data.write_text('{"prompt": "Capital of Norway?", "answer": "Oslo"}\n' * 4)
     (tmp_path / "rewards.py").write_text("def exact(prompts, completions, **kw):\n"

@@ -27,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 
-from .quantized import on_cpu
+from ..device import on_cpu
 
 # exp(x) = 2^t with t = x log2(e), split as 2^n * 2^f, n an integer and
 # f in [-0.5, 0.5); 2^f by these Horner coefficients (highest power first).

@@ -22,6 +22,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.utils import dequantize_model
 
+from ..device import on_cpu
+
 # The float32 copy must leave room for activations, gradients and the optimizer:
 # it is made only when it takes at most this share of the memory available.
 MEMORY_SHARE = 0.5
@@ -66,10 +68,6 @@ def available_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
-
-
-def on_cpu() -> bool:
-    return mx.default_device().type == mx.DeviceType.cpu
 
 
 def dequantize_to_float32(model: nn.Module) -> None:

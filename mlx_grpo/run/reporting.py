@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..config import REPORTERS, check_reporters  # noqa: F401 (checked with the other settings)
+from ..config_checks import REPORTERS, check_reporters  # noqa: F401 (checked with the other settings)
 
 
 def scalars(metrics: dict) -> dict[str, float]:

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..models import cpu_math
 from ..models.heads import output_head
-from ..models.quantized import on_cpu
+from ..device import on_cpu
 from .fixed_decode import Rows, buffer_length
 
 # Columns of a chunk run at once: the attention scores of a block are rows x

@@ -23,6 +23,7 @@ import weakref
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from ..device import on_cpu
 from ..models.heads import output_head
 from ..models.quantized import available_memory
 from .fixed_decode import buffer_length
@@ -59,7 +60,7 @@ def memory_budget() -> int:
             return max(1, int(float(chosen) * 1e9))
         except ValueError:
             raise ValueError(f"{ENV} must be a number of gigabytes, got {chosen!r}") from None
-    if mx.default_device().type == mx.DeviceType.cpu:
+    if on_cpu():
         free = available_memory() or _FALLBACK / FRACTION
     else:
         info = mx.device_info()

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 
-SHAPING = ("always", "gated", "scaled")  # config.py repeats these (it sits below tasks/)
+SHAPING = ("always", "gated", "scaled")  # config_checks.py repeats these (it sits below tasks/)
 
 
 def side_shaped_parts(parts: dict[str, list], weights: list[float], group_size: int, mode: str) -> np.ndarray:

@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 import mlx.core as mx
 import numpy as np
 
+from ..device import on_cpu
 from .losses import BatchShape
 
 
@@ -158,7 +159,7 @@ def memory_bound_size(size: int, model, positions: int) -> int:
     On a GPU wide micro-batches are what keep it busy, and its memory is the limit that matters there.
     """
     per_position = activation_bytes_per_position(model)
-    if mx.default_device().type != mx.DeviceType.cpu or not per_position:
+    if not on_cpu() or not per_position:
         return size
     return max(1, min(size, CPU_ACTIVATION_BUDGET // (per_position * max(positions, 1))))
 
