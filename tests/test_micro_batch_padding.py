@@ -1,6 +1,8 @@
 """A group cut into pieces puts its rows of similar length in the same piece, and every step logs
 update/padded_frac, the share of the update's completion slots that is padding (issue 41)."""
 
+import re
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -14,9 +16,10 @@ from mlx_grpo.run.trainer import make_optimizer, train_step
 from mlx_grpo.sampling.rollout import Completion
 from mlx_grpo.tasks.registry import Task
 from mlx_grpo.update.batch import batch_shape, build_batch, micro_batches, padded_fraction
-from mlx_grpo.update.gradients import micro_batch_gradients
+from mlx_grpo.update.gradients import _varying, lowest_trained_layer, micro_batch_gradients
 from mlx_grpo.update.logprobs import logprobs_after_prompt
 from mlx_grpo.update.losses import BatchShape, LossSettings, policy_loss, same_at_any_cut
+from tiny import build_tiny_model
 
 
 def _completions(lengths: list[int], group_size: int, seed: int = 0) -> list[Completion]:
@@ -149,3 +152,48 @@ def test_a_training_step_logs_the_padded_fraction(tiny_model_path):
     metrics, _ = train_step(model, tokenizer, make_optimizer(config), _task(), config, 1, None)
     print(metrics["update/padded_frac"])
     assert 0.0 <= metrics["update/padded_frac"] < 1.0
+
+
+def test_the_prompt_state_that_trained_weights_change():
+    """A flat prompt state of 4 layers: keys 0-3, values 4-7, the last hidden state 8. With the lowest
+    trained layer 3, keys 3, values 7 and the last state carry a gradient; with 0, all nine; with none
+    trained (4), the last state alone."""
+    assert _varying(9, 3) == [3, 7, 8]
+    assert _varying(9, 0) == list(range(9))
+    assert _varying(9, 4) == [8]
+
+
+def test_lowest_trained_layer(tmp_path):
+    path = str(build_tiny_model(tmp_path / "m", layers=4))
+    for adapted, lowest in ((1, 3), (3, 1), (-1, 0)):
+        model, _ = load_policy(path)
+        prepare_for_training(model, "lora", {"rank": 2, "num_layers": adapted})
+        assert lowest_trained_layer(model) == lowest
+    model, _ = load_policy(path)
+    prepare_for_training(model, "lora", {"rank": 2, "num_layers": 1})
+    model.model.embed_tokens.unfreeze()  # a trained weight below every layer: none of their states is constant
+    assert lowest_trained_layer(model) == 0
+
+
+@pytest.mark.parametrize("adapted_layers", [1, 2])
+def test_pieces_with_adapters_on_the_top_layers_train_like_the_whole_group(tmp_path, adapted_layers):
+    """Adapters on the top layers of 3: the pieces take no gradient for the prompt's state below them,
+    and the loss and its gradient are still those of the whole group in one micro-batch."""
+    batch = _batch([5, 1, 4, 2, 6, 3], 6, advantages=np.random.default_rng(2).normal(size=6))
+    whole, pieces = micro_batches(batch, 6), micro_batches(batch, 2, by_length=True)
+    sizes = batch_shape(batch, 6, 8)
+    model, _ = load_policy(str(build_tiny_model(tmp_path / "m", layers=3)))
+    mx.random.seed(0)
+    prepare_for_training(model, "lora", {"rank": 4, "num_layers": adapted_layers})
+    # LoRA's B starts at zero; random values make the adapters' gradients reach the layers below them
+    model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.1, model.trainable_parameters()))
+    model.train()
+    assert lowest_trained_layer(model) == 3 - adapted_layers
+    loss_whole, grads_whole = _loss_and_gradients(model, whole, sizes, "dr_grpo")
+    loss_pieces, grads_pieces = _loss_and_gradients(model, pieces, sizes, "dr_grpo")
+    assert abs(loss_whole) > 1e-4
+    assert {int(re.search(r"layers\.(\d+)\.", name).group(1)) for name in grads_whole} == set(range(3 - adapted_layers, 3))
+    assert min(np.abs(g).max() for g in grads_whole.values()) > 1e-7
+    assert loss_pieces == pytest.approx(loss_whole, rel=1e-5, abs=1e-6)
+    for name, g in grads_whole.items():
+        np.testing.assert_allclose(grads_pieces[name], g, rtol=1e-4, atol=1e-6, err_msg=name)

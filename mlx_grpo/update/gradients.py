@@ -19,14 +19,21 @@ is exactly the gradient of running the prompt inside every piece
 (tests/test_trainer.py checks it against whole groups). With dropout active
 (lora_dropout > 0) the two prompt passes would draw different masks, so then
 every piece runs its own prompt, as a whole micro-batch does.
+
+Only the state of the layers that a trained weight can change is differentiated: with
+adapters on the top k layers (lora_layers), the prompt's keys and values below them are
+constants, and asking for their gradient would carry every piece's backward down through
+all the layers the adapters leave alone.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from .batch import MicroBatch, prompt_runs
 from .logprobs import prompt_pass
@@ -74,19 +81,45 @@ def _state_of(flat: list[mx.array]):
     return flat[:layers], flat[layers:2 * layers], flat[-1]
 
 
+def lowest_trained_layer(model: nn.Module) -> int:
+    """The lowest layer holding a trained weight; 0 when a trained weight sits outside the layers.
+
+    The prompt's keys and values below this layer depend on no trained weight. A weight outside
+    `layers` (a trained embedding, say) may feed every layer, so then none is taken as constant.
+    """
+    lowest = len(model.layers)
+    for name, _ in tree_flatten(model.trainable_parameters()):
+        found = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+        if found is None:
+            return 0
+        lowest = min(lowest, int(found.group(1)))
+    return lowest
+
+
+def _varying(flat_size: int, lowest: int) -> list[int]:
+    """Indices into a flat prompt state (keys per layer, values per layer, last) that trained weights change."""
+    layers = (flat_size - 1) // 2
+    return [i for i in range(flat_size) if i == flat_size - 1 or i % layers >= lowest]
+
+
 def _pieces(model, pieces: list[MicroBatch], refs: list, after_prompt: AfterPrompt, loss_of: LossOf):
     first = pieces[0]
     state = _flat_state(prompt_pass(model, first.prompts, first.left_padding))
     mx.eval(state)
+    varying = _varying(len(state), lowest_trained_layer(model))
     state_grads = None
     for mb, ref in zip(pieces, refs):
-        def piece_loss(params, flat_state, mb=mb, ref=ref):
+        def piece_loss(params, varying_state, mb=mb, ref=ref):
             model.update(params)
-            logp, entropy = after_prompt(model, _state_of(flat_state), mb)
+            flat = list(state)
+            for i, s in zip(varying, varying_state):
+                flat[i] = s
+            logp, entropy = after_prompt(model, _state_of(flat), mb)
             return loss_of(logp, entropy, mb, ref)
 
         params = model.trainable_parameters()
-        (loss, stats), (grads, grads_of_state) = mx.value_and_grad(piece_loss, argnums=(0, 1))(params, state)
+        (loss, stats), (grads, grads_of_state) = mx.value_and_grad(piece_loss, argnums=(0, 1))(
+            params, [state[i] for i in varying])
         model.update(params)  # the weights themselves, not the traced copies
         state_grads = grads_of_state if state_grads is None else [a + b for a, b in zip(state_grads, grads_of_state)]
         mx.eval(loss, stats, grads, state_grads)
@@ -94,7 +127,7 @@ def _pieces(model, pieces: list[MicroBatch], refs: list, after_prompt: AfterProm
 
     def through_prompt(model):  # its gradient is the summed state gradient carried back through the prompt
         again = _flat_state(prompt_pass(model, first.prompts, first.left_padding))
-        return sum((s * g).sum() for s, g in zip(again, state_grads))
+        return sum((again[i] * g).sum() for i, g in zip(varying, state_grads))
 
     _, grads = nn.value_and_grad(model, through_prompt)(model)
     mx.eval(grads)
