@@ -11,10 +11,13 @@ median of --repeats runs after one warm-up run:
 
   update     update/step.update as the trainer calls it: value and grad over every micro-batch
              (update/gradients.py), clipping, the optimizer step; GFLOP/s counted as bench.py's
-             update_gflops (bench.step_flops: the useful forward work x 2)
+             update_gflops (bench.step_flops: the useful forward work, plus the backward through the
+             head and the layers from the lowest trained one up: x 2 with adapters on every layer)
   forward    the same log-probs and entropies without a gradient (update/step._passes)
   prompt     the prompt passes as gradients.py runs them: a cut group's prompt forward once, then
-             the backward through it (forward again under the gradient); a whole micro-batch's both
+             the backward through it (forward again under the gradient); a whole micro-batch's both.
+             As update/gradients.py, only the layers that a trained weight changes (from the lowest
+             adapted layer up, --lora-layers) take a gradient for the prompt's keys and values
   head       the output head's log-softmax (logprobs._project, chunked as the trainer chunks)
              forward and backward, on random hidden states of the completions' shape
   body       the layers over the completion positions, forward and backward (to the LoRA weights
@@ -140,12 +143,14 @@ def adapted_linears(model):
     return layers
 
 
-def matmul_flops(layers, rows: list[int]) -> tuple[float, float]:
-    """(dense, LoRA) FLOPs over micro-batches of `rows` body positions. Dense: x W^T and dY W, 2 x 2 m in out a
-    linear; LoRA: six rank-r matmuls an adapted linear, three of 2 m r in and three of 2 m r out."""
+def matmul_flops(layers, rows: list[int], lowest: int = 0) -> tuple[float, float]:
+    """(dense, LoRA) FLOPs over micro-batches of `rows` body positions. Dense: x W^T in every layer and dY W in
+    the layers from `lowest` up (the backward stops below the lowest trained layer), 2 m in out each;
+    LoRA: six rank-r matmuls an adapted linear, three of 2 m r in and three of 2 m r out."""
+    dense = sum((2.0 + 2.0 * (j >= lowest)) * m * w.shape[0] * w.shape[1]
+                for m in rows for j, layer in enumerate(layers) for w, _, _ in layer)
     linears = [x for layer in layers for x in layer]
-    return (sum(4.0 * m * w.shape[0] * w.shape[1] for m in rows for w, _, _ in linears),
-            sum(6.0 * m * a.shape[1] * sum(w.shape) for m in rows for w, a, _ in linears if a is not None))
+    return dense, sum(6.0 * m * a.shape[1] * sum(w.shape) for m in rows for w, a, _ in linears if a is not None)
 
 
 # ---------------------------------------------------------------- the parts
@@ -161,7 +166,10 @@ def profile(model, config, prep, shape: dict, args) -> dict:
     prompt_states = {run[0]: flat(parts[run[0]]) for run in runs}  # outside every timing
     mx.eval(prompt_states)
     state_of = {i: prompt_states[run[0]] for run in runs for i in run}
-    cotangents = {i: [mx.ones(s.shape, s.dtype) for s in state] for i, state in prompt_states.items()}
+    # As gradients.py: only the prompt state that trained weights change carries a gradient
+    lowest = gradients.lowest_trained_layer(model)
+    varying = gradients._varying(len(next(iter(prompt_states.values()))), lowest)
+    cotangents = {i: [mx.ones(state[j].shape, state[j].dtype) for j in varying] for i, state in prompt_states.items()}
     body_rows = [mb.completions.shape[0] * (mb.completions.shape[1] - 1) for mb in parts]
     layers = adapted_linears(model)
     dtype = layers[0][0][0].dtype  # random stand-ins for activations are of the model's own dtype
@@ -180,7 +188,8 @@ def profile(model, config, prep, shape: dict, args) -> dict:
                 mx.eval(flat(first))
 
             def through(model, first=first, cot=cotangents[run[0]]):
-                return sum((s * g).sum() for s, g in zip(flat(first), cot))
+                state = flat(first)
+                return sum((state[j] * g).sum() for j, g in zip(varying, cot))
 
             mx.eval(nn.value_and_grad(model, through)(model))
 
@@ -199,10 +208,13 @@ def profile(model, config, prep, shape: dict, args) -> dict:
             if mb.completions.shape[1] < 2:
                 continue
 
-            def f(params, state, mb=mb):
+            def f(params, varying_state, mb=mb, state=state_of[i]):
                 model.update(params)
-                return model.model(mb.completions[:, :-1], cache=completion_cache(gradients._state_of(state), mb)).sum()
-            mx.eval(mx.value_and_grad(f, argnums=(0, 1))(params, state_of[i]))
+                flat = list(state)
+                for j, s in zip(varying, varying_state):
+                    flat[j] = s
+                return model.model(mb.completions[:, :-1], cache=completion_cache(gradients._state_of(flat), mb)).sum()
+            mx.eval(mx.value_and_grad(f, argnums=(0, 1))(params, [state_of[i][j] for j in varying]))
         model.update(params)  # the weights themselves, not the traced copies
 
     inputs = {}
@@ -213,9 +225,9 @@ def profile(model, config, prep, shape: dict, args) -> dict:
 
     def dense_work():
         for m in body_rows:
-            for linears in layers:  # one layer's matmuls evaluated together, as a layer's graph would be
+            for j, linears in enumerate(layers):  # one layer's matmuls evaluated together, as a layer's graph would be
                 mx.eval([inputs[m, w.shape[1]] @ w.T for w, _, _ in linears] +
-                        [inputs[m, w.shape[0]] @ w for w, _, _ in linears])
+                        [inputs[m, w.shape[0]] @ w for w, _, _ in linears if j >= lowest])
 
     def lora_work():
         for m in body_rows:
@@ -245,8 +257,8 @@ def profile(model, config, prep, shape: dict, args) -> dict:
         for q, k, v, mask, cot in attention_inputs:
             def f(q, k, v, mask=mask):
                 return mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask=mask)
-            for _ in layers:
-                mx.eval(mx.vjp(f, [q, k, v], [cot]))
+            for j in range(len(layers)):  # forward and backward from the lowest trained layer up, forward below
+                mx.eval(mx.vjp(f, [q, k, v], [cot]) if j >= lowest else f(q, k, v))
 
     mx.reset_peak_memory()
     seconds = {"update": timed(whole_update, args.repeats)}
@@ -260,9 +272,12 @@ def profile(model, config, prep, shape: dict, args) -> dict:
     own_rows = max(max(body_rows), 1)
     reference, own = sgemm_gflops(reference_rows, h, inter), sgemm_gflops(own_rows, h, inter)
 
-    update_flops = step_flops(shape, [args.prompt_tokens] * args.prompts,
-                              [args.max_tokens] * (args.prompts * args.group_size), args.group_size, 2.0)[1]
-    flops = dict(zip(("update", "matmuls", "lora"), (update_flops, *matmul_flops(layers, body_rows))))
+    # The update's useful work: the forward over every layer and the head, and the backward (activations only)
+    # through the head and the layers from the lowest trained one up: every layer's for adapters on all.
+    lengths = [args.prompt_tokens] * args.prompts, [args.max_tokens] * (args.prompts * args.group_size)
+    update_flops = (step_flops(shape, *lengths, args.group_size, 1.0)[1]
+                    + step_flops({**shape, "layers": shape["layers"] - lowest}, *lengths, args.group_size, 1.0)[1])
+    flops = dict(zip(("update", "matmuls", "lora"), (update_flops, *matmul_flops(layers, body_rows, lowest))))
     total = seconds["update"]
     table = {name: {"seconds": s, "share": s / total} for name, s in seconds.items()}
     for name, f in flops.items():

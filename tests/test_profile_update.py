@@ -68,3 +68,18 @@ def test_every_part_is_timed_and_counted(capsys, tmp_path, micro_batch, shapes):
     assert printed["matmuls_at_own_sgemm_s"] == pytest.approx(DENSE / sgemm["own_gflops"] / 1e9)
     assert printed["blas_kernels"] and printed["workload"]["vocab"] == 512
 
+
+
+def test_adapters_on_the_top_layer_count_its_backward_alone(capsys):
+    """--lora-layers 1 of the tiny preset's 2: the forward runs both layers, the backward the top one and the head.
+    Dense: x W^T in 2 layers and dY W in 1, 2 m in out each: 6 x 20 x 36,864 = 4,423,680. LoRA: the top layer's
+    7 linears alone, half of LORA. Update: the forward (UPDATE / 2 = 6,281,472) plus a backward of one layer
+    and the head: a token's weights 36,864 + 32,768 = 69,632, attention 128 x context; the prompt once
+    (5 tokens, context 2.5), 4 completions (6 tokens, context 8): 2 x (5 x 69,952 + 24 x 70,656) = 4,091,008."""
+    out = profile_update.main([*TINY, "--lora-layers", "1"])
+    capsys.readouterr()
+    parts = out["parts"]
+    assert parts["matmuls"]["flops"] == 6 * BODY_ROWS * LAYER_WEIGHTS == 4_423_680
+    assert parts["lora"]["flops"] == LORA / 2
+    assert parts["update"]["flops"] == UPDATE / 2 + 4_091_008 == 10_372_480
+    assert all(parts[name]["seconds"] > 0 for name in TIMED)
