@@ -210,9 +210,7 @@ def profile(model, config, prep, shape: dict, args) -> dict:
 
             def f(params, varying_state, mb=mb, state=state_of[i]):
                 model.update(params)
-                flat = list(state)
-                for j, s in zip(varying, varying_state):
-                    flat[j] = s
+                flat = gradients._with_varying(state, varying, varying_state)
                 return model.model(mb.completions[:, :-1], cache=completion_cache(gradients._state_of(flat), mb)).sum()
             mx.eval(mx.value_and_grad(f, argnums=(0, 1))(params, [state_of[i][j] for j in varying]))
         model.update(params)  # the weights themselves, not the traced copies

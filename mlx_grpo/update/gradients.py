@@ -102,6 +102,14 @@ def _varying(flat_size: int, lowest: int) -> list[int]:
     return [i for i in range(flat_size) if i == flat_size - 1 or i % layers >= lowest]
 
 
+def _with_varying(state: list[mx.array], varying: list[int], values: list[mx.array]) -> list[mx.array]:
+    """The flat prompt state with its `varying` entries replaced by `values` (the traced ones)."""
+    flat = list(state)
+    for i, value in zip(varying, values):
+        flat[i] = value
+    return flat
+
+
 def _pieces(model, pieces: list[MicroBatch], refs: list, after_prompt: AfterPrompt, loss_of: LossOf):
     first = pieces[0]
     state = _flat_state(prompt_pass(model, first.prompts, first.left_padding))
@@ -111,10 +119,7 @@ def _pieces(model, pieces: list[MicroBatch], refs: list, after_prompt: AfterProm
     for mb, ref in zip(pieces, refs):
         def piece_loss(params, varying_state, mb=mb, ref=ref):
             model.update(params)
-            flat = list(state)
-            for i, s in zip(varying, varying_state):
-                flat[i] = s
-            logp, entropy = after_prompt(model, _state_of(flat), mb)
+            logp, entropy = after_prompt(model, _state_of(_with_varying(state, varying, varying_state)), mb)
             return loss_of(logp, entropy, mb, ref)
 
         params = model.trainable_parameters()
