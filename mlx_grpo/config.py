@@ -128,10 +128,6 @@ class TrainConfig:
         return cls(**values)
 
 
-
-
-
-
 class _GroupSetting:
     """A group's setting under its flat name: config.beta is config.objective.beta (read and written),
     config.health_window config.health.window, and TrainConfig.beta the default, as for any setting."""
