@@ -198,7 +198,7 @@ def profile(model, config, prep, shape: dict, args) -> dict:
     def head_work():
         for mb, h in zip(parts, hidden):
             def f(h, mb=mb):  # the entropy is evaluated too, as the loss's statistics are
-                logp, entropy = _project(head, h, mb.completions, temperature, chunk)
+                logp, entropy = _project(head, h, mb.completions, temperature, chunk, differentiated=True)
                 return logp.sum(), entropy
             mx.eval(mx.value_and_grad(f)(h))
 

@@ -100,13 +100,19 @@ def test_shared_prompt_matches_plain_forward(tiny_model_path):
             np.testing.assert_allclose(np.array(shared[i, :len(completions[i])]), np.array(row), atol=2e-5)
 
 
-def test_shared_prompt_gradients_match_plain(tiny_model_path):
-    model, _ = load_policy(str(tiny_model_path))
-    mx.random.seed(0)
+def _lora_model_and_case(path, seed: int):
+    """The tiny model with random (non-zero) LoRA adapters, a case and random per-token loss weights."""
+    model, _ = load_policy(str(path))
+    mx.random.seed(seed)
     prepare_for_training(model, "lora", {"rank": 4, "scale": 2.0})
     model.update(nn.utils.tree_map(lambda p: mx.random.normal(p.shape) * 0.1, model.trainable_parameters()))
-    prompts, completions, padded, left, comp, mask = _case(np.random.default_rng(1))
-    weights = mx.array(np.random.default_rng(2).normal(size=comp.shape).astype(np.float32)) * mask
+    prompts, completions, padded, left, comp, mask = _case(np.random.default_rng(seed + 1))
+    weights = mx.array(np.random.default_rng(seed + 2).normal(size=comp.shape).astype(np.float32)) * mask
+    return model, prompts, completions, padded, left, comp, weights
+
+
+def test_shared_prompt_gradients_match_plain(tiny_model_path):
+    model, prompts, completions, padded, left, comp, weights = _lora_model_and_case(tiny_model_path, 0)
 
     def shared_loss(m):
         return (completion_logprobs(m, padded, left, comp, 3)[0] * weights).sum()
@@ -160,3 +166,56 @@ def test_shared_prompt_matches_plain_forward_with_a_sliding_window():
         shared, _ = completion_logprobs(model, padded, left, comp, 3, temperature=0.8, chunk_size=chunk)
         for i, row in enumerate(plain):
             np.testing.assert_allclose(np.array(shared[i, :len(completions[i])]), np.array(row), atol=2e-5)
+
+
+def test_frozen_head_gradient_worked_out_in_the_forward_matches_autodiff(tiny_model_path, monkeypatch):
+    """LoRA (frozen tied head): `differentiated` works d logp / d h out in the forward pass. Same values,
+    same gradients (to the adapters and to the hidden states) as differentiating through the softmax."""
+    from mlx_grpo.models.heads import output_head
+    from mlx_grpo.update import logprobs
+    from mlx_grpo.update.logprobs import _project
+
+    calls = []
+    original = logprobs._through_frozen_head
+    monkeypatch.setattr(logprobs, "_through_frozen_head", lambda *a: calls.append(1) or original(*a))
+
+    model, _, _, padded, left, comp, weights = _lora_model_and_case(tiny_model_path, 7)
+    for chunk in (None, 2):
+        values, grads = {}, {}
+        for differentiated in (False, True):
+            def loss(m):
+                logp, entropy = completion_logprobs(m, padded, left, comp, 3, temperature=0.7, chunk_size=chunk,
+                                                    differentiated=differentiated)
+                values[differentiated] = (np.array(logp), np.array(entropy))
+                return (logp * weights).sum()
+
+            grads[differentiated] = dict(tree_flatten(nn.value_and_grad(model, loss)(model)[1]))
+        for a, b in zip(values[True], values[False]):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+        assert grads[True].keys() == grads[False].keys()
+        for name in grads[True]:
+            np.testing.assert_allclose(np.array(grads[True][name]), np.array(grads[False][name]), rtol=2e-5,
+                                       atol=2e-6, err_msg=name)
+        assert max(np.abs(np.array(v)).max() for v in grads[True].values()) > 1e-3
+    assert len(calls) == 2  # the differentiated passes took the frozen-head path; the others did not
+
+    # Against central differences in float64, on the hidden states alone.
+    head = output_head(model)
+    rng = np.random.default_rng(10)
+    hidden = rng.normal(size=(2, 3, model.args.hidden_size)).astype(np.float32)
+    targets = mx.array(rng.integers(0, model.args.vocab_size, size=(2, 3)))
+    a = rng.normal(size=(2, 3))
+    table = np.array(model.model.embed_tokens.weight).astype(np.float64)
+
+    def numpy_objective(h):
+        return (a * _numpy_logprobs_and_entropy(h @ table.T, np.array(targets), 0.7)[0]).sum()
+
+    numeric = np.zeros(hidden.shape)
+    for i in np.ndindex(hidden.shape):
+        step = np.zeros(hidden.shape)
+        step[i] = 1e-5
+        numeric[i] = (numpy_objective(hidden + step) - numpy_objective(hidden - step)) / 2e-5
+    got = mx.grad(lambda h: (mx.array(a, dtype=mx.float32)
+                             * _project(head, h, targets, 0.7, None, differentiated=True)[0]).sum())(mx.array(hidden))
+    np.testing.assert_allclose(np.array(got), numeric, atol=1e-4)
+    assert len(calls) == 3

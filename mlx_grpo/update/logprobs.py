@@ -23,28 +23,35 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from ..models.heads import output_head
 
-def _logprobs_and_entropy(logits, targets, temperature, entropy_grad=False):
+def _softmax_terms(logits, temperature):
+    """(scaled logits z, exp(z - shift), their sum, log-normaliser) of the softmax at `temperature`.
+
+    One exp over the vocabulary serves the log-normaliser, the entropy and the backward pass
+    (exp keeps its output for its gradient; mx.logsumexp and mx.softmax would each take their
+    own). On a CPU (rows, positions, 150k) logits are hundreds of millions of exps.
+    """
     if logits.dtype in (mx.float16, mx.bfloat16):  # softmax in half precision loses the tails
         logits = logits.astype(mx.float32)
-    logits = logits / temperature
-    # One exp over the vocabulary serves the log-normaliser, the entropy and the
-    # backward pass (exp keeps its output for its gradient; mx.logsumexp and
-    # mx.softmax would each take their own). On a CPU an exp costs ~20 ns, and
-    # (rows, positions, 150k) logits are hundreds of millions of them.
-    shift = mx.stop_gradient(mx.max(logits, axis=-1, keepdims=True))
-    weights = mx.exp(logits - shift)
+    z = logits / temperature
+    shift = mx.stop_gradient(mx.max(z, axis=-1, keepdims=True))
+    weights = mx.exp(z - shift)
     total = weights.sum(axis=-1, keepdims=True)
-    lse = (mx.log(total) + shift).squeeze(-1)
-    logp = mx.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1) - lse
+    return z, weights, total, (mx.log(total) + shift).squeeze(-1)
+
+
+def _logprobs_and_entropy(logits, targets, temperature, entropy_grad=False):
+    z, weights, total, lse = _softmax_terms(logits, temperature)
+    logp = mx.take_along_axis(z, targets[..., None], axis=-1).squeeze(-1) - lse
     if entropy_grad:  # an entropy bonus optimises it
-        entropy = lse - mx.sum((weights / total) * logits, axis=-1)
+        entropy = lse - mx.sum((weights / total) * z, axis=-1)
         return logp, entropy
     # Otherwise entropy is only watched: keep it out of the backward pass.
     probs = mx.stop_gradient(weights / total)
-    entropy = mx.stop_gradient(lse) - mx.sum(probs * mx.stop_gradient(logits), axis=-1)
+    entropy = mx.stop_gradient(lse) - mx.sum(probs * mx.stop_gradient(z), axis=-1)
     return logp, entropy
 
 
@@ -53,16 +60,56 @@ def _logprobs_and_entropy(logits, targets, temperature, entropy_grad=False):
 _CHUNK_FLOATS = 2**24
 
 
-def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False):
+def _through_frozen_head(project, hidden, targets, temperature, chunk_size):
+    """Log-probs and entropy through a head with no trained weight, for a caller that differentiates them.
+
+    A log-prob depends on its own position's hidden state alone, through the head W:
+
+        d logp_t / d h_t = (W[target_t] - sum_v p_tv W_v) / T
+
+    a vector of the hidden size, worked out here from the softmax while it is at hand (one
+    matmul: the head's backward). Then the log-prob is returned as
+
+        logp_t + (h_t . J_t - stop_gradient(h_t . J_t))
+
+    whose value is logp_t exactly (x - x = 0) and whose gradient with respect to h_t is J_t. The
+    backward pass holds no logits and runs no head: through the softmax it would recompute the
+    head under mx.checkpoint (a third (positions x vocabulary x hidden) matmul and the softmax
+    again) or keep (positions x vocabulary) tensors. A forward-only caller must not come here:
+    it would pay for J and never use it.
+    """
+    logps, entropies = [], []
+    for s in range(0, hidden.shape[1], chunk_size or hidden.shape[1]):
+        h = mx.stop_gradient(hidden[:, s:s + chunk_size] if chunk_size else hidden)
+        t = targets[:, s:s + h.shape[1]]
+        z, weights, total, lse = _softmax_terms(project(h), temperature)
+        logp = mx.take_along_axis(z, t[..., None], axis=-1).squeeze(-1) - lse
+        probs = weights / total
+        entropies.append(lse - mx.sum(probs * z, axis=-1))
+        # d logp / d z = onehot(target) - probs, and z = head(h) / T
+        slope = mx.put_along_axis(-probs, t[..., None], (1 - mx.exp(logp))[..., None], axis=-1) / temperature
+        _, (jac,) = mx.vjp(project, [h], [slope.astype(h.dtype)])
+        along = (hidden[:, s:s + h.shape[1]] * mx.stop_gradient(jac)).sum(axis=-1)
+        logps.append(mx.stop_gradient(logp) + (along - mx.stop_gradient(along)))
+    if len(logps) == 1:
+        return logps[0], mx.stop_gradient(entropies[0])
+    return mx.concatenate(logps, axis=1), mx.stop_gradient(mx.concatenate(entropies, axis=1))
+
+
+def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False, differentiated=False):
     """Log-probs of `targets` from hidden states, `chunk_size` positions at a time.
 
     A chunk is also kept under _CHUNK_FLOATS logits, whatever the batch: with
     8 rows and a 152k vocabulary, 128 positions would be 0.6 GB per tensor.
+    `differentiated`: the caller takes the gradient (the update); through a frozen
+    head (LoRA) that gradient is then worked out in the forward pass.
     """
     module, project = head
     if chunk_size:
         vocab = module.weight.shape[0] if hasattr(module, "weight") else 0
         chunk_size = max(1, min(chunk_size, _CHUNK_FLOATS // max(hidden.shape[0] * vocab, 1)))
+    if differentiated and not entropy_grad and not tree_flatten(module.trainable_parameters()):
+        return _through_frozen_head(project, hidden, targets, temperature, chunk_size)
     if not chunk_size or hidden.shape[1] <= chunk_size:
         return _logprobs_and_entropy(project(hidden), targets, temperature, entropy_grad)
 
@@ -156,8 +203,11 @@ def prompt_pass(model: nn.Module, prompts: mx.array, left_padding: mx.array):
 
 
 def logprobs_after_prompt(model: nn.Module, state, left_padding: mx.array, completions: mx.array, group_size: int,
-                          temperature: float = 1.0, chunk_size: int | None = None, entropy_grad: bool = False):
-    """Log-prob and entropy of every completion token, given its prompt's `prompt_pass` state."""
+                          temperature: float = 1.0, chunk_size: int | None = None, entropy_grad: bool = False,
+                          differentiated: bool = False):
+    """Log-prob and entropy of every completion token, given its prompt's `prompt_pass` state.
+
+    `differentiated`: the caller takes their gradient (`_project`)."""
     keys, values, last = state
     head = output_head(model)
     cache = []
@@ -171,13 +221,13 @@ def logprobs_after_prompt(model: nn.Module, state, left_padding: mx.array, compl
         rest = forward(completions[:, :-1], cache=cache)
         first = mx.concatenate([first, rest], axis=1)
     if head is not None:
-        return _project(head, first, completions, temperature, chunk_size, entropy_grad)
+        return _project(head, first, completions, temperature, chunk_size, entropy_grad, differentiated)
     return _logprobs_and_entropy(first, completions, temperature, entropy_grad)
 
 
 def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.array, completions: mx.array,
                         group_size: int, temperature: float = 1.0, chunk_size: int | None = None,
-                        entropy_grad: bool = False):
+                        entropy_grad: bool = False, differentiated: bool = False):
     """Log-prob and entropy of every completion token, each prompt run once.
 
     prompts: (P, Lp) left-padded with `left_padding[i]` pad tokens in row i.
@@ -186,4 +236,4 @@ def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.ar
     """
     state = prompt_pass(model, prompts, left_padding)
     return logprobs_after_prompt(model, state, left_padding, completions, group_size, temperature, chunk_size,
-                                 entropy_grad)
+                                 entropy_grad, differentiated)

@@ -115,7 +115,8 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
 
     def after_prompt(model, state, mb: MicroBatch):
         return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
-                                     config.temperature, chunk, entropy_grad=config.entropy_coef > 0)
+                                     config.temperature, chunk, entropy_grad=config.entropy_coef > 0,
+                                     differentiated=True)
 
     if config.entropy_top_quantile < 1 and token_weights is None:
         token_weights = top_entropy_weights(model, parts, [], config.entropy_top_quantile, config.temperature, chunk)
