@@ -16,7 +16,10 @@ the padding does not change the result.
 
 Both can apply the vocabulary projection a chunk of positions at a time under
 `mx.checkpoint`, so no (batch, length, vocab) float32 tensor is kept for the
-backward pass: with a 150k vocabulary that tensor alone is gigabytes.
+backward pass: with a 150k vocabulary that tensor alone is gigabytes. Through a
+frozen head (LoRA) a differentiated call does better still: each position's
+gradient with respect to its hidden state is worked out while the softmax is
+at hand (`_through_frozen_head`), so the backward pass runs no head at all.
 """
 
 from __future__ import annotations
