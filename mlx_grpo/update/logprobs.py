@@ -87,10 +87,11 @@ def _through_frozen_head(project, hidden, targets, temperature, chunk_size):
         t = targets[:, s:s + h.shape[1]]
         z, weights, total, lse = _softmax_terms(project(h), temperature)
         logp = mx.take_along_axis(z, t[..., None], axis=-1).squeeze(-1) - lse
-        probs = weights / total
-        entropies.append(lse - mx.sum(probs * z, axis=-1))
-        # d logp / d z = onehot(target) - probs, and z = head(h) / T
-        slope = mx.put_along_axis(-probs, t[..., None], (1 - mx.exp(logp))[..., None], axis=-1) / temperature
+        entropies.append(lse - mx.sum(weights * z, axis=-1) / total.squeeze(-1))
+        # d logp / d z = onehot(target) - probs, and z = head(h) / T: the slope is that over T. Each line is
+        # one pass over (positions x vocabulary) floats, so the probabilities are never formed on their own.
+        slope = weights * (-1.0 / (temperature * total))
+        slope = mx.put_along_axis(slope, t[..., None], ((1 - mx.exp(logp)) / temperature)[..., None], axis=-1)
         _, (jac,) = mx.vjp(project, [h], [slope.astype(h.dtype)])
         along = (hidden[:, s:s + h.shape[1]] * mx.stop_gradient(jac)).sum(axis=-1)
         logps.append(mx.stop_gradient(logp) + (along - mx.stop_gradient(along)))
