@@ -24,8 +24,11 @@ from mlx_grpo.update.logprobs import completion_logprobs
 from mlx_grpo.update.losses import BatchShape
 
 
-def _completion_logprobs(model, mb, config):
-    return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, mb.group_size, config.temperature)
+def _completion_logprobs(model, mb, config, differentiated=False):
+    # differentiated: the head's gradient taken the trainer's way, so that a gradient is compared to
+    # the trainer's to the last bit, not to float32 rounding (tests/test_logprobs.py checks that way)
+    return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, mb.group_size, config.temperature,
+                               differentiated=differentiated)
 
 
 def test_runaway_penalty_multiplies_and_keeps_the_ranking():
@@ -109,7 +112,7 @@ def test_one_iteration_is_reinforce_and_more_iterations_clip(tiny_model_path):
     def reinforce(model):
         total = 0.0
         for mb in parts:
-            logp, _ = _completion_logprobs(model, mb, config)
+            logp, _ = _completion_logprobs(model, mb, config, differentiated=True)
             seq_mean = (logp * mb.mask).sum(axis=1) / mb.mask.sum(axis=1)
             total = total + (-mb.advantages * seq_mean).sum() / 12
         return total
