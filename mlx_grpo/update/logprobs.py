@@ -30,6 +30,7 @@ from mlx.utils import tree_flatten
 
 from ..models.heads import output_head
 
+
 def _softmax_terms(logits, temperature):
     """(scaled logits z, exp(z - shift), their sum, log-normaliser) of the softmax at `temperature`.
 
