@@ -82,23 +82,33 @@ def _through_frozen_head(project, hidden, targets, temperature, chunk_size):
     again) or keep (positions x vocabulary) tensors. A forward-only caller must not come here:
     it would pay for J and never use it.
     """
-    logps, entropies = [], []
-    for s in range(0, hidden.shape[1], chunk_size or hidden.shape[1]):
-        h = mx.stop_gradient(hidden[:, s:s + chunk_size] if chunk_size else hidden)
-        t = targets[:, s:s + h.shape[1]]
-        z, weights, total, lse = _softmax_terms(project(h), temperature)
-        logp = mx.take_along_axis(z, t[..., None], axis=-1).squeeze(-1) - lse
-        entropies.append(lse - mx.sum(weights * z, axis=-1) / total.squeeze(-1))
-        # d logp / d z = onehot(target) - probs, and z = head(h) / T: the slope is that over T. Each line is
-        # one pass over (positions x vocabulary) floats, so the probabilities are never formed on their own.
-        slope = weights * (-1.0 / (temperature * total))
-        slope = mx.put_along_axis(slope, t[..., None], ((1 - mx.exp(logp)) / temperature)[..., None], axis=-1)
-        _, (jac,) = mx.vjp(project, [h], [slope.astype(h.dtype)])
-        along = (hidden[:, s:s + h.shape[1]] * mx.stop_gradient(jac)).sum(axis=-1)
-        logps.append(mx.stop_gradient(logp) + (along - mx.stop_gradient(along)))
-    if len(logps) == 1:
-        return logps[0], mx.stop_gradient(entropies[0])
-    return mx.concatenate(logps, axis=1), mx.stop_gradient(mx.concatenate(entropies, axis=1))
+    def chunk(hidden, targets):
+        return _frozen_head_chunk(project, hidden, targets, temperature)
+
+    if not chunk_size or hidden.shape[1] <= chunk_size:
+        return chunk(hidden, targets)
+    return _by_chunks(chunk, hidden, targets, chunk_size)
+
+
+def _frozen_head_chunk(project, hidden, targets, temperature):
+    h = mx.stop_gradient(hidden)
+    z, weights, total, lse = _softmax_terms(project(h), temperature)
+    logp = mx.take_along_axis(z, targets[..., None], axis=-1).squeeze(-1) - lse
+    entropy = lse - mx.sum(weights * z, axis=-1) / total.squeeze(-1)
+    # d logp / d z = onehot(target) - probs, and z = head(h) / T: the slope is that over T. Each line is
+    # one pass over (positions x vocabulary) floats, so the probabilities are never formed on their own.
+    slope = weights * (-1.0 / (temperature * total))
+    slope = mx.put_along_axis(slope, targets[..., None], ((1 - mx.exp(logp)) / temperature)[..., None], axis=-1)
+    _, (jac,) = mx.vjp(project, [h], [slope.astype(h.dtype)])
+    along = (hidden * mx.stop_gradient(jac)).sum(axis=-1)
+    return mx.stop_gradient(logp) + (along - mx.stop_gradient(along)), mx.stop_gradient(entropy)
+
+
+def _by_chunks(per_chunk, hidden, targets, chunk_size):
+    """per_chunk(hidden, targets) -> (log-probs, entropy), `chunk_size` positions at a time, joined."""
+    parts = [per_chunk(hidden[:, s:s + chunk_size], targets[:, s:s + chunk_size])
+             for s in range(0, hidden.shape[1], chunk_size)]
+    return mx.concatenate([p[0] for p in parts], axis=1), mx.concatenate([p[1] for p in parts], axis=1)
 
 
 def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False, differentiated=False):
@@ -118,23 +128,20 @@ def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False,
     if not chunk_size or hidden.shape[1] <= chunk_size:
         return _logprobs_and_entropy(project(hidden), targets, temperature, entropy_grad)
 
-    def chunk_fn(t):
+    # Only trainable weights are inputs of the checkpointed chunks: a frozen head
+    # (LoRA) needs no vocab x hidden gradient.
+    params = module.trainable_parameters()
+
+    def checkpointed(h, t):
         # Targets are closed over: checkpoint would otherwise try to
         # differentiate with respect to the integer indices.
         def chunk(params, h):
             module.update(params)
             return _logprobs_and_entropy(project(h), t, temperature, entropy_grad)
 
-        return mx.checkpoint(chunk)
+        return mx.checkpoint(chunk)(params, h)
 
-    # Only trainable weights are inputs of the checkpointed chunks: a frozen head
-    # (LoRA) needs no vocab x hidden gradient.
-    params = module.trainable_parameters()
-    parts = [
-        chunk_fn(targets[:, s : s + chunk_size])(params, hidden[:, s : s + chunk_size])
-        for s in range(0, hidden.shape[1], chunk_size)
-    ]
-    return mx.concatenate([p[0] for p in parts], axis=1), mx.concatenate([p[1] for p in parts], axis=1)
+    return _by_chunks(checkpointed, hidden, targets, chunk_size)
 
 
 def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0, chunk_size: int | None = None):
