@@ -9,7 +9,7 @@ import yaml
 
 from mlx_grpo.config import build_config, check_keys
 from mlx_grpo.tasks import registry as tasks
-from rewards import gsm8k
+from rewards import gsm8k, math_answer
 from rewards.gsm8k import (
     answers_match,
     canonical_number,
@@ -177,7 +177,7 @@ def test_without_math_verify_expressions_are_not_evaluated():
         assert correctness_reward(["q"], ["\\boxed{6 \\times 7}"], answer=["42"]) == [0.0]
     else:
         assert correctness_reward(["q"], ["\\boxed{6 \\times 7}"], answer=["42"]) == [1.0]
-    assert gsm8k._math_verify_match("6", "42") in (None, False)
+    assert math_answer._math_verify_match("6", "42") in (None, False)
 
 
 def test_format_reward():
@@ -367,7 +367,7 @@ def test_math_verify_in_a_worker_thread_says_nothing(caplog):
     parser.TIMEOUT_WARNING_SHOWN = False  # as in a fresh process
     out = []
     with caplog.at_level(logging.WARNING):
-        worker = threading.Thread(target=lambda: out.append(gsm8k._math_verify_match("6 \\times 7", "42")))
+        worker = threading.Thread(target=lambda: out.append(math_answer._math_verify_match("6 \\times 7", "42")))
         worker.start()
         worker.join()
     assert out == [True]
