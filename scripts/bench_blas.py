@@ -1,0 +1,145 @@
+"""Float32 matmul GFLOP/s of MLX's CPU backend under each BLAS this machine has, side by side.
+
+    python scripts/bench_blas.py                      # every candidate found, 1 s a shape
+    python scripts/bench_blas.py --seconds 2 --rounds 3 --json blas.json
+
+Candidates, each measured in a fresh process (the BLAS is chosen when a process starts):
+the system OpenBLAS with the kernels it picks itself, the same library with
+OPENBLAS_CORETYPE forced to each of --cores, MKL from pip (the `fastblas` extra) when
+installed, and the mlx wheel's reference BLAS (--reference; slow, so off by default).
+The shapes are those of a Qwen2.5-0.5B step (hidden 896, intermediate 4864, vocabulary
+151,936) and one large square. --rounds > 1 runs the candidates round-robin and reports
+each figure's median, so a change in the machine's load hits every candidate alike.
+Each process also checks its matmul against NumPy in float64 (`max rel error`).
+A table on stderr, one JSON object on stdout (or in --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mlx_grpo.blas import CORETYPE, ENV, blas_path, cpu_flags, openblas_identity, pip_mkl_path  # noqa: E402
+
+SHAPES = [  # (name, m, k, n)
+    ("2048 x 2048 x 2048", 2048, 2048, 2048),
+    ("32 x 896 x 4864 (0.5B decode, 32 rows)", 32, 896, 4864),
+    ("512 x 896 x 4864 (0.5B update)", 512, 896, 4864),
+    ("32 x 896 x 151936 (0.5B output head)", 32, 896, 151936),
+    ("1 x 896 x 4864 (one row)", 1, 896, 4864),
+]
+
+
+def gflops(m: int, k: int, n: int, seconds: float) -> float:
+    """GFLOP/s of (m x k) @ (k x n) in float32, repeated for `seconds` after one warm-up."""
+    import mlx.core as mx
+
+    a, b = mx.random.normal((m, k)), mx.random.normal((k, n))
+    mx.eval(a @ b)
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or reps < 2:
+        mx.eval(a @ b)
+        reps += 1
+    return 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9
+
+
+def child(seconds: float) -> dict:
+    """Runs inside a candidate's process: its BLAS as the process sees it, and every shape's rate."""
+    from mlx_grpo.blas import blas_description, matmul_error
+
+    return {"blas": blas_description(), "max_rel_error": matmul_error(),
+            "gflops": {name: gflops(m, k, n, seconds) for name, m, k, n in SHAPES}}
+
+
+def candidates(cores: list[str], reference: bool) -> list[tuple[str, dict]]:
+    """(label, environment changes) for every BLAS found here."""
+    found = []
+    system = blas_path() if not os.environ.get(ENV) else None
+    if system and openblas_identity(system):
+        version, own = openblas_identity(system)
+        found.append((f"OpenBLAS {version}, {own} (its own choice)", {"LD_PRELOAD": system, CORETYPE: None}))
+        found += [(f"OpenBLAS {version}, {core} (forced)", {"LD_PRELOAD": system, CORETYPE: core})
+                  for core in cores if core.lower() != own.lower()]
+    mkl = pip_mkl_path()
+    if mkl:
+        found.append(("MKL (pip)", {"LD_PRELOAD": mkl, "KMP_BLOCKTIME": "0", CORETYPE: None}))
+    if reference:
+        found.append(("reference (mlx wheel)", {"LD_PRELOAD": None, CORETYPE: None}))
+    return found
+
+
+def run_candidate(changes: dict, seconds: float) -> dict:
+    env = dict(os.environ)
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    out = subprocess.run([sys.executable, __file__, "--child", "--seconds", str(seconds)], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=1.0, help="time spent on each shape")
+    p.add_argument("--rounds", type=int, default=1, help="round-robin passes over the candidates (medians)")
+    p.add_argument("--cores", default="SkylakeX,Cooperlake,Haswell,Prescott",
+                   help="OPENBLAS_CORETYPE values to force, comma-separated ('' for none)")
+    p.add_argument("--reference", action="store_true", help="also the mlx wheel's reference BLAS (slow)")
+    p.add_argument("--json", help="write the JSON here instead of stdout")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.seconds)))
+        return {}
+
+    found = candidates([c for c in args.cores.split(",") if c], args.reference)
+    if not found:
+        sys.exit("no BLAS to compare: no system OpenBLAS and no MKL from pip (see docs/performance.md)")
+    runs: dict[str, list[dict]] = {label: [] for label, _ in found}
+    for round_ in range(args.rounds):
+        for label, changes in found:
+            print(f"round {round_ + 1}/{args.rounds}: {label}", file=sys.stderr, flush=True)
+            runs[label].append(run_candidate(changes, args.seconds))
+
+    results = {}
+    for label, measured in runs.items():
+        results[label] = {
+            "blas": measured[0]["blas"],
+            "max_rel_error": max(r["max_rel_error"] for r in measured),
+            "gflops": {name: statistics.median(r["gflops"][name] for r in measured) for name, *_ in SHAPES},
+        }
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?") if Path("/proc/cpuinfo").exists() else "?"
+    report = {"cpu": cpu, "cores": os.cpu_count(), "avx512f": "avx512f" in cpu_flags(),
+              "seconds": args.seconds, "rounds": args.rounds, "results": results}
+
+    labels = list(results)
+    print("\n| shape (m x k x n) | " + " | ".join(labels) + " |", file=sys.stderr)
+    print("| --- |" + " --- |" * len(labels), file=sys.stderr)
+    for name, *_ in SHAPES:
+        print(f"| {name} | " + " | ".join(f"{results[lab]['gflops'][name]:.0f}" for lab in labels) + " |",
+              file=sys.stderr)
+    print("| max rel error vs float64 | " + " | ".join(f"{results[lab]['max_rel_error']:.0e}" for lab in labels)
+          + " |", file=sys.stderr)
+    print(f"GFLOP/s, float32 mx.matmul, median of {args.rounds} round(s); CPU: {cpu}, {os.cpu_count()} cores",
+          file=sys.stderr)
+    text = json.dumps(report, indent=1)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    else:
+        print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""scripts/bench_blas.py: each BLAS in a process of its own, every shape measured, the kernels named as they ran."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("bench_blas", ROOT / "scripts" / "bench_blas.py")
+bench_blas = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench_blas)
+
+
+def test_forced_kernels_are_listed_apart_from_the_librarys_own(monkeypatch):
+    monkeypatch.delenv(bench_blas.ENV, raising=False)
+    monkeypatch.setattr(bench_blas, "blas_path", lambda: "/lib/libblas.so.3")
+    monkeypatch.setattr(bench_blas, "openblas_identity", lambda lib: ("0.3.21", "SkylakeX"))
+    monkeypatch.setattr(bench_blas, "pip_mkl_path", lambda: None)
+    found = dict(bench_blas.candidates(["SkylakeX", "Haswell"], reference=True))
+    assert list(found) == ["OpenBLAS 0.3.21, SkylakeX (its own choice)", "OpenBLAS 0.3.21, Haswell (forced)",
+                           "reference (mlx wheel)"]
+    assert found["OpenBLAS 0.3.21, SkylakeX (its own choice)"] == {"LD_PRELOAD": "/lib/libblas.so.3",
+                                                                 bench_blas.CORETYPE: None}
+    assert found["OpenBLAS 0.3.21, Haswell (forced)"][bench_blas.CORETYPE] == "Haswell"
+    assert found["reference (mlx wheel)"]["LD_PRELOAD"] is None
+
+
+def test_each_candidate_runs_in_its_own_process_with_its_kernels(tmp_path, capsys):
+    system = bench_blas.blas_path()
+    if not system or not bench_blas.openblas_identity(system):
+        pytest.skip("no system OpenBLAS to run")
+    own = bench_blas.openblas_identity(system)[1]
+    forced = "Haswell" if own.lower() != "haswell" else "SkylakeX"
+    if not bench_blas.cpu_flags() >= {"avx2", "fma"}:
+        pytest.skip("the CPU cannot run Haswell's kernels")
+    path = tmp_path / "blas.json"
+    report = bench_blas.main(["--seconds", "0.01", "--cores", forced, "--json", str(path)])
+    assert json.loads(path.read_text()) == report
+    results = report["results"]
+    own_label = next(label for label in results if label.endswith("(its own choice)"))
+    forced_label = next(label for label in results if label.endswith("(forced)"))
+    # The child names the kernels it ran on: forcing them took effect in that process alone.
+    assert results[own_label]["blas"].endswith(f"{own} kernels")
+    assert results[forced_label]["blas"].endswith(f"{forced} kernels")
+    for result in results.values():
+        assert set(result["gflops"]) == {name for name, *_ in bench_blas.SHAPES}
+        assert all(rate > 0 for rate in result["gflops"].values())
+        assert result["max_rel_error"] < 1e-4
+    table = capsys.readouterr().err
+    assert own_label in table and "32 x 896 x 151936" in table
