@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlx_grpo.blas import CORETYPE, ENV, blas_path, cpu_flags, openblas_identity, pip_mkl_path  # noqa: E402
+from mlx_grpo.blas import CORETYPE, cpu_flags, openblas_identity, pip_mkl_path, system_openblas_path  # noqa: E402
 
 SHAPES = [  # (name, m, k, n)
     ("2048 x 2048 x 2048", 2048, 2048, 2048),
@@ -62,7 +62,7 @@ def child(seconds: float) -> dict:
 def candidates(cores: list[str], reference: bool) -> list[tuple[str, dict]]:
     """(label, environment changes) for every BLAS found here."""
     found = []
-    system = blas_path() if not os.environ.get(ENV) else None
+    system = system_openblas_path()
     if system and openblas_identity(system):
         version, own = openblas_identity(system)
         found.append((f"OpenBLAS {version}, {own} (its own choice)", {"LD_PRELOAD": system, CORETYPE: None}))

@@ -13,8 +13,7 @@ spec.loader.exec_module(bench_blas)
 
 
 def test_forced_kernels_are_listed_apart_from_the_librarys_own(monkeypatch):
-    monkeypatch.delenv(bench_blas.ENV, raising=False)
-    monkeypatch.setattr(bench_blas, "blas_path", lambda: "/lib/libblas.so.3")
+    monkeypatch.setattr(bench_blas, "system_openblas_path", lambda: "/lib/libblas.so.3")
     monkeypatch.setattr(bench_blas, "openblas_identity", lambda lib: ("0.3.21", "SkylakeX"))
     monkeypatch.setattr(bench_blas, "pip_mkl_path", lambda: None)
     found = dict(bench_blas.candidates(["SkylakeX", "Haswell"], reference=True))
@@ -27,7 +26,7 @@ def test_forced_kernels_are_listed_apart_from_the_librarys_own(monkeypatch):
 
 
 def test_each_candidate_runs_in_its_own_process_with_its_kernels(tmp_path, capsys):
-    system = bench_blas.blas_path()
+    system = bench_blas.system_openblas_path()
     if not system or not bench_blas.openblas_identity(system):
         pytest.skip("no system OpenBLAS to run")
     own = bench_blas.openblas_identity(system)[1]

@@ -392,7 +392,10 @@ def test_task_is_registered_and_the_config_file_validates():
     assert tasks.BUILTIN_TASKS["ocaml"] == "rewards.ocaml"
     config = build_config({"task": "ocaml"}, None, tasks.recommended_settings)
     task = tasks.load_task(config)
-    assert len(task.train_rows) == len(TRAIN) and len(task.eval_rows) == len(TEST)
+    assert len(task.train_rows) == len(TRAIN)
+    # The run's own before/after check takes the split's first eval_num_problems (compare --n takes more).
+    assert config.eval_num_problems < len(TEST)
+    assert [r["id"] for r in task.eval_rows] == [p["id"] for p in TEST[:config.eval_num_problems]]
     assert task.train_rows[0]["prompt"].startswith("let ")  # the tiny model's compact prompt
     assert task.reward_weights == [1.0, 0.0, 0.0, 0.0, 0.0]  # the score; compiles, runaway, constant and passes only logged
     yaml_config = build_config({}, str(ROOT / "configs" / "ocaml.yaml"), tasks.recommended_settings)
