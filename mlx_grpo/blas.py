@@ -14,8 +14,10 @@ x86-64, Intel's `libmkl_rt` from the `mkl` wheel (`pip install
 'mlx-grpo[fastblas]'`, no root needed), which exports the same CBLAS and LAPACK
 names. OpenBLAS comes first because it measured faster: on an AMD EPYC at the
 decode's output-head shape (docs/performance.md, "A BLAS from pip"), and on an
-Intel Xeon, where MKL won every matmul shape alone, over a whole training step
-(116 s against 243 s; "MKL against OpenBLAS on an Intel Xeon").
+Intel Xeon over a whole training step with MKL told not to spin (KMP_BLOCKTIME=0,
+as preload_command sets it): 116 s against 243 s. With Intel's spinning default
+MKL was ahead there (102 s), but a shared machine cannot afford spinning threads
+("MKL against OpenBLAS on an Intel Xeon").
 
 It does nothing on macOS (Accelerate), on MLX's CUDA backend, when neither is
 installed, or with `MLX_GRPO_OPENBLAS=0`. When the matmuls stay on the reference
