@@ -56,6 +56,7 @@ import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import PRESETS, _replaced, build_random_model, dequantized_copy, model_shape, step_flops  # noqa: E402
+from bench_blas import gflops as sgemm_gflops  # noqa: E402 (float32 GFLOP/s as bench.py --limits measures it)
 
 from mlx_lm.tuner.lora import LoRALinear  # noqa: E402
 
@@ -82,17 +83,6 @@ def timed(fn, repeats: int) -> float:
         mx.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def sgemm_gflops(m: int, k: int, n: int, seconds: float = 1.0) -> float:
-    """Float32 (m x k) @ (k x n) GFLOP/s, as bench.py --limits measures it."""
-    a, b = mx.random.normal((m, k)), mx.random.normal((k, n))
-    mx.eval(a @ b)
-    reps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds or reps < 2:
-        mx.eval(a @ b)
-        reps += 1
-    return 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9
 
 
 # ---------------------------------------------------------------- the batch, as the trainer cuts it
@@ -268,7 +258,7 @@ def profile(model, config, prep, shape: dict, args) -> dict:
     h, inter = shape["hidden"], shape["intermediate"]
     reference_rows = args.sgemm_rows or min(16, args.prompts * args.group_size) * (args.prompt_tokens + args.max_tokens)
     own_rows = max(max(body_rows), 1)
-    reference, own = sgemm_gflops(reference_rows, h, inter), sgemm_gflops(own_rows, h, inter)
+    reference, own = sgemm_gflops(reference_rows, h, inter, 1.0), sgemm_gflops(own_rows, h, inter, 1.0)
 
     # The update's useful work: the forward over every layer and the head, and the backward (activations only)
     # through the head and the layers from the lowest trained one up: every layer's for adapters on all.
