@@ -57,6 +57,10 @@ _PRE_AVX2_CORES = {"katmai", "coppermine", "northwood", "prescott", "banias", "a
                    "sandybridge", "bulldozer", "piledriver", "steamroller"}
 _AVX512 = {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"}  # what OpenBLAS's SkylakeX kernels use
 _SYSTEM_LIB = Path("/usr/lib")  # where Debian/Ubuntu put OpenBLAS (a variable for the tests)
+# Set for MKL unless already set. Intel's OpenMP threads spin 200 ms after each call by default; on a
+# small shared CPU that spinning took the cores the next matmul needed (a step 2-3x slower than with 0).
+# On an idle Intel Xeon spinning was 12-15% faster a step (docs/performance.md): a user's own choice wins.
+MKL_THREADS = {"KMP_BLOCKTIME": "0"}
 
 
 def blas_path() -> str | None:
@@ -149,9 +153,8 @@ def preload_command(argv: list[str] | None = None) -> tuple[list[str], dict] | N
         if choice:
             env[CORETYPE], env[_CHOSE] = choice, "|".join(identity)
     if Path(library).name.startswith("libmkl"):
-        # Intel's OpenMP threads spin 200 ms after each call by default; on a small shared CPU that
-        # spinning took the cores the next matmul needed (a step 2-3x slower than with 0 here).
-        env.setdefault("KMP_BLOCKTIME", "0")
+        for name, value in MKL_THREADS.items():
+            env.setdefault(name, value)
     return [sys.executable, *(argv if argv is not None else sys.orig_argv[1:])], env
 
 

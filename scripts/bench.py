@@ -190,22 +190,16 @@ def matmul_peak(dtype, sizes=(512, 1024, 2048), seconds=0.5) -> float:
 def machine_limits(model, tokenizer, shape: dict, args) -> dict:
     """What this machine does at the workload's shapes: MLX's bare decode loop at the rollout's width
     (scripts/decode_ceiling.py), and the float matmul rate at an update micro-batch's MLP shape."""
+    from bench_blas import gflops
     from decode_ceiling import bare_loop
 
     width = args.prompts * args.group_size
     prompt = tokenizer.encode(prompt_texts(1)[0])
     bare = bare_loop(model, prompt, width, min(args.max_tokens, 64))
     rows = min(args.micro_batch_size, width) * (len(prompt) + args.max_tokens)
-    a = mx.random.normal((rows, shape["hidden"]))
-    b = mx.random.normal((shape["hidden"], shape["intermediate"]))
-    mx.eval(a @ b)
-    reps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 1.0 or reps < 2:
-        mx.eval(a @ b)
-        reps += 1
-    rate = 2 * rows * shape["hidden"] * shape["intermediate"] * reps / (time.perf_counter() - start)
+    rate = gflops(rows, shape["hidden"], shape["intermediate"], 1.0)
     return {"decode_width": width, "bare_decode_step_ms": 1000 * bare, "bare_decode_tok_s": width / bare,
-            "update_shape": [rows, shape["hidden"], shape["intermediate"]], "update_shape_sgemm_gflops": rate / 1e9}
+            "update_shape": [rows, shape["hidden"], shape["intermediate"]], "update_shape_sgemm_gflops": rate}
 
 
 # ---------------------------------------------------------------- the two trainers

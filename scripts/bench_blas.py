@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlx_grpo.blas import CORETYPE, cpu_flags, openblas_identity, pip_mkl_path, system_openblas_path  # noqa: E402
+from mlx_grpo.blas import (CORETYPE, MKL_THREADS, cpu_flags, openblas_identity, pip_mkl_path,  # noqa: E402
+                            system_openblas_path)
 
 SHAPES = [  # (name, m, k, n)
     ("2048 x 2048 x 2048", 2048, 2048, 2048),
@@ -63,14 +64,16 @@ def candidates(cores: list[str], reference: bool) -> list[tuple[str, dict]]:
     """(label, environment changes) for every BLAS found here."""
     found = []
     system = system_openblas_path()
-    if system and openblas_identity(system):
-        version, own = openblas_identity(system)
+    identity = system and openblas_identity(system)
+    if identity:
+        version, own = identity
         found.append((f"OpenBLAS {version}, {own} (its own choice)", {"LD_PRELOAD": system, CORETYPE: None}))
         found += [(f"OpenBLAS {version}, {core} (forced)", {"LD_PRELOAD": system, CORETYPE: core})
                   for core in cores if core.lower() != own.lower()]
     mkl = pip_mkl_path()
     if mkl:
-        found.append(("MKL (pip)", {"LD_PRELOAD": mkl, "KMP_BLOCKTIME": "0", CORETYPE: None}))
+        threads = {name: os.environ.get(name, value) for name, value in MKL_THREADS.items()}  # as mlx-grpo runs it
+        found.append(("MKL (pip)", {"LD_PRELOAD": mkl, **threads, CORETYPE: None}))
     if reference:
         found.append(("reference (mlx wheel)", {"LD_PRELOAD": None, CORETYPE: None}))
     return found

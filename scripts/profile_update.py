@@ -56,7 +56,7 @@ import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import PRESETS, _replaced, build_random_model, dequantized_copy, model_shape, step_flops  # noqa: E402
-from bench_blas import gflops as sgemm_gflops  # noqa: E402 (float32 GFLOP/s as bench.py --limits measures it)
+from bench_blas import gflops as sgemm_gflops  # noqa: E402 (float32 GFLOP/s, as bench.py --limits measures it)
 
 from mlx_lm.tuner.lora import LoRALinear  # noqa: E402
 

@@ -25,6 +25,17 @@ def test_forced_kernels_are_listed_apart_from_the_librarys_own(monkeypatch):
     assert found["reference (mlx wheel)"]["LD_PRELOAD"] is None
 
 
+
+def test_mkl_runs_with_the_thread_settings_mlx_grpo_gives_it(monkeypatch):
+    monkeypatch.setattr(bench_blas, "system_openblas_path", lambda: None)
+    monkeypatch.setattr(bench_blas, "pip_mkl_path", lambda: "/venv/lib/libmkl_rt.so.3")
+    monkeypatch.delenv("KMP_BLOCKTIME", raising=False)
+    (label, env), = bench_blas.candidates([], reference=False)
+    assert label == "MKL (pip)" and env["LD_PRELOAD"] == "/venv/lib/libmkl_rt.so.3"
+    assert env["KMP_BLOCKTIME"] == "0"  # blas.MKL_THREADS, as blas.preload_command sets it
+    monkeypatch.setenv("KMP_BLOCKTIME", "200")  # a user's own setting wins, as it does in mlx-grpo
+    assert dict(bench_blas.candidates([], reference=False))["MKL (pip)"]["KMP_BLOCKTIME"] == "200"
+
 def test_each_candidate_runs_in_its_own_process_with_its_kernels(tmp_path, capsys):
     system = bench_blas.system_openblas_path()
     if not system or not bench_blas.openblas_identity(system):
