@@ -39,6 +39,9 @@ from mlx.utils import tree_flatten
 from mlx_grpo.blas import blas_description, loaded_blas, use_openblas
 from mlx_grpo.device import on_cpu
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
+from bench_blas import gflops  # noqa: E402 (the one matmul timing loop)
+
 PRESETS = {
     # The issue's baseline workload.
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512),
@@ -174,23 +177,12 @@ def step_flops(shape: dict, prompt_lengths: list[int], completion_lengths: list[
 
 def matmul_peak(dtype, sizes=(512, 1024, 2048), seconds=0.5) -> float:
     """Best FLOP/s of a square matmul of the model's dtype on the default device."""
-    best = 0.0
-    for n in sizes:
-        a = mx.random.normal((n, n)).astype(dtype)
-        b = mx.random.normal((n, n)).astype(dtype)
-        mx.eval(a @ b)
-        reps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds / len(sizes) or reps < 2:
-            mx.eval(a @ b)
-            reps += 1
-        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
-    return best
+    return 1e9 * max(gflops(n, n, n, seconds / len(sizes), dtype) for n in sizes)
 
 
 def machine_limits(model, tokenizer, shape: dict, args) -> dict:
     """What this machine does at the workload's shapes: MLX's bare decode loop at the rollout's width
     (scripts/decode_ceiling.py), and the float matmul rate at an update micro-batch's MLP shape."""
-    from bench_blas import gflops
     from decode_ceiling import bare_loop
 
     width = args.prompts * args.group_size

@@ -39,11 +39,13 @@ SHAPES = [  # (name, m, k, n)
 ]
 
 
-def gflops(m: int, k: int, n: int, seconds: float) -> float:
-    """GFLOP/s of (m x k) @ (k x n) in float32, repeated for `seconds` after one warm-up."""
+def gflops(m: int, k: int, n: int, seconds: float, dtype=None) -> float:
+    """GFLOP/s of (m x k) @ (k x n) in float32 (or `dtype`), repeated for `seconds` after one warm-up."""
     import mlx.core as mx
 
     a, b = mx.random.normal((m, k)), mx.random.normal((k, n))
+    if dtype is not None:
+        a, b = a.astype(dtype), b.astype(dtype)
     mx.eval(a @ b)
     reps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds or reps < 2:
