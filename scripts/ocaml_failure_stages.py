@@ -17,12 +17,11 @@ import json
 import re
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rewards.ocaml.grading import grade  # noqa: E402
+from rewards.ocaml.pool import grade_many  # noqa: E402
 
 BUILD_FAILURES = ("syntax_error", "type_error", "compile_error")
 
@@ -34,10 +33,9 @@ def error_kind(error: str) -> str:
     return re.sub(r"Unbound value \S+", "Unbound value X", message)[:70]
 
 
-def stages(answers: list[tuple[str, dict]], workers: int = 2) -> dict:
+def stages(answers: list[tuple[str, dict]]) -> dict:
     """Stage counts, the commonest build errors and unbound names of (answer, problem) pairs."""
-    with ThreadPoolExecutor(workers) as pool:
-        grades = list(pool.map(lambda pair: grade(*pair), answers))
+    grades = grade_many([answer for answer, _ in answers], [problem for _, problem in answers])
     failed = [g.error for g in grades if g.stage in BUILD_FAILURES]
     unbound = Counter(m.group(1) for e in failed for m in [re.search(r"Unbound value (\S+)", e)] if m)
     return {"stages": dict(Counter(g.stage for g in grades)),
