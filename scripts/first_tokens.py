@@ -47,12 +47,13 @@ def top(tokenizer, probs: mx.array, k: int) -> list[tuple[str, float]]:
     return [(tokenizer.decode([t]), round(probs[t].item(), 4)) for t in order]
 
 
-def scaled_adapters(model, factor: float) -> None:
-    """Every LoRA layer's contribution times `factor` (from the scale each layer was saved with)."""
-    for _, layer in model.named_modules():
-        if isinstance(layer, LoRALinear):
-            layer.saved_scale = getattr(layer, "saved_scale", layer.scale)
-            layer.scale = layer.saved_scale * factor
+def scaled_adapters(model, factor: float) -> int:
+    """Every LoRA layer's contribution times `factor` (from the scale each layer was saved with); how many."""
+    layers = [layer for _, layer in model.named_modules() if isinstance(layer, LoRALinear)]
+    for layer in layers:
+        layer.saved_scale = getattr(layer, "saved_scale", layer.scale)
+        layer.scale = layer.saved_scale * factor
+    return len(layers)
 
 
 def guide_placement(model, tokenizer, task, row: dict, prompt_tokens: list[int]) -> dict:
@@ -89,6 +90,8 @@ def main() -> None:
     rows = task.eval_rows[:args.n]
     prompts = task_prompts(tokenizer, task, rows)
     scales = [float(x) for x in args.scales.split(",")]
+    if scales != [1.0] and not scaled_adapters(model, 1.0):
+        sys.exit(f"--scales needs LoRA adapters; {args.run} has none (DoRA and full fine-tuning scale differently)")
     for row, prompt in zip(rows, prompts):
         with adapters_disabled(model):
             line = {"prompt": row["prompt"][:60], "base": top(tokenizer, first_token_probs(model, prompt), args.top)}

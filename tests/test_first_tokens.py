@@ -38,7 +38,7 @@ def test_scaled_adapters_run_the_base_at_zero_and_the_trained_model_at_one(tiny_
         base = np.array(first_tokens.first_token_probs(model, prompt))
     assert np.abs(trained - base).max() > 1e-3  # the adapters do change the answer
 
-    first_tokens.scaled_adapters(model, 0.0)
+    assert first_tokens.scaled_adapters(model, 0.0) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers
     np.testing.assert_allclose(np.array(first_tokens.first_token_probs(model, prompt)), base, atol=1e-6)
     first_tokens.scaled_adapters(model, 0.5)
     first_tokens.scaled_adapters(model, 0.5)  # from the saved scale each time, never compounded
