@@ -58,6 +58,7 @@ class TrainConfig:
     prefilter_prompts: int = 0  # the most training prompts the prefilter samples, in the run's order (0: all)
     guide: bool = False  # in a group with no right answer, one member is the row's reference answer (off-policy guidance; docs/rare-rewards.md)
     guide_negatives: bool = True  # guide: the model's own (all wrong) answers in a guided group get their negative advantages; false: 0, the group trains the reference alone
+    guide_shaping: float = 0.0  # guide: a reference token's term is A * p/(p + gamma) with gamma this (LUFFY's policy shaping; 0: off, trained like a sampled token)
     task_options: TaskOptions = field(default_factory=TaskOptions)  # web_kinds, multihop_*: one group (setting_groups.py)
 
     # Objective

@@ -44,6 +44,8 @@ def validate(c) -> None:
     need(not (c.overwrite and c.resume), "--overwrite starts a run again and --resume continues it: give one")
     need(not c.guide or c.group_size >= 2, "guide needs group_size >= 2 (one member becomes the reference answer)")
     need(c.guide or c.guide_negatives, "guide_negatives: false changes guided groups only: it needs guide: true")
+    need(c.guide_shaping >= 0, "guide_shaping must be >= 0 (0: off)")
+    need(c.guide or not c.guide_shaping, "guide_shaping changes the references' tokens only: it needs guide: true")
     need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")
     for name in ("steps", "batch_size", "group_size", "max_tokens", "num_iterations",
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",

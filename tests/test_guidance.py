@@ -132,6 +132,27 @@ def test_without_negatives_a_guided_group_trains_the_reference_alone():
                                [0.0, 0.0, 0.0, 0.875, 0.5, -0.5, 0.5, -0.5])
 
 
+def test_the_references_stay_marked_through_the_updates_micro_batches():
+    """guide_shaping reads which rows are references: the mark travels with its row, through pieces cut
+    by length and groups left out for carrying no signal."""
+    from mlx_grpo.sampling.rollout import Completion
+    from mlx_grpo.update.batch import build_batch, groups_with_signal, micro_batches
+
+    lengths = [5, 2, 7, 3, 4, 6, 1, 2, 3, 3, 3, 3]  # three groups of 4; the middle one has no signal
+    guided = [False, False, False, True, False, False, False, False, False, True, False, False]
+    completions = [Completion(0, [1, 2], [100 + i] * n, [-0.5] * n, "stop", "", guided=g)
+                   for i, (n, g) in enumerate(zip(lengths, guided))]
+    advantages = [-0.1, -0.1, -0.1, 0.3, 0.0, 0.0, 0.0, 0.0, 0.2, 0.2, -0.2, -0.2]
+    batch = groups_with_signal(build_batch(completions, advantages, 4))
+    parts = micro_batches(batch, 2, by_length=True)
+    seen = {}
+    for mb in parts:
+        for row, mark in zip(np.array(mb.completions)[:, 0].tolist(), np.array(mb.guided).tolist()):
+            seen[row - 100] = mark
+    assert seen == {i: guided[i] for i in (0, 1, 2, 3, 8, 9, 10, 11)}
+    assert build_batch(completions[4:8], advantages[4:8], 4).guided is None  # no reference: nothing to mark
+
+
 def test_a_run_without_guided_negatives_logs_zero_for_the_models_own_answers(tmp_path, tiny_model_path, data):
     config = _config(tmp_path, tiny_model_path, data, guide=True, guide_negatives=False, steps=1, warmup_steps=0,
                      eval_num_problems=4, save_every=100)

@@ -19,7 +19,7 @@ def _sigmoid(x):
 
 def numpy_loss(logp, old, adv, mask, loss_type, *, eps_low=0.2, eps_high=0.28, beta=0.0, ref=None, max_tokens=12,
                micro_batches=1, delta=None, tau_pos=1.0, tau_neg=1.05, entropy=None, entropy_coef=0.0,
-               token_weight=None, logp_stopped=None):
+               token_weight=None, logp_stopped=None, guided=None, guide_shaping=0.0):
     """Each paper's formula, written out in float64.
 
     One micro-batch = the whole batch, except for bnpo, which normalises by each
@@ -41,6 +41,9 @@ def numpy_loss(logp, old, adv, mask, loss_type, *, eps_low=0.2, eps_high=0.28, b
     else:  # PPO-clip, with the optional two-sided cap delta
         unclipped = np.minimum(ratio, delta) if delta is not None else ratio
         term = -np.minimum(unclipped * a, np.clip(ratio, 1 - eps_low, 1 + eps_high) * a)
+    if guided is not None and guide_shaping > 0:  # LUFFY (Yan et al. 2025), eq. 6: f(p) = p / (p + gamma)
+        p = np.exp(logp)
+        term = np.where(guided[:, None], -a * p / (p + guide_shaping), term)
     if token_weight is not None:
         term = term * token_weight
     if beta > 0:
@@ -98,8 +101,10 @@ def mlx_loss(logp, old, adv, mask, loss_type, micro=2, **kw):
                        max_tokens=kw.pop("max_tokens", 12))
     settings = LossSettings(loss_type=loss_type, epsilon_low=kw.pop("eps_low", 0.2),
                             epsilon_high=kw.pop("eps_high", 0.28), delta=kw.pop("delta", None),
-                            beta=kw.pop("beta", 0.0), entropy_coef=kw.pop("entropy_coef", 0.0))
+                            beta=kw.pop("beta", 0.0), entropy_coef=kw.pop("entropy_coef", 0.0),
+                            guide_shaping=kw.pop("guide_shaping", 0.0))
     ref, entropy, weight = kw.pop("ref", None), kw.pop("entropy", None), kw.pop("token_weight", None)
+    guided = kw.pop("guided", None)
     assert not kw, kw
 
     def f(arr):
@@ -113,7 +118,8 @@ def mlx_loss(logp, old, adv, mask, loss_type, micro=2, **kw):
                 lp[rows], f(old[p]), f(adv[p]), f(mask[p]), shape, settings,
                 ref_logp=f(ref[p]) if ref is not None else None,
                 entropy=f(entropy[p]) if entropy is not None else None,
-                token_weight=f(weight[p]) if weight is not None else None)
+                token_weight=f(weight[p]) if weight is not None else None,
+                guided=mx.array(guided[p]) if guided is not None else None)
             loss = loss + part_loss
             clipped = clipped + stats["clipped"]
         return loss, clipped
@@ -172,6 +178,36 @@ def test_delta_caps_the_ratio_of_negative_advantage_tokens():
         assert np.all(grad[capped] == 0)  # the capped tokens get no gradient
         without, _, _ = mlx_loss(logp, old, adv, mask, loss_type)
         assert loss != pytest.approx(without)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_shaped_reference_tokens_match_luffys_formula(loss_type):
+    """guide_shaping: a reference row's tokens take -A * p / (p + gamma), unclipped; the other rows are untouched."""
+    logp, old, _, adv, mask, _ = random_inputs(seed=31)
+    guided = np.zeros(len(adv), dtype=bool)
+    guided[[3, 7, 12]] = True
+    adv[guided] = np.abs(adv[guided]) + 0.5  # a reference is the right answer of its group
+    gamma = 0.1
+    loss, clipped, grad = mlx_loss(logp, old, adv, mask, loss_type, guided=guided, guide_shaping=gamma)
+
+    def reference(lp):
+        return numpy_loss(lp, old, adv, mask, loss_type, micro_batches=2, logp_stopped=logp, guided=guided,
+                          guide_shaping=gamma)
+
+    assert loss == pytest.approx(reference(logp), rel=1e-5, abs=1e-6)
+    np.testing.assert_allclose(grad, finite_difference_grad(reference, logp), rtol=1e-3, atol=2e-6)
+    # a reference token's weight on grad(logp) is A * gamma * p / (p + gamma)^2: small where p is small
+    if loss_type == "dr_grpo":
+        p = np.exp(logp[guided])
+        expected = -adv[guided][:, None] * gamma * p / (p + gamma) ** 2 * mask[guided] / (len(adv) * 12)
+        np.testing.assert_allclose(grad[guided], expected, rtol=1e-4, atol=1e-9)
+    sampled = ~guided[:, None] & (mask > 0)
+    assert clipped == expected_clipped(logp, old, adv, mask, loss_type)[~guided].sum()
+    off, _, grad_off = mlx_loss(logp, old, adv, mask, loss_type, guided=guided, guide_shaping=0.0)
+    assert loss != pytest.approx(off)  # the shaping changed the reference rows...
+    np.testing.assert_allclose(grad[sampled], grad_off[sampled], rtol=1e-6)  # ...and nothing else
+    unguided, _, _ = mlx_loss(logp, old, adv, mask, loss_type)
+    assert off == pytest.approx(unguided)  # gamma 0: the reference rows are trained like sampled ones
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo"])

@@ -58,7 +58,7 @@ def update_settings(config: TrainConfig) -> UpdateSettings:
     o = config.objective
     loss = LossSettings(loss_type=o.loss, epsilon_low=o.epsilon_low, epsilon_high=o.epsilon_high, delta=o.delta,
                         beta=o.beta, sapo_tau_pos=o.sapo_tau_pos, sapo_tau_neg=o.sapo_tau_neg,
-                        entropy_coef=o.entropy_coef)
+                        entropy_coef=o.entropy_coef, guide_shaping=config.guide_shaping)
     return UpdateSettings(loss, config.sampling.temperature, o.num_iterations, config.max_grad_norm, o.entropy_coef,
                           o.entropy_top_quantile)
 

@@ -61,6 +61,7 @@ class RolloutBatch:
     behaviour_logp: np.ndarray  # (N, K) log mu of each sampled token, 0 on padding
     advantages: np.ndarray  # (N,)
     group_size: int
+    guided: np.ndarray | None = None  # (N,) True on reference answers (--guide); None: none
 
 
 @dataclass
@@ -73,6 +74,7 @@ class MicroBatch:
     advantages: mx.array
     group_size: int  # completions per prompt here: the group's, or fewer when a group is cut into pieces
     piece_of: int | None = None  # the group this is a piece of (its pieces are consecutive); None: whole groups
+    guided: mx.array | None = None  # (P*G,) True on reference answers (--guide); None: none
 
 
 def prompt_runs(parts: list[MicroBatch]) -> list[range]:
@@ -99,7 +101,9 @@ def build_batch(completions: list[Rollout], advantages, group_size: int) -> Roll
         # Multi-turn episodes carry their own mask: 0 on the environment's tokens.
         mask[i, :k] = c.mask if getattr(c, "mask", None) is not None else 1.0
     prompts = [completions[g * group_size].prompt_tokens for g in range(n // group_size)]
-    return RolloutBatch(prompts, tokens, mask, behaviour, np.asarray(advantages, dtype=np.float32), group_size)
+    guided = np.array([getattr(c, "guided", False) for c in completions], dtype=bool)
+    return RolloutBatch(prompts, tokens, mask, behaviour, np.asarray(advantages, dtype=np.float32), group_size,
+                        guided if guided.any() else None)
 
 
 def groups_with_signal(batch: RolloutBatch, silent: bool = False) -> RolloutBatch:
@@ -114,7 +118,8 @@ def groups_with_signal(batch: RolloutBatch, silent: bool = False) -> RolloutBatc
     keep = [i for i in range(len(batch.prompts)) if np.any(batch.advantages[i * g:(i + 1) * g] != 0) != silent]
     rows = np.concatenate([np.arange(i * g, (i + 1) * g) for i in keep]) if keep else np.zeros(0, dtype=int)
     return RolloutBatch([batch.prompts[i] for i in keep], batch.completions[rows], batch.mask[rows],
-                        batch.behaviour_logp[rows], batch.advantages[rows], g)
+                        batch.behaviour_logp[rows], batch.advantages[rows], g,
+                        None if batch.guided is None else batch.guided[rows])
 
 
 def carries_signal(batch: RolloutBatch) -> bool:
@@ -235,6 +240,7 @@ def micro_batches(batch: RolloutBatch, size: int, by_length: bool = False) -> li
             mx.array(padded), mx.array([longest - len(p) for p in prompts]),
             mx.array(batch.completions[rows, :width]), mx.array(batch.mask[rows, :width]),
             mx.array(batch.behaviour_logp[rows, :width]), mx.array(batch.advantages[rows]), group_size, piece_of,
+            None if batch.guided is None else mx.array(batch.guided[rows]),
         ))
     return out
 

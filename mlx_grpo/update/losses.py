@@ -15,6 +15,11 @@ whole completion and r_t = exp(logp - log mu):
   SAPO                                                  Gao et al. 2025, arXiv:2511.20347
       L_t = -(4 / tau) * sigmoid(tau * (r_t - 1)) * A   (tau = tau_pos if A > 0 else tau_neg)
 
+  Reference tokens of a guided group (guide_shaping = gamma > 0)   LUFFY: Yan et al. 2025, arXiv:2504.14945
+      L_t = -A * p_t / (p_t + gamma),  p_t = exp(logp)  (in place of the row's term above; no clip)
+      Its gradient is A * gamma * p_t / (p_t + gamma)^2 times that of logp: near 0 for tokens the
+      policy finds unlikely, at most A / 4 (p_t = gamma), where a sampled token's weight is A.
+
   KL to the reference (beta > 0), per token:            Schulman, "Approximating KL", 2020
       + beta * k3_t,  k3_t = exp(ref - logp) - (ref - logp) - 1
   Entropy bonus (entropy_coef > 0): - entropy_coef * H_t.
@@ -80,6 +85,7 @@ class LossSettings:
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
     entropy_coef: float = 0.0
+    guide_shaping: float = 0.0  # gamma of the reference tokens' shaped term (0: trained like sampled tokens)
 
 
 def kl_k3(logp, ref_logp):
@@ -103,15 +109,17 @@ def _token_mean_per_sequence(x, mask):
 
 
 def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, settings: LossSettings | None = None, *,
-                ref_logp=None, entropy=None, token_weight=None, **overrides):
+                ref_logp=None, entropy=None, token_weight=None, guided=None, **overrides):
     """The micro-batch's share of the batch loss, and token statistics (sums).
 
     logp, behaviour_logp, mask: (B, T); advantages: (B,). mask is 1 on the
     completion tokens that count and 0 on prompt and padding. token_weight
     (B, T), optional, multiplies each token's policy term without changing the
     normalisers (the top-entropy token mask). entropy (B, T) is needed, with
-    its gradient, only when entropy_coef > 0. Keyword overrides (loss_type=,
-    beta=, ...) replace fields of `settings`.
+    its gradient, only when entropy_coef > 0. guided (B,), optional, marks the
+    rows that are reference answers (--guide): with guide_shaping > 0 their
+    tokens take the shaped term. Keyword overrides (loss_type=, beta=, ...)
+    replace fields of `settings`.
     """
     s = settings or LossSettings()
     if overrides:
@@ -140,6 +148,13 @@ def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, setti
         per_token, clipped = _ppo_clip(ratio, adv, s)
     else:
         raise ValueError(f"unknown loss_type {s.loss_type!r}; choose from {LOSS_TYPES}")
+    if s.guide_shaping > 0 and guided is not None:
+        # A reference was never sampled: its unlikely tokens would otherwise carry the largest steps
+        # (docs/real-models.md: one guided GSM8K step turned every answer into a bare "#### N").
+        p = mx.exp(logp)
+        reference = guided.astype(mx.bool_)[:, None]
+        per_token = mx.where(reference, -adv * p / (p + s.guide_shaping), per_token)
+        clipped = clipped & ~reference
 
     if token_weight is not None:
         per_token = per_token * token_weight

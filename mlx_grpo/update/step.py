@@ -125,7 +125,7 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
     def loss_of(logp, entropy, mb: MicroBatch, ref):
         keep = weight_of.get(id(mb))
         loss, stats = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, settings,
-                                  ref_logp=ref, entropy=entropy, token_weight=keep)
+                                  ref_logp=ref, entropy=entropy, token_weight=keep, guided=mb.guided)
         stats["entropy"] = (mx.stop_gradient(entropy) * mb.mask).sum()
         return loss, stats
 
