@@ -34,10 +34,13 @@ from mlx_grpo.blas import use_openblas
 from mlx_grpo.run.guidance import reference_completion
 from mlx_grpo.run.setup import setup
 from mlx_grpo.run.step_update import update_settings
+from mlx_grpo.tasks.accuracy import accuracy_values, right
 from mlx_grpo.tasks.data import task_prompts
 from mlx_grpo.update.batch import batch_shape, build_batch, micro_batches
 from mlx_grpo.update.logprobs import completion_logprobs, token_logprobs
 from mlx_grpo.update.step import update
+
+from first_tokens import first_token_probs  # scripts/ is on the path when a script runs
 
 WATCHED = ["####", "To", "Let", "First"]
 
@@ -48,17 +51,14 @@ def own_right_answers(model, tokenizer, task, temperature: float, max_tokens: in
     for row in task.train_rows:
         group = sample_group(model, tokenizer, row["prompt"], 8, temperature=temperature, max_tokens=max_tokens,
                              system_prompt=task.system_prompt, seed=1)
-        right = [c for c, s in zip(group, score_group(task, row, group).total) if s >= 1.0 and c.finish_reason == "stop"]
-        if right:
+        is_right = right(accuracy_values(task, [row], len(group), group, score_group(task, row, group)))
+        ended = [c for c, ok in zip(group, is_right) if ok and c.finish_reason == "stop"]
+        if ended:
             rows.append(row)
-            answers.append(right[0])
+            answers.append(ended[0])
         if len(answers) == count:
             return rows, answers
     raise SystemExit(f"only {len(answers)} train rows with a right sampled answer")
-
-
-def first_token_probs(model, prompts) -> list[mx.array]:
-    return [mx.softmax(model(mx.array([p]))[0, -1].astype(mx.float32), axis=-1) for p in prompts]
 
 
 def main() -> None:
@@ -98,7 +98,7 @@ def main() -> None:
 
     def report(label: str) -> None:
         model.eval()
-        probs = first_token_probs(model, held_out)
+        probs = [first_token_probs(model, p) for p in held_out]
         logps = [token_logprobs(model, mx.array([c.prompt_tokens + c.tokens]), temperature)[0][0, len(c.prompt_tokens) - 1:]
                  for c in trained]
         model.train()
