@@ -1,0 +1,75 @@
+"""One update piece, as the trainer traces it and compiled whole: seconds for the first call and after.
+
+A piece here is a prompt of 150 random tokens and one row of L completion tokens through
+`completion_logprobs(..., differentiated=True)` (the frozen-head path), LoRA rank 16 on every
+layer, value and gradient with respect to the adapters. Inside `value_and_grad` `mx.compile`
+does not fuse (scripts/probe_compile_in_grad.py); compiling the whole `value_and_grad`, with the
+model's state as its inputs and outputs, does. The first call of each new length pays the trace.
+
+    python scripts/probe_compiled_update_piece.py --model qwen2.5-coder-0.5b-q4_k_m.gguf [--lengths 128 128 97 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import dequantized_copy  # noqa: E402
+
+from mlx_grpo.blas import blas_description, use_openblas  # noqa: E402
+
+
+def main() -> list:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="a GGUF file (run as a float32 copy) or a model folder")
+    p.add_argument("--lengths", type=int, nargs="+", default=[128, 128, 97, 128])
+    p.add_argument("--calls", type=int, default=3, help="calls per length and path; the first pays any trace")
+    args = p.parse_args()
+    use_openblas()  # re-executes with OpenBLAS preloaded, as the mlx-grpo command does
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlx_grpo.models.adapters import prepare_for_training
+    from mlx_grpo.models.loading import load_policy
+    from mlx_grpo.update.logprobs import completion_logprobs
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="probe-piece-") as tmp:
+        path = (str(dequantized_copy(args.model, Path(tmp) / "float32")) if args.model.endswith(".gguf")
+                else args.model)
+        model, _ = load_policy(path)
+        mx.random.seed(0)
+        prepare_for_training(model, "lora", {"rank": 16, "scale": 20.0, "dropout": 0.0, "num_layers": -1})
+
+        def loss(prompt, completion):
+            logp, _ = completion_logprobs(model, prompt, mx.array([0]), completion, 1, 0.8, None,
+                                          differentiated=True)
+            return logp.sum()
+
+        traced = nn.value_and_grad(model, loss)
+        compiled = mx.compile(traced, inputs=[model.state], outputs=[model.state])
+        vocab = model.model.embed_tokens.weight.shape[0]
+        prompt = mx.random.randint(0, vocab, (1, 150))
+        for length in args.lengths:
+            completion = mx.random.randint(0, vocab, (1, length))
+            for name, fn in (("traced", traced), ("compiled", compiled)):
+                seconds = []
+                for _ in range(args.calls):
+                    start = time.perf_counter()
+                    value, grads = fn(prompt, completion)
+                    mx.eval(value, grads)
+                    seconds.append(round(time.perf_counter() - start, 3))
+                rows.append({"length": length, "path": name, "seconds": seconds, "loss": float(value)})
+                print(rows[-1], file=sys.stderr, flush=True)
+    print(json.dumps({"blas_kernels": blas_description(), "rows": rows}, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
