@@ -34,6 +34,7 @@ def main() -> list:
     use_openblas()  # re-executes with OpenBLAS preloaded, as the mlx-grpo command does
     import mlx.core as mx
     import mlx.nn as nn
+    from mlx.utils import tree_flatten
 
     from mlx_grpo.models.adapters import prepare_for_training
     from mlx_grpo.models.loading import load_policy
@@ -58,6 +59,7 @@ def main() -> list:
         prompt = mx.random.randint(0, vocab, (1, 150))
         for length in args.lengths:
             completion = mx.random.randint(0, vocab, (1, length))
+            grads_of = {}
             for name, fn in (("traced", traced), ("compiled", compiled)):
                 seconds = []
                 for _ in range(args.calls):
@@ -65,8 +67,14 @@ def main() -> list:
                     value, grads = fn(prompt, completion)
                     mx.eval(value, grads)
                     seconds.append(round(time.perf_counter() - start, 3))
+                grads_of[name] = dict(tree_flatten(grads))
                 rows.append({"length": length, "path": name, "seconds": seconds, "loss": float(value)})
                 print(rows[-1], file=sys.stderr, flush=True)
+            # The largest gradient difference, relative to that gradient's largest entry
+            rows[-1]["grad_max_relative_difference"] = max(
+                float(mx.abs(g - grads_of["compiled"][k]).max() / (mx.abs(g).max() + 1e-30))
+                for k, g in grads_of["traced"].items())
+            print("  gradients:", rows[-1]["grad_max_relative_difference"], file=sys.stderr, flush=True)
     print(json.dumps({"blas_kernels": blas_description(), "rows": rows}, indent=1))
     return rows
 
