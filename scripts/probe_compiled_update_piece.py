@@ -1,4 +1,4 @@
-"""One update piece, as the trainer traces it and compiled whole: seconds for the first call and after.
+"""One update piece, as the trainer traces it and compiled whole: seconds for the first call and after, peak.
 
 A piece here is a prompt of 150 random tokens and one row of L completion tokens through
 `completion_logprobs(..., differentiated=True)` (the frozen-head path), LoRA rank 16 on every
@@ -62,13 +62,15 @@ def main() -> list:
             grads_of = {}
             for name, fn in (("traced", traced), ("compiled", compiled)):
                 seconds = []
+                mx.reset_peak_memory()
                 for _ in range(args.calls):
                     start = time.perf_counter()
                     value, grads = fn(prompt, completion)
                     mx.eval(value, grads)
                     seconds.append(round(time.perf_counter() - start, 3))
                 grads_of[name] = dict(tree_flatten(grads))
-                rows.append({"length": length, "path": name, "seconds": seconds, "loss": float(value)})
+                rows.append({"length": length, "path": name, "seconds": seconds, "loss": float(value),
+                             "peak_gb": round(mx.get_peak_memory() / 1e9, 2)})
                 print(rows[-1], file=sys.stderr, flush=True)
             # The largest gradient difference, relative to that gradient's largest entry
             rows[-1]["grad_max_relative_difference"] = max(
