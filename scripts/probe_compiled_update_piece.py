@@ -14,20 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench import dequantized_copy  # noqa: E402
-
-from mlx_grpo.blas import blas_description, use_openblas  # noqa: E402
+from mlx_grpo.blas import blas_description, use_openblas
 
 
 def main() -> list:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="a GGUF file (run as a float32 copy) or a model folder")
+    p.add_argument("--model", required=True, help="a GGUF file, model folder or alias (quantized: run on a float32 "
+                                                  "copy, as the trainer runs it)")
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 128, 97, 128])
     p.add_argument("--calls", type=int, default=3, help="calls per length and path; the first pays any trace")
     args = p.parse_args()
@@ -41,42 +36,39 @@ def main() -> list:
     from mlx_grpo.update.logprobs import completion_logprobs
 
     rows = []
-    with tempfile.TemporaryDirectory(prefix="probe-piece-") as tmp:
-        path = (str(dequantized_copy(args.model, Path(tmp) / "float32")) if args.model.endswith(".gguf")
-                else args.model)
-        model, _ = load_policy(path)
-        mx.random.seed(0)
-        prepare_for_training(model, "lora", {"rank": 16, "scale": 20.0, "dropout": 0.0, "num_layers": -1})
+    model, _ = load_policy(args.model)  # the trainer's loader: a quantized base becomes a float32 copy
+    mx.random.seed(0)
+    prepare_for_training(model, "lora", {"rank": 16, "scale": 20.0, "dropout": 0.0, "num_layers": -1})
 
-        def loss(prompt, completion):
-            logp, _ = completion_logprobs(model, prompt, mx.array([0]), completion, 1, 0.8, None,
-                                          differentiated=True)
-            return logp.sum()
+    def loss(prompt, completion):
+        logp, _ = completion_logprobs(model, prompt, mx.array([0]), completion, 1, 0.8, None,
+                                      differentiated=True)
+        return logp.sum()
 
-        traced = nn.value_and_grad(model, loss)
-        compiled = mx.compile(traced, inputs=[model.state], outputs=[model.state])
-        vocab = model.model.embed_tokens.weight.shape[0]
-        prompt = mx.random.randint(0, vocab, (1, 150))
-        for length in args.lengths:
-            completion = mx.random.randint(0, vocab, (1, length))
-            grads_of = {}
-            for name, fn in (("traced", traced), ("compiled", compiled)):
-                seconds = []
-                mx.reset_peak_memory()
-                for _ in range(args.calls):
-                    start = time.perf_counter()
-                    value, grads = fn(prompt, completion)
-                    mx.eval(value, grads)
-                    seconds.append(round(time.perf_counter() - start, 3))
-                grads_of[name] = dict(tree_flatten(grads))
-                rows.append({"length": length, "path": name, "seconds": seconds, "loss": float(value),
-                             "peak_gb": round(mx.get_peak_memory() / 1e9, 2)})
-                print(rows[-1], file=sys.stderr, flush=True)
-            # The largest gradient difference, relative to that gradient's largest entry
-            rows[-1]["grad_max_relative_difference"] = max(
-                float(mx.abs(g - grads_of["compiled"][k]).max() / (mx.abs(g).max() + 1e-30))
-                for k, g in grads_of["traced"].items())
-            print("  gradients:", rows[-1]["grad_max_relative_difference"], file=sys.stderr, flush=True)
+    traced = nn.value_and_grad(model, loss)
+    compiled = mx.compile(traced, inputs=[model.state], outputs=[model.state])
+    vocab = model.model.embed_tokens.weight.shape[0]
+    prompt = mx.random.randint(0, vocab, (1, 150))
+    for length in args.lengths:
+        completion = mx.random.randint(0, vocab, (1, length))
+        grads_of = {}
+        for name, fn in (("traced", traced), ("compiled", compiled)):
+            seconds = []
+            mx.reset_peak_memory()
+            for _ in range(args.calls):
+                start = time.perf_counter()
+                value, grads = fn(prompt, completion)
+                mx.eval(value, grads)
+                seconds.append(round(time.perf_counter() - start, 3))
+            grads_of[name] = dict(tree_flatten(grads))
+            rows.append({"length": length, "path": name, "seconds": seconds, "loss": float(value),
+                         "peak_gb": round(mx.get_peak_memory() / 1e9, 2)})
+            print(rows[-1], file=sys.stderr, flush=True)
+        # The largest gradient difference, relative to that gradient's largest entry
+        rows[-1]["grad_max_relative_difference"] = max(
+            float(mx.abs(g - grads_of["compiled"][k]).max() / (mx.abs(g).max() + 1e-30))
+            for k, g in grads_of["traced"].items())
+        print("  gradients:", rows[-1]["grad_max_relative_difference"], file=sys.stderr, flush=True)
     print(json.dumps({"blas_kernels": blas_description(), "rows": rows}, indent=1))
     return rows
 
