@@ -324,8 +324,11 @@ def main(argv=None) -> dict:
     p.add_argument("--sgemm-rows", type=int,
                    help="rows of the reference sgemm (default: bench.py --limits' for this workload)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each part (after one warm-up run)")
+    p.add_argument("--traced", action="store_true",
+                   help="run the update's pieces traced, not compiled whole (update/gradients.py COMPILE_ON_CPU)")
     p.add_argument("--json", help="also write the JSON here")
     args = p.parse_args(argv)
+    gradients.COMPILE_ON_CPU = not args.traced
     if argv is None:
         use_openblas()  # re-executes with OpenBLAS preloaded, as the mlx-grpo command does
     load_start = os.getloadavg()
@@ -345,7 +348,7 @@ def main(argv=None) -> dict:
                             "prompt_tokens": args.prompt_tokens, "group_size": args.group_size,
                             "max_tokens": args.max_tokens, "lora_rank": args.lora_rank,
                             "lora_layers": args.lora_layers, "micro_batch": args.micro_batch,
-                            "repeats": args.repeats},
+                            "repeats": args.repeats, "update_compiled": gradients.COMPILE_ON_CPU},
                "device": str(mx.default_device()), "blas_kernels": blas_description(),
                **profile(model, config, prep, shape, args)}
     out["load_average"] = {"start": [round(x, 2) for x in load_start], "end": [round(x, 2) for x in os.getloadavg()]}

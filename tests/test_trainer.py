@@ -1,5 +1,7 @@
 """Pieces of the training loop: batching, skipping silent groups, data order."""
 
+import warnings
+
 import mlx.core as mx
 import mlx.optimizers as optim
 import numpy as np
@@ -12,7 +14,8 @@ from mlx_grpo.run.trainer import make_optimizer, update_settings
 from mlx_grpo.update.step import update
 from mlx_grpo.sampling.rollout import Completion
 from mlx_grpo.update.batch import batch_rows, build_batch, groups_with_signal, micro_batch_count, micro_batches, prompt_runs
-from mlx_grpo.update.losses import BatchShape
+from mlx_grpo.update.logprobs import logprobs_after_prompt
+from mlx_grpo.update.losses import BatchShape, policy_loss
 
 
 def _completions(rng, n_groups, g):
@@ -109,6 +112,105 @@ def test_pieces_of_groups_train_exactly_like_whole_groups(tiny_model_path):
             for name in whole:
                 np.testing.assert_allclose(np.array(weights[name]), np.array(whole[name]), atol=1e-6, err_msg=name)
             assert abs(metrics["loss"] - m_whole["loss"]) < 1e-5
+
+
+def _gradients_of(model, parts, refs, sizes, config):
+    """(loss, stats, gradients) of each micro-batch as gradients.micro_batch_gradients gives them, as floats."""
+    from mlx_grpo.update import gradients
+
+    settings = update_settings(config)
+
+    def after_prompt(model, state, mb):
+        return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size, 1.0, None,
+                                     differentiated=True)
+
+    def loss_of(logp, entropy, mb, ref):
+        return policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, settings.loss, ref_logp=ref)
+
+    return [(float(loss), {k: float(v) for k, v in stats.items()}, {k: np.array(v) for k, v in tree_flatten(g)})
+            for loss, stats, g in gradients.micro_batch_gradients(model, parts, refs, after_prompt, loss_of)]
+
+
+def _assert_same_gradients(expected, got):
+    assert len(got) == len(expected)
+    for (loss, stats, grads), (loss_c, stats_c, grads_c) in zip(expected, got):
+        assert abs(loss - loss_c) <= 1e-6 * max(1.0, abs(loss)) and stats.keys() == stats_c.keys()
+        for k in stats:
+            assert abs(stats[k] - stats_c[k]) <= 1e-5 * max(1.0, abs(stats[k])), k
+        assert grads.keys() == grads_c.keys()
+        for name in grads:
+            np.testing.assert_allclose(grads_c[name], grads[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def _trained_tiny(tiny_model_path):
+    model, _ = load_policy(str(tiny_model_path))
+    mx.random.seed(0)
+    prepare_for_training(model, "lora", {"rank": 4})
+    return model
+
+
+def test_compiled_gradients_equal_traced_ones(tiny_model_path, cpu_device, monkeypatch):
+    """On a CPU each piece's value-and-gradient is compiled whole (gradients.py); the numbers are the traced ones.
+
+    bnpo's token count is both a statistic and the loss's divisor (MLX's compile fails on such an output
+    unless the statistics leave as one array). Two pieces of the same shape (rows of equal length) each get
+    their own gradient: a compiled trace reused across pieces would hold the first piece's arrays."""
+    from mlx_grpo.update import gradients
+
+    rng = np.random.default_rng(5)
+    comps = _completions(rng, 2, 4)
+    for c in comps[:2]:  # the first group's first two rows: the same length, different tokens and advantages
+        c.tokens, c.logprobs = c.tokens[:1] + [7, 9, 11], [-3.0] * 4
+    batch = build_batch(comps, rng.normal(size=8), 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to the traced path
+        for loss, beta, size in (("grpo", 0.04, 16), ("grpo", 0.04, 1), ("bnpo", 0.0, 16), ("dr_grpo", 0.0, 1)):
+            parts = micro_batches(batch, size)
+            refs = [mx.array(rng.normal(-3, 0.5, mb.mask.shape).astype(np.float32)) for mb in parts] if beta else None
+            config = build_config({"group_size": 4, "steps": 5, "loss": loss, "beta": beta})
+            sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.max_tokens)
+            model = _trained_tiny(tiny_model_path)
+            results = {}
+            for compiled in (False, True):
+                monkeypatch.setattr(gradients, "COMPILE_ON_CPU", compiled)
+                results[compiled] = _gradients_of(model, parts, refs, sizes, config)
+            assert len(results[True]) == (1 if size == 16 else 8 + 2)  # 8 pieces and a prompt share per group
+            _assert_same_gradients(results[False], results[True])
+            if size == 1:  # the two same-shape pieces: different gradients
+                first, second = (results[True][i][2] for i in (0, 1))
+                assert any(not np.allclose(first[n], second[n]) for n in first)
+
+
+def test_a_failed_compile_leaves_the_weights_whole_and_runs_traced(tiny_model_path, cpu_device, monkeypatch):
+    """A trace that fails midway leaves placeholders in the model; the weights come back, the piece runs traced."""
+    from mlx_grpo.update import gradients
+
+    rng = np.random.default_rng(6)
+    batch = build_batch(_completions(rng, 2, 4), rng.normal(size=8), 4)
+    parts = micro_batches(batch, 1)
+    config = build_config({"group_size": 4, "steps": 5})
+    sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.max_tokens)
+    model = _trained_tiny(tiny_model_path)
+    weights = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    monkeypatch.setattr(gradients, "COMPILE_ON_CPU", False)
+    traced = _gradients_of(model, parts, None, sizes, config)
+    real_compile = mx.compile
+
+    def failing_compile(fn, **kwargs):
+        def traced_then_failed(*args):
+            fn(*args)  # the model now holds the trace's placeholders
+            raise RuntimeError("a compile bug")
+        return real_compile(traced_then_failed, **kwargs)
+
+    monkeypatch.setattr(gradients, "COMPILE_ON_CPU", True)
+    monkeypatch.setattr(mx, "compile", failing_compile)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fallen_back = _gradients_of(model, parts, None, sizes, config)
+    assert any("a compile bug" in str(w.message) for w in caught)
+    _assert_same_gradients(traced, fallen_back)
+    for k, v in tree_flatten(model.parameters()):
+        np.testing.assert_array_equal(np.array(v), weights[k], err_msg=k)
 
 
 def test_pieces_run_their_prompt_once_unless_dropout_is_on(tiny_model_path, monkeypatch):

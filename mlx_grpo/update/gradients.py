@@ -24,17 +24,26 @@ Only the state of the layers that a trained weight can change is differentiated:
 adapters on the top k layers (lora_layers), the prompt's keys and values below them are
 constants, and asking for their gradient would carry every piece's backward down through
 all the layers the adapters leave alone.
+
+On a CPU each piece's whole value-and-gradient is compiled (`_evaluated`): inside a traced
+gradient `mx.compile` fuses nothing (scripts/probe_compile_in_grad.py), so norms, RoPE,
+SwiGLU and the softmax ran op by op forward and backward; compiled whole they fuse, the
+gradients bit for bit the same (scripts/probe_compiled_update_piece.py). Every piece has its
+own shapes, so each piece is compiled afresh: tracing and fusing it costs less than running it
+unfused, and the fused kernels themselves are built once per process.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Callable, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ..device import on_cpu
 from .batch import MicroBatch, prompt_runs
 from .logprobs import prompt_pass
 
@@ -43,32 +52,73 @@ AfterPrompt = Callable[[nn.Module, tuple, MicroBatch], tuple[mx.array, mx.array]
 # (log-probs, entropy, micro-batch, reference log-probs or None) -> (loss, stats)
 LossOf = Callable[[mx.array, mx.array, MicroBatch, mx.array | None], tuple[mx.array, dict]]
 
+# Compile each piece's value-and-gradient whole on a CPU (scripts/profile_update.py --traced turns it off
+# to measure the difference). Not on a GPU: there it is unmeasured, and first runs compile kernels.
+COMPILE_ON_CPU = True
+
 
 def micro_batch_gradients(model: nn.Module, parts: list[MicroBatch], refs: list | None, after_prompt: AfterPrompt,
                           loss_of: LossOf) -> Iterator[tuple[mx.array, dict, dict]]:
     """(loss, stats, gradients) for each micro-batch, evaluated; each cut group adds one (0, {}, prompt's share)."""
+    dropout = _dropout_active(model)
+    # A compiled trace would hold one dropout mask as a constant: with dropout, run traced.
+    compiled = COMPILE_ON_CPU and on_cpu() and not dropout
     for run in prompt_runs(parts):
         run_refs = [refs[i] for i in run] if refs else [None] * len(run)
-        if len(run) == 1 or _dropout_active(model):
+        if len(run) == 1 or dropout:
             for i, ref in zip(run, run_refs):
-                yield _whole(model, parts[i], ref, after_prompt, loss_of)
+                yield _whole(model, parts[i], ref, after_prompt, loss_of, compiled)
         else:
-            yield from _pieces(model, [parts[i] for i in run], run_refs, after_prompt, loss_of)
+            yield from _pieces(model, [parts[i] for i in run], run_refs, after_prompt, loss_of, compiled)
 
 
 def _dropout_active(model: nn.Module) -> bool:
     return any(isinstance(m, nn.Dropout) and m.training and getattr(m, "_p_1", 1.0) < 1 for m in model.modules())
 
 
-def _whole(model, mb: MicroBatch, ref, after_prompt: AfterPrompt, loss_of: LossOf):
+def _evaluated(model: nn.Module, fn: Callable, compiled: bool, *args) -> tuple:
+    """`fn(*args)` = (loss, stats, *gradients), evaluated; `compiled`: with `fn` compiled whole.
+
+    Compiled afresh for every call: a call with new shapes traces anew anyway, and this way no
+    trace is kept from one piece to the next, so what a piece reads besides its arguments (its
+    micro-batch, the shared prompt's state) is safely a constant of its trace."""
+    if compiled:
+        names = []
+
+        def packed(*args):
+            loss, stats, *gradients = fn(*args)
+            names.extend(stats)
+            # The statistics leave as one array: MLX 0.32's compile fails (`_Map_base::at`) on an
+            # output that another output or a node of the loss also computes (bnpo's token count,
+            # mask.sum(), is both a statistic and its divisor).
+            return (loss, *([mx.stack([stats[k] for k in names])] if names else []), *gradients)
+
+        weights = model.parameters()
+        try:
+            loss, *rest = mx.compile(packed, inputs=[model.state], outputs=[model.state])(*args)
+            stats = dict(zip(names, rest.pop(0))) if names else {}
+            mx.eval(loss, stats, rest)
+            return (loss, stats, *rest)
+        except Exception as error:  # noqa: BLE001 (the traced run below is the reference; it raises what is real)
+            # A trace that fails leaves its placeholders in the model: put the weights back first.
+            model.update(weights)
+            warnings.warn(f"compiling the update's value and gradient failed ({error}); running it traced")
+    out = fn(*args)
+    mx.eval(out)
+    return out
+
+
+def _whole(model, mb: MicroBatch, ref, after_prompt: AfterPrompt, loss_of: LossOf, compiled: bool):
     def loss_fn(model):
         state = prompt_pass(model, mb.prompts, mb.left_padding)
         logp, entropy = after_prompt(model, state, mb)
         return loss_of(logp, entropy, mb, ref)
 
-    (loss, stats), grads = nn.value_and_grad(model, loss_fn)(model)
-    mx.eval(loss, stats, grads)
-    return loss, stats, grads
+    def value_and_grad():
+        (loss, stats), grads = nn.value_and_grad(model, loss_fn)(model)
+        return loss, stats, grads
+
+    return _evaluated(model, value_and_grad, compiled)
 
 
 def _flat_state(state) -> list[mx.array]:
@@ -110,30 +160,36 @@ def _with_varying(state: list[mx.array], varying: list[int], values: list[mx.arr
     return flat
 
 
-def _pieces(model, pieces: list[MicroBatch], refs: list, after_prompt: AfterPrompt, loss_of: LossOf):
+def _pieces(model, pieces: list[MicroBatch], refs: list, after_prompt: AfterPrompt, loss_of: LossOf,
+            compiled: bool):
     first = pieces[0]
     state = _flat_state(prompt_pass(model, first.prompts, first.left_padding))
     mx.eval(state)
     varying = _varying(len(state), lowest_trained_layer(model))
     state_grads = None
     for mb, ref in zip(pieces, refs):
-        def piece_loss(params, varying_state, mb=mb, ref=ref):
-            model.update(params)
-            logp, entropy = after_prompt(model, _state_of(_with_varying(state, varying, varying_state)), mb)
-            return loss_of(logp, entropy, mb, ref)
+        def value_and_grad(varying_state, mb=mb, ref=ref):
+            def piece_loss(params, varying_state):
+                model.update(params)
+                logp, entropy = after_prompt(model, _state_of(_with_varying(state, varying, varying_state)), mb)
+                return loss_of(logp, entropy, mb, ref)
 
-        params = model.trainable_parameters()
-        (loss, stats), (grads, grads_of_state) = mx.value_and_grad(piece_loss, argnums=(0, 1))(
-            params, [state[i] for i in varying])
-        model.update(params)  # the weights themselves, not the traced copies
+            params = model.trainable_parameters()
+            (loss, stats), (grads, grads_of_state) = mx.value_and_grad(piece_loss, argnums=(0, 1))(
+                params, varying_state)
+            model.update(params)  # the weights themselves, not the traced copies
+            return loss, stats, grads, grads_of_state
+
+        loss, stats, grads, grads_of_state = _evaluated(model, value_and_grad, compiled, [state[i] for i in varying])
         state_grads = grads_of_state if state_grads is None else [a + b for a, b in zip(state_grads, grads_of_state)]
-        mx.eval(loss, stats, grads, state_grads)
+        mx.eval(state_grads)
         yield loss, stats, grads
 
     def through_prompt(model):  # its gradient is the summed state gradient carried back through the prompt
         again = _flat_state(prompt_pass(model, first.prompts, first.left_padding))
         return sum((again[i] * g).sum() for i, g in zip(varying, state_grads))
 
-    _, grads = nn.value_and_grad(model, through_prompt)(model)
-    mx.eval(grads)
-    yield mx.array(0.0), {}, grads
+    def prompt_grads():
+        return mx.array(0.0), {}, nn.value_and_grad(model, through_prompt)(model)[1]
+
+    yield _evaluated(model, prompt_grads, compiled)
