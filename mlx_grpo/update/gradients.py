@@ -64,6 +64,10 @@ def micro_batch_gradients(model: nn.Module, parts: list[MicroBatch], refs: list 
     dropout = _dropout_active(model)
     # A compiled trace would hold one dropout mask as a constant: with dropout, run traced.
     compiled = COMPILE_ON_CPU and on_cpu() and not dropout
+    # A compiled piece reads these as constants: one still a lazy graph over the weights (behaviour
+    # log-probs just computed, say) would reach into the trace's inputs, which compile refuses.
+    mx.eval([[v for v in vars(mb).values() if isinstance(v, mx.array)] for mb in parts],
+            [r for r in refs or [] if r is not None])
     for run in prompt_runs(parts):
         run_refs = [refs[i] for i in run] if refs else [None] * len(run)
         if len(run) == 1 or dropout:
