@@ -328,11 +328,11 @@ def main(argv=None) -> dict:
                    help="run the update's pieces traced, not compiled whole (update/gradients.py COMPILE_ON_CPU)")
     p.add_argument("--json", help="also write the JSON here")
     args = p.parse_args(argv)
-    gradients.COMPILE_ON_CPU = not args.traced
     if argv is None:
         use_openblas()  # re-executes with OpenBLAS preloaded, as the mlx-grpo command does
     load_start = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="profile-update-") as tmp:
+    with _replaced(gradients, "COMPILE_ON_CPU", not args.traced), \
+            tempfile.TemporaryDirectory(prefix="profile-update-") as tmp:
         if args.model:
             path = dequantized_copy(args.model, Path(tmp) / "float32") if args.dequantize else args.model
             shape = model_shape(path)
@@ -348,7 +348,7 @@ def main(argv=None) -> dict:
                             "prompt_tokens": args.prompt_tokens, "group_size": args.group_size,
                             "max_tokens": args.max_tokens, "lora_rank": args.lora_rank,
                             "lora_layers": args.lora_layers, "micro_batch": args.micro_batch,
-                            "repeats": args.repeats, "update_compiled": gradients.COMPILE_ON_CPU},
+                            "repeats": args.repeats, "update_compiled": not args.traced},
                "device": str(mx.default_device()), "blas_kernels": blas_description(),
                **profile(model, config, prep, shape, args)}
     out["load_average"] = {"start": [round(x, 2) for x in load_start], "end": [round(x, 2) for x in os.getloadavg()]}
