@@ -29,6 +29,14 @@ def _completions(rng, n_groups, g):
     return out
 
 
+def _tiny_with_adapters(tiny_model_path):
+    """The tiny model with fresh LoRA adapters of rank 4, seeded: the same starting weights every call."""
+    model, _ = load_policy(str(tiny_model_path))
+    mx.random.seed(0)
+    prepare_for_training(model, "lora", {"rank": 4})
+    return model
+
+
 def test_build_batch_layout():
     rng = np.random.default_rng(0)
     comps = _completions(rng, 2, 3)
@@ -56,9 +64,7 @@ def test_skipping_silent_groups_changes_nothing(tiny_model_path):
     sizes = BatchShape(12, int(batch.mask.sum()), len(all_parts), config.max_tokens)
     results = []
     for parts in (all_parts, micro_batches(groups_with_signal(batch), 3)):
-        model, _ = load_policy(str(tiny_model_path))
-        mx.random.seed(0)
-        prepare_for_training(model, "lora", {"rank": 4})
+        model = _tiny_with_adapters(tiny_model_path)
         metrics = update(model, make_optimizer(config), update_settings(config), sizes, parts, None, None)
         results.append((dict(tree_flatten(model.trainable_parameters())), metrics))
     assert len(micro_batches(groups_with_signal(batch), 3)) == 2
@@ -99,9 +105,7 @@ def test_pieces_of_groups_train_exactly_like_whole_groups(tiny_model_path):
         for size in (16, 3, 1):
             parts = micro_batches(batch, size)
             sizes = BatchShape(8, int(batch.mask.sum()), micro_batch_count(2, 4, size), config.max_tokens)
-            model, _ = load_policy(str(tiny_model_path))
-            mx.random.seed(0)
-            prepare_for_training(model, "lora", {"rank": 4})
+            model = _tiny_with_adapters(tiny_model_path)
             # Plain SGD: the weights move by the (clipped) gradient itself; Adam would
             # blow rounding-level differences in near-zero gradients up to lr.
             metrics = update(model, optim.SGD(learning_rate=1.0), update_settings(config), sizes, parts, None, None)
@@ -142,13 +146,6 @@ def _assert_same_gradients(expected, got):
             np.testing.assert_allclose(grads_c[name], grads[name], rtol=1e-5, atol=1e-7, err_msg=name)
 
 
-def _trained_tiny(tiny_model_path):
-    model, _ = load_policy(str(tiny_model_path))
-    mx.random.seed(0)
-    prepare_for_training(model, "lora", {"rank": 4})
-    return model
-
-
 def test_compiled_gradients_equal_traced_ones(tiny_model_path, cpu_device, monkeypatch):
     """On a CPU each piece's value-and-gradient is compiled whole (gradients.py); the numbers are the traced ones.
 
@@ -169,7 +166,7 @@ def test_compiled_gradients_equal_traced_ones(tiny_model_path, cpu_device, monke
             refs = [mx.array(rng.normal(-3, 0.5, mb.mask.shape).astype(np.float32)) for mb in parts] if beta else None
             config = build_config({"group_size": 4, "steps": 5, "loss": loss, "beta": beta})
             sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.max_tokens)
-            model = _trained_tiny(tiny_model_path)
+            model = _tiny_with_adapters(tiny_model_path)
             results = {}
             for compiled in (False, True):
                 monkeypatch.setattr(gradients, "COMPILE_ON_CPU", compiled)
@@ -190,7 +187,7 @@ def test_a_failed_compile_leaves_the_weights_whole_and_runs_traced(tiny_model_pa
     parts = micro_batches(batch, 1)
     config = build_config({"group_size": 4, "steps": 5})
     sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.max_tokens)
-    model = _trained_tiny(tiny_model_path)
+    model = _tiny_with_adapters(tiny_model_path)
     weights = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
     monkeypatch.setattr(gradients, "COMPILE_ON_CPU", False)
     traced = _gradients_of(model, parts, None, sizes, config)
