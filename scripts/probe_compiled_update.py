@@ -1,6 +1,4 @@
-"""Two ways of the same update, in one process, interleaved: traced against compiled whole (`--ab compile`:
-update/gradients.py COMPILE_ON_CPU), or the frozen head's softmax with MLX's exp against cpu_math's
-(`--ab head-exp`: update/logprobs.py FROZEN_HEAD_EXP, both compiled as the trainer runs).
+"""The update traced against compiled whole (update/gradients.py COMPILE_ON_CPU), in one process, interleaved.
 
 Separate runs of profile_update.py (--traced or not) differ by as much as the machine's own drift
 from one run to the next; here both take turns on the same model, batch and memory, so the drift
@@ -8,7 +6,7 @@ falls on both. The batch is profile_update.py's synthetic one (a prompt of --pro
 --group-size completions of --max-tokens tokens, cut into the trainer's own pieces), and each
 update is update/step.update as the trainer calls it. The first round warms up and is left out.
 
-    python scripts/probe_compiled_update.py --model qwen2.5-coder-0.5b-q4_k_m.gguf [--rounds 4] [--ab head-exp]
+    python scripts/probe_compiled_update.py --model qwen2.5-coder-0.5b-q4_k_m.gguf [--rounds 4]
 """
 
 from __future__ import annotations
@@ -33,9 +31,7 @@ def main() -> dict:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--lora-rank", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=4, help="rounds of (A, B); the first warms up")
-    p.add_argument("--ab", choices=("compile", "head-exp"), default="compile",
-                   help="compile: traced against compiled; head-exp: MLX's exp against cpu_math's in the frozen head")
+    p.add_argument("--rounds", type=int, default=4, help="rounds of (traced, compiled); the first warms up")
     args = p.parse_args()
     use_openblas()  # re-executes with OpenBLAS preloaded, as the mlx-grpo command does
     import mlx.core as mx
@@ -44,8 +40,7 @@ def main() -> dict:
     from mlx_grpo.models.adapters import prepare_for_training
     from mlx_grpo.models.loading import load_policy
     from mlx_grpo.run.trainer import make_optimizer, update_settings
-    from mlx_grpo.models import cpu_math
-    from mlx_grpo.update import gradients, logprobs, step
+    from mlx_grpo.update import gradients, step
 
     model, _ = load_policy(args.model)  # the trainer's loader: a quantized base becomes a float32 copy
     mx.random.seed(0)
@@ -54,13 +49,10 @@ def main() -> dict:
                                max_tokens=args.max_tokens, lora_rank=args.lora_rank, lora_layers=-1, micro_batch=None)
     config, prep = synthetic_update(model, args.model, model.args.vocab_size, shape)
     settings, optimizer = update_settings(config), make_optimizer(config)
-    modes = ("traced", "compiled") if args.ab == "compile" else ("mlx-exp", "polynomial-exp")
-    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
-    peaks: dict[str, list[float]] = {mode: [] for mode in modes}
+    seconds: dict[str, list[float]] = {"traced": [], "compiled": []}
     for round_ in range(args.rounds):
-        for mode in modes:
-            gradients.COMPILE_ON_CPU = mode != "traced"
-            logprobs.FROZEN_HEAD_EXP = mx.exp if mode == "mlx-exp" else cpu_math.exp
+        for mode in seconds:
+            gradients.COMPILE_ON_CPU = mode == "compiled"
             mx.reset_peak_memory()
             start = time.perf_counter()
             step.update(model, optimizer, settings, prep.sizes, prep.parts, None, prep.chunk)
@@ -68,14 +60,12 @@ def main() -> dict:
             elapsed = time.perf_counter() - start
             if round_:
                 seconds[mode].append(round(elapsed, 2))
-                peaks[mode].append(round(mx.get_peak_memory() / 1e9, 3))
             print(f"round {round_} {mode}: {elapsed:.2f} s, MLX peak {mx.get_peak_memory() / 1e9:.2f} GB"
                   + (" (warm-up)" if not round_ else ""), file=sys.stderr, flush=True)
-    a, b = modes
-    pairs = [y / x for x, y in zip(seconds[a], seconds[b])]
-    out = {"blas_kernels": blas_description(), "ab": args.ab, "pieces": [list(mb.completions.shape) for mb in prep.parts],
+    pairs = [c / t for t, c in zip(seconds["traced"], seconds["compiled"])]
+    out = {"blas_kernels": blas_description(), "pieces": [list(mb.completions.shape) for mb in prep.parts],
            "seconds": seconds, "median": {k: statistics.median(v) for k, v in seconds.items() if v},
-           "mlx_peak_gb": peaks, f"{b}_over_{a}_per_round": [round(r, 3) for r in pairs]}
+           "compiled_over_traced_per_round": [round(r, 3) for r in pairs]}
     print(json.dumps(out, indent=1))
     return out
 

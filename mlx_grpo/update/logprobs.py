@@ -28,11 +28,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..models import cpu_math
 from ..models.heads import output_head
 
 
-def _softmax_terms(logits, temperature, exp=mx.exp):
+def _softmax_terms(logits, temperature):
     """(scaled logits z, exp(z - shift), their sum, log-normaliser) of the softmax at `temperature`.
 
     One exp over the vocabulary serves the log-normaliser, the entropy and the backward pass
@@ -43,7 +42,7 @@ def _softmax_terms(logits, temperature, exp=mx.exp):
         logits = logits.astype(mx.float32)
     z = logits / temperature
     shift = mx.stop_gradient(mx.max(z, axis=-1, keepdims=True))
-    weights = exp(z - shift)
+    weights = mx.exp(z - shift)
     total = weights.sum(axis=-1, keepdims=True)
     return z, weights, total, (mx.log(total) + shift).squeeze(-1)
 
@@ -91,15 +90,9 @@ def _through_frozen_head(project, hidden, targets, temperature, chunk_size):
     return _by_chunks(chunk, hidden, targets, chunk_size)
 
 
-# The frozen head's softmax is never differentiated, so on a CPU it takes cpu_math's polynomial exp
-# (2-4 ns an element against MLX's 12-16): 19 M exps in a piece of 127 positions over 151,936 words.
-# A name of its own so that scripts/probe_compiled_update.py --ab head-exp can put mx.exp back.
-FROZEN_HEAD_EXP = cpu_math.exp
-
-
 def _frozen_head_chunk(project, hidden, targets, temperature):
     h = mx.stop_gradient(hidden)
-    z, weights, total, lse = _softmax_terms(project(h), temperature, FROZEN_HEAD_EXP)
+    z, weights, total, lse = _softmax_terms(project(h), temperature)
     logp = mx.take_along_axis(z, targets[..., None], axis=-1).squeeze(-1) - lse
     entropy = lse - mx.sum(weights * z, axis=-1) / total.squeeze(-1)
     # d logp / d z = onehot(target) - probs, and z = head(h) / T: the slope is that over T. Each line is
