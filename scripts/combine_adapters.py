@@ -23,6 +23,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlx_grpo.files import atomic_save_safetensors, atomic_write_json
+
 
 def combine(adapters: list[dict[str, mx.array]], weights: list[float]) -> dict[str, mx.array]:
     """LoRA tensors (mlx-lm's names, `...lora_a`/`...lora_b`) whose A @ B is sum_i weights[i] * A_i @ B_i."""
@@ -62,24 +64,26 @@ def main(argv: list[str] | None = None) -> Path:
     weights = given or [1 / len(pairs)] * len(pairs)
     configs = [json.loads((run / "adapter_config.json").read_text()) for run, _ in pairs]
     first = configs[0]
+
+    def must_match(c: dict) -> dict:  # what every run must share for their A @ B to add up
+        return {"model": c.get("model"), "num_layers": c.get("num_layers"), "LoRA scale": c["lora_parameters"]["scale"]}
+
+    expected = must_match(first)
     for run_config, (run, _) in zip(configs, pairs):
         if run_config.get("fine_tune_type", "lora") != "lora":
             p.error(f"{run}: {run_config.get('fine_tune_type')} adapters; only LoRA combines as a sum of A @ B")
-        for key in ("model", "num_layers"):
-            if run_config.get(key) != first.get(key):
-                p.error(f"{run}: {key} {run_config.get(key)!r}, but {pairs[0][0]} has {first.get(key)!r}")
-        if run_config["lora_parameters"]["scale"] != first["lora_parameters"]["scale"]:
-            p.error(f"{run}: LoRA scale {run_config['lora_parameters']['scale']}, "
-                    f"but {pairs[0][0]} has {first['lora_parameters']['scale']}")
+        for key, value in must_match(run_config).items():
+            if value != expected[key]:
+                p.error(f"{run}: {key} {value!r}, but {pairs[0][0]} has {expected[key]!r}")
     if args.output.exists():
         p.error(f"{args.output} exists; name a new folder")
     combined = combine([mx.load(str(run / "adapters.safetensors")) for run, _ in pairs], weights)
     args.output.mkdir(parents=True)
-    mx.save_safetensors(str(args.output / "adapters.safetensors"), combined)
+    atomic_save_safetensors(args.output / "adapters.safetensors", combined)
     out_config = dict(first, lora_parameters=dict(first["lora_parameters"],
                                                   rank=sum(c["lora_parameters"]["rank"] for c in configs)))
     out_config["combined_from"] = [{"run": str(run), "weight": w} for (run, _), w in zip(pairs, weights)]
-    (args.output / "adapter_config.json").write_text(json.dumps(out_config, indent=2) + "\n")
+    atomic_write_json(args.output / "adapter_config.json", out_config)
     if (pairs[0][0] / "config.yaml").is_file():
         shutil.copy(pairs[0][0] / "config.yaml", args.output / "config.yaml")
     print(f"{args.output}: " + " + ".join(f"{w:g} x {run}" for (run, _), w in zip(pairs, weights)))

@@ -9,12 +9,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import combine_adapters  # noqa: E402
-from mlx_grpo.models.adapters import prepare_for_training  # noqa: E402
+from mlx_grpo.models.adapters import prepare_for_training, save_adapters  # noqa: E402
 from mlx_grpo.models.loading import load_policy  # noqa: E402
 
 
@@ -23,11 +23,9 @@ def _adapter_folder(model_path, folder: Path, seed: int, rank: int, scale: float
     model, _ = load_policy(str(model_path))
     mx.random.seed(seed)
     config = prepare_for_training(model, "lora", {"rank": rank, "scale": scale, "dropout": 0.0, "num_layers": -1})
-    weights = {name: (mx.random.normal(v.shape) * 0.05 if name.endswith("lora_b") else v)
-               for name, v in tree_flatten(model.trainable_parameters())}
-    folder.mkdir()
-    mx.save_safetensors(str(folder / "adapters.safetensors"), weights)
-    (folder / "adapter_config.json").write_text(json.dumps({**config, "model": str(model_path)}))
+    model.update(tree_unflatten([(name, mx.random.normal(v.shape) * 0.05)
+                                 for name, v in tree_flatten(model.trainable_parameters()) if name.endswith("lora_b")]))
+    save_adapters(model, folder, {**config, "model": str(model_path)})
     (folder / "config.yaml").write_text("task: arith\n")
     return folder
 
