@@ -98,3 +98,5 @@ def test_gsm8k_qwen_recipe_builds():
     # paid for the right answer alone: v2's format part and overlong penalty paid bare `#### N` answers
     assert _weights(task) == {"correctness_reward": 1.0, "format_reward": 0.0}
     assert config.overlong_buffer == 0 and config.loss == "dr_grpo"
+    # v5: every update on about 4 groups with spread (v3's one-group updates came with its significant losses)
+    assert config.dynamic_sampling and config.resample_rounds == 2
