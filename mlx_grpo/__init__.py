@@ -11,16 +11,18 @@ The public Python API (stable names; see mlx_grpo/api.py and the README's
 Names are loaded on first use, so `import mlx_grpo` stays light.
 """
 
-__version__ = "0.1.0"
-
 __all__ = [
     "Completion", "RunResult", "SamplingConfig", "Scores", "Task", "TrainConfig", "Trainer",
-    "load_policy", "load_task", "make_config", "metrics_table", "plot_metrics", "read_metrics",
+    "keep_freed_memory", "load_policy", "load_task", "make_config", "metrics_table", "plot_metrics", "read_metrics",
     "sample_group", "score_group", "train",
 ]
 
 
 def __getattr__(name):
+    if name == "__version__":  # pyproject.toml's, as installed: written down there alone
+        from .version import package_version
+
+        return package_version()
     if name in __all__:
         from . import api
 
@@ -29,4 +31,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted([*globals(), *__all__])
+    return sorted([*globals(), *__all__, "__version__"])

@@ -3,6 +3,8 @@
 On Linux with MLX's CPU backend the process re-executes itself once with
 OpenBLAS preloaded (see blas.py). Doing that here, before the CLI's imports
 (transformers, datasets, ...), means the slow imports happen once, not twice.
+The command's process is ours, so it also keeps freed memory for reuse
+(models/heap.py); the Python API changes neither unless its caller asks.
 """
 
 
@@ -10,6 +12,9 @@ def main():
     from .blas import loaded_blas, use_openblas
 
     use_openblas()  # MLX_GRPO_OPENBLAS=0 turns it off
+    from .models.heap import keep_freed_memory
+
+    keep_freed_memory()  # every step's large temporaries reused, not faulted in again
     from .cli import main as cli_main
 
     try:

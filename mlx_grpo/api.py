@@ -32,24 +32,21 @@ import numpy as np
 
 from .config import TrainConfig, build_config
 from .models.adapters import save_adapters
+from .models.heap import keep_freed_memory  # the process-wide allocator setting `mlx-grpo` makes; only when asked
 from .models.loading import load_policy
 from .run import trainer as _trainer
 from .run.setup import setup
-from .run.step_update import logprob_chunk, update_settings
+from .run.step_update import Trained, apply_update, group_baselines, prepare_update
 from .run.trainer import RunResult
 from .sampling.rollout import Completion, SamplingConfig, sample_completions
 from .tasks import registry as _tasks
 from .tasks.data import columns_of, encode_prompt
 from .tasks.registry import Task, recommended_settings
 from .tasks.rewarding import Scores, score_completions
-from .update.advantages import group_advantages
-from .update.batch import batch_shape, build_batch, micro_batches, padded_fraction
-from .update.losses import same_at_any_cut
-from .update.step import reference_logprobs, update
 
 __all__ = [
     "Completion", "RunResult", "SamplingConfig", "Scores", "Task", "TrainConfig", "Trainer",
-    "load_policy", "load_task", "make_config", "metrics_table", "plot_metrics", "read_metrics",
+    "keep_freed_memory", "load_policy", "load_task", "make_config", "metrics_table", "plot_metrics", "read_metrics",
     "sample_group", "score_group", "train",
 ]
 
@@ -229,29 +226,34 @@ class Trainer:
         return score_group(self.task, row, completions)
 
     def update(self, rows: list[dict], completions: list[Completion], rewards) -> dict:
-        """One optimizer step on groups you sampled and scored yourself; returns its metrics.
+        """One step of the run on groups you sampled and scored yourself; returns its metrics.
 
-        `completions` holds len(rows) groups of equal size, group by group
-        (as `sample` returns them, concatenated); `rewards` one number each.
-        Advantages are the group baselines of the run's settings.
+        `completions` holds len(rows) groups of equal size, at least 2 (the group's mean is each
+        one's baseline), group by group (as `sample` returns them, concatenated); `rewards` one
+        number each. From there it is `train`'s step (run/step_update.py): the same advantages,
+        truncation mask, token budget, micro-batches and optimizer step, skipped when no group
+        carries signal (skip_no_signal). The groups' own size is the group size of this update,
+        whatever the config's. It counts as the run's next step: `history` holds its metrics.
         """
-        c = self.config
-        g = len(completions) // max(len(rows), 1)
-        if g == 0 or g * len(rows) != len(completions):
+        n = len(completions)
+        g = n // max(len(rows), 1)
+        if g == 0 or g * len(rows) != n:
             raise ValueError("completions must hold one equal-sized group per row")
+        if g < 2:
+            raise ValueError("each group needs at least 2 completions: the group's mean is each one's baseline")
         rewards = np.asarray(rewards, dtype=np.float64)
-        advantages = group_advantages(rewards, g, c.scale_rewards, c.scale_eps)
-        batch = build_batch(completions, advantages, g)
-        settings = c if g == c.group_size else _with_group_size(c, g)
-        by_length = same_at_any_cut(c.loss)  # as a training step cuts its groups (run/step_update.py)
-        parts = micro_batches(batch, settings.micro_batch_size, by_length)
-        sizes = batch_shape(batch, settings.micro_batch_size, c.max_tokens, by_length)
-        chunk = logprob_chunk(settings, self.model, batch, settings.micro_batch_size)
-        ref = (reference_logprobs(self.model, parts, self.ref_params, settings.temperature, chunk)
-               if c.beta > 0 else None)
+        if rewards.shape != (n,):
+            raise ValueError(f"rewards must hold one number per completion: {n}, not {rewards.size}")
+        config = self.config if g == self.config.group_size else _with_group_size(self.config, g)
+        trained = Trained(list(completions), group_baselines(completions, rewards, config), np.arange(n))
+        self.step_count += 1
         self.model.train()
-        metrics = update(self.model, self.optimizer, update_settings(settings), sizes, parts, ref, chunk)
-        return {"reward/mean": float(rewards.mean()), **metrics, "update/padded_frac": padded_fraction(parts)}
+        ready = prepare_update(self.model, trained, self.task, config, self.step_count, self.ref_params)
+        metrics = {"step": self.step_count, "reward/mean": float(rewards.mean()),
+                   **apply_update(self.model, self.optimizer, ready, config)}
+        _trainer.refresh_reference_if_due(self.run, self.step_count, metrics)
+        self.history.append(metrics)
+        return metrics
 
     def step(self) -> dict:
         """One GRPO step on the next batch of the task's prompts (as `train` runs it); returns its metrics."""

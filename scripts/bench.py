@@ -37,6 +37,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from mlx_grpo.blas import blas_description, loaded_blas, use_openblas
+from mlx_grpo.models.heap import keep_freed_memory
 from mlx_grpo.device import on_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
@@ -671,6 +672,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.blas == "auto" and argv is None:
         use_openblas()  # re-executes this script with OpenBLAS preloaded, when there is one
+        keep_freed_memory()  # as the mlx-grpo command does (models/heap.py)
     out = run(args)
     text = json.dumps(out, indent=2)
     if args.out:

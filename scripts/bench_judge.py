@@ -28,6 +28,7 @@ from mlx.utils import tree_flatten
 
 from mlx_grpo.api import load_task, make_config
 from mlx_grpo.blas import blas_description, loaded_blas, use_openblas
+from mlx_grpo.models.heap import keep_freed_memory
 from mlx_grpo.tasks.data import columns_of
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if argv is None:
         use_openblas()  # re-executes this script with OpenBLAS preloaded, when there is one (as mlx-grpo does)
+        keep_freed_memory()  # as the mlx-grpo command does (models/heap.py)
 
     settings = {"task": args.task, "batch_size": args.batch_size, "group_size": args.group_size}
     if args.policy != "embedded":

@@ -125,9 +125,11 @@ def table(result: dict) -> str:
 def main(argv=None):
     args = parse_args(argv)
     from mlx_grpo.blas import use_openblas
+    from mlx_grpo.models.heap import keep_freed_memory
 
     if argv is None:
         use_openblas()  # re-executes this script with OpenBLAS preloaded, when there is one (each child too)
+        keep_freed_memory()  # as the mlx-grpo command does (models/heap.py)
     if args.child:
         print(json.dumps(run_mode(args, args.mode[0])))
         return

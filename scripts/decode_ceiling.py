@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlx.core as mx  # noqa: E402
 
 from mlx_grpo.blas import blas_description, use_openblas  # noqa: E402
+from mlx_grpo.models.heap import keep_freed_memory  # noqa: E402
 
 
 def bare_loop(model, prompt: list[int], width: int, tokens: int) -> float:
@@ -83,6 +84,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if argv is None:
         use_openblas()
+        keep_freed_memory()  # as the mlx-grpo command does (models/heap.py)
     from bench import PRESETS, build_random_model
 
     from mlx_grpo.models.loading import load_policy

@@ -61,6 +61,7 @@ from bench_blas import gflops as sgemm_gflops  # noqa: E402 (float32 GFLOP/s, as
 from mlx_lm.tuner.lora import LoRALinear  # noqa: E402
 
 from mlx_grpo.blas import blas_description, use_openblas  # noqa: E402
+from mlx_grpo.models.heap import keep_freed_memory
 from mlx_grpo.config import FIELDS, TrainConfig  # noqa: E402
 from mlx_grpo.models.adapters import prepare_for_training  # noqa: E402
 from mlx_grpo.models.heads import output_head  # noqa: E402
@@ -330,6 +331,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if argv is None:
         use_openblas()  # re-executes with OpenBLAS preloaded, as the mlx-grpo command does
+        keep_freed_memory()  # as the mlx-grpo command does (models/heap.py)
     load_start = os.getloadavg()
     with _replaced(gradients, "COMPILE_ON_CPU", not args.traced), \
             tempfile.TemporaryDirectory(prefix="profile-update-") as tmp:

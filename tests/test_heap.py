@@ -14,6 +14,13 @@ import ctypes, resource, sys
 from mlx_grpo.models.heap import keep_freed_memory
 if sys.argv[1] == "kept":
     assert keep_freed_memory()
+if sys.argv[1] == "api":  # the Python API loads a model and leaves the allocator as it was
+    import mlx_grpo
+    mlx_grpo.load_policy()
+if sys.argv[1] == "api-asked":
+    import mlx_grpo
+    mlx_grpo.load_policy()
+    assert mlx_grpo.keep_freed_memory()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -48,3 +55,9 @@ def test_a_large_freed_block_is_reused_without_faulting_its_pages_again():
 def test_the_users_own_malloc_setting_wins():
     # MALLOC_MMAP_MAX_ left as the user set it (65536 = glibc's default: map large blocks)
     assert _faults("kept", {"MALLOC_MMAP_MAX_": "65536"}) > 2 * PAGES
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_the_python_api_changes_the_allocator_only_when_asked():
+    assert _faults("api") > 2 * PAGES  # load_policy alone: glibc as it comes
+    assert _faults("api-asked") < PAGES // 10  # the one documented call

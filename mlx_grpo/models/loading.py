@@ -13,7 +13,6 @@ from .aliases import PACKAGED_MODELS, ModelNotInstalled, packaged_model_path
 from .cpu_math import use_fast_swiglu
 from .cuda_fixes import apply_cuda_fixes
 from .gguf import GGUFError, converted_folder, is_gguf, types_note
-from .heap import keep_freed_memory
 from .quantized import prepare_base
 from .stores import StoreError, is_store_name, resolve_store_name
 
@@ -82,7 +81,6 @@ def load_with_config(model: str | None = None, adapter_path: str | None = None):
     model, tokenizer, config = mlx_lm_load(folder, adapter_path=adapter_path, tokenizer_config=tokenizer_config,
                                            return_config=True)
     use_fast_swiglu(model)
-    keep_freed_memory()  # every step's large temporaries reused, not faulted in again (heap.py)
     return apply_cuda_fixes(model), tokenizer, config
 
 

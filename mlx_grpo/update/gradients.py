@@ -56,6 +56,7 @@ LossOf = Callable[[mx.array, mx.array, MicroBatch, mx.array | None], tuple[mx.ar
 # off and on by scripts/probe_compiled_update.py; profile_update.py --traced turns it off). Not on a GPU:
 # there it is unmeasured, and first runs compile kernels.
 COMPILE_ON_CPU = True
+_fallback_reported = False  # the compiled update's fallback is reported once a process, with its first reason
 
 
 def micro_batch_gradients(model: nn.Module, parts: list[MicroBatch], refs: list | None, after_prompt: AfterPrompt,
@@ -107,10 +108,19 @@ def _evaluated(model: nn.Module, fn: Callable, compiled: bool, *args) -> tuple:
         except Exception as error:  # noqa: BLE001 (the traced run below is the reference; it raises what is real)
             # A trace that fails leaves its placeholders in the model: put the weights back first.
             model.update(weights)
-            warnings.warn(f"compiling the update's value and gradient failed ({error}); running it traced")
+            _report_fallback(error)
     out = fn(*args)
     mx.eval(out)
     return out
+
+
+def _report_fallback(error: Exception) -> None:
+    """Say once, at warning level, that the update runs traced and why: it is correct but slower."""
+    global _fallback_reported
+    if not _fallback_reported:
+        warnings.warn(f"compiling the update's value and gradient failed ({type(error).__name__}: {error}); "
+                      "running it traced (the same gradients, slower)", stacklevel=3)
+        _fallback_reported = True  # after the warning: where warnings are errors (the suite), each one raises
 
 
 def _whole(model, mb: MicroBatch, ref, after_prompt: AfterPrompt, loss_of: LossOf, compiled: bool):
