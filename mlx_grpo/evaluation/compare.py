@@ -135,6 +135,7 @@ class ModelResult:
     samples: int
     episode: dict = field(default_factory=dict)  # a multi-turn task's episode and tool metrics (multiturn.episode_metrics)
     cached: Path | None = None  # where the answers were read from, when they were not decoded now
+    cached_by: str | None = None  # which code made those answers: "mlx-grpo 0.1.0 (decode format 1)"
 
     def per_prompt(self, values: np.ndarray) -> np.ndarray:
         return values.reshape(-1, self.samples).mean(axis=1)
@@ -160,6 +161,7 @@ class ModelResult:
             out["episode"] = dict(self.episode)
         if self.cached:
             out["answers_from_cache"] = str(self.cached)
+            out["answers_made_by"] = self.cached_by
         if self.samples > 1 and self.accuracy is not None:
             successes = right(self.accuracy).reshape(-1, self.samples).sum(axis=1)
             out["pass_at_k"] = {str(k): mean_pass_at_k(successes, self.samples, k) for k in pass_ks(self.samples)}
@@ -184,8 +186,8 @@ def score(task: Task, rows: list[dict], answers: list, samples: int) -> tuple:
 
 def generate_or_reuse(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
                       on_progress: Callable[[str, int, int], None] | None = None):
-    """(answers, rollouts, decode seconds, where the answers were kept or None): decoded, or from the cache
-    (single-turn answers only: an episode's score is in the episode)."""
+    """(answers, rollouts, decode seconds, where the answers were kept or None, which code made them or None):
+    decoded, or from the cache (single-turn answers only: an episode's score is in the episode)."""
     progress = (lambda done: on_progress(name, done, len(rows))) if on_progress else None
     cacheable = settings.cache and not rollouts_for(task).plays_episodes
     key = answer_cache.cache_key(spec, task, rows, settings) if cacheable else None
@@ -193,8 +195,8 @@ def generate_or_reuse(name: str, spec: ModelSpec, task: Task, rows: list[dict], 
     if kept is not None:
         if progress:
             progress(len(rows))
-        answers = [Answer(**a) for a in kept[0]]
-        return answers, answers, kept[1], answer_cache.folder() / f"{key}.json"
+        answers = [Answer(**a) for a in kept.answers]
+        return answers, answers, kept.seconds, answer_cache.folder() / f"{key}.json", kept.made_by
     model, tokenizer = load_model(spec)
     if progress:
         progress(0)
@@ -203,16 +205,16 @@ def generate_or_reuse(name: str, spec: ModelSpec, task: Task, rows: list[dict], 
     mx.clear_cache()  # the next model gets the memory
     if key:
         answer_cache.write(key, [asdict(a) for a in answers], seconds)
-    return answers, rollouts, seconds, None
+    return answers, rollouts, seconds, None, None
 
 
 def evaluate_model(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
                    on_progress: Callable[[str, int, int], None] | None = None) -> ModelResult:
-    answers, rollouts, seconds, cached = generate_or_reuse(name, spec, task, rows, settings, on_progress)
+    answers, rollouts, seconds, cached, cached_by = generate_or_reuse(name, spec, task, rows, settings, on_progress)
     totals, parts, accuracy, errors, examples = score(task, rows, rollouts, settings.samples)
     episode = rollouts_for(task).step_metrics(rollouts) if rollouts else {}  # a multi-turn task's episode metrics
     return ModelResult(name, spec, answers, totals, parts, accuracy, errors, examples, seconds, settings.samples,
-                       episode, cached)
+                       episode, cached, cached_by)
 
 
 # ---------------------------------------------------------------------------

@@ -103,7 +103,8 @@ def markdown(report: Report) -> str:
     d = report.data
     lines = ["# mlx-grpo " + ("compare" if report.paired else "eval"), "", settings_line(report), ""]
     for r in report.results:
-        lines.append(f"- **{r.name}**: `{r.spec.label}`")
+        reused = f" (reused answers made by {r.cached_by}, from the cache)" if r.cached else ""
+        lines.append(f"- **{r.name}**: `{r.spec.label}`{reused}")
     lines.append("")
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + " --- |" * len(header))
@@ -210,25 +211,33 @@ class Progress:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgress
 
+        from ..sampling.progress import PROGRESS
+
         self.console = console
         self.bar = None
         self.tasks = {}
         self.printed = {}  # model -> when (in its decode's seconds) a log last got its line
+        self.decoding = None  # the model whose rollout PROGRESS reports on now
+        # A caller's own listener (a notebook's) is put back by stop(), not dropped.
+        self.callers_listener = PROGRESS.get()
+        PROGRESS.set(self.rollout_moved)
         if console.is_terminal:
             self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
                                     TextColumn("prompts"), TimeElapsedColumn(), console=console, transient=True)
             self.bar.start()
 
     def __call__(self, name: str, done: int, total: int) -> None:
-        from ..sampling.progress import PROGRESS
-
-        PROGRESS.set(lambda state: self.turn(name, state))  # where this model's rollout is
+        self.decoding = name
         if self.bar is not None:
             if name not in self.tasks:
                 self.tasks[name] = self.bar.add_task(f"{name}: generating", total=total)
             self.bar.update(self.tasks[name], completed=done)
         elif done == 0:
             self.console.print(f"{name}: generating for {total} prompts ...", highlight=False)
+
+    def rollout_moved(self, state: dict) -> None:
+        if self.decoding is not None:
+            self.turn(self.decoding, state)
 
     def turn(self, name: str, state: dict) -> None:
         """A rollout moved on (a turn ended, or a decode's steps): the bar says where it is; elsewhere
@@ -246,7 +255,7 @@ class Progress:
     def stop(self) -> None:
         from ..sampling.progress import PROGRESS
 
-        PROGRESS.set(None)
+        PROGRESS.set(self.callers_listener)
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
@@ -267,8 +276,9 @@ def print_report(report: Report, console, written: list[Path] = ()) -> None:
     for r in report.results:
         console.print(f"[bold]{r.name}[/]: {escape(r.spec.label)}", highlight=False, soft_wrap=True)
         if r.cached:  # said, so that nobody takes the decode time for a new measurement
-            console.print(f"  answers from the cache {escape(str(r.cached))} (decoded earlier in {r.seconds:.0f} s; "
-                          f"--no-cache decodes again)", highlight=False, soft_wrap=True)
+            console.print(f"  reused answers made by {escape(str(r.cached_by))}: answers from the cache "
+                          f"{escape(str(r.cached))} (decoded earlier in {r.seconds:.0f} s; --no-cache decodes again)",
+                          highlight=False, soft_wrap=True)
     # Plain text: a system prompt's "[n]" or "search[query]" is not rich markup.
     console.print(settings_line(report), highlight=False, soft_wrap=True, markup=False)
     console.print(table)

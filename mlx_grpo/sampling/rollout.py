@@ -37,6 +37,12 @@ from . import fixed_decode
 from .progress import PROGRESS, DecodeMeter
 from .width import decode_width
 
+# Bump on any change to what a model answers for the same model, prompts, settings and seed (the draw,
+# the filters, the decode loop here or in fixed_decode.py, stopping, the decode width's effect). Answers
+# that eval and compare keep (evaluation/answer_cache.py) are keyed on it, so answers an older decode
+# made are decoded again, not reused as if this code had made them.
+DECODE_FORMAT = 1
+
 
 @dataclass
 class SamplingConfig:
