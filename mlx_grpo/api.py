@@ -47,7 +47,7 @@ from .tasks.rewarding import Scores, score_completions
 __all__ = [
     "Completion", "RunResult", "SamplingConfig", "Scores", "Task", "TrainConfig", "Trainer",
     "keep_freed_memory", "load_policy", "load_task", "make_config", "metrics_table", "plot_metrics", "read_metrics",
-    "sample_group", "score_group", "train",
+    "sample_group", "score_group", "sft", "train",
 ]
 
 DEFAULT_PLOT_KEYS = ("reward/mean", "grad_norm", "kl", "completion/mean_length")
@@ -96,6 +96,24 @@ def train(config: TrainConfig | None = None, on_event: Callable[[str, dict], Non
     elif settings:
         raise TypeError("give either a TrainConfig or settings, not both")
     return _trainer.train(config, on_event)
+
+
+def sft(config: TrainConfig | None = None, on_event: Callable[[str, dict], None] | None = None,
+        **settings) -> RunResult:
+    """Supervised fine-tuning, exactly what `mlx-grpo sft` does (docs/sft.md): on `data` (mlx-lm's
+    formats) or on a built-in task's own demonstrations (`task`, its train split). Same settings,
+    run folder and RunResult as `train`.
+
+    >>> result = sft(task="arith", steps=80, output="/tmp/sft")  # doctest: +SKIP
+    >>> result.summary_line()  # doctest: +SKIP
+    """
+    from .run.sft import sft as run_sft
+
+    if config is None:
+        config = make_config(**settings)
+    elif settings:
+        raise TypeError("give either a TrainConfig or settings, not both")
+    return run_sft(config, on_event)
 
 
 def sample_group(model, tokenizer, prompt, group_size: int = 8, *, temperature: float = 1.0,

@@ -108,6 +108,44 @@ train.__signature__ = _train_signature()
 app.command()(train)
 
 
+def sft(**flags):
+    """Supervised fine-tuning on demonstrations: --data (mlx-lm's JSONL formats) or a task's own (--task)."""
+    config_file = str(flags.pop("config")) if flags.get("config") else None
+    resume = flags.get("resume")
+    if resume is not None:
+        if not (Path(resume) / "config.yaml").is_file():
+            fail(f"--resume {resume}: not a run folder (no config.yaml)")
+        config_file = config_file or str(Path(resume) / "config.yaml")
+        flags["output"] = resume
+
+    from .api import sft as run_sft
+    from .run.checkpoint import CheckpointError
+    from .run.health import TrainingStopped
+    from .run.sft_display import SFTDisplay
+    from .tasks.registry import recommended_settings
+
+    try:
+        cfg = build_config(flags, config_file, task_defaults=recommended_settings)
+        display = SFTDisplay(log_every=cfg.log_every)
+        try:
+            run_sft(cfg, on_event=display)
+        finally:
+            display.stop()
+    except (ConfigError, DataError, FileNotFoundError, GGUFError, CheckpointError) as e:
+        fail(str(e))
+    except KeyboardInterrupt as e:
+        err.print(str(e) or "interrupted at once; the newest complete checkpoint is intact", highlight=False,
+                  soft_wrap=True)
+        raise typer.Exit(130)
+    except TrainingStopped as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+sft.__signature__ = _train_signature()
+app.command()(sft)
+
+
 # Options that `compare` and `eval` share, declared once (see mlx_grpo/evaluation/compare.py).
 _EVALUATION_OPTIONS = {
     "task": (Optional[str], typer.Option(None, help="task to evaluate on; default: the run's task (arith without a "

@@ -74,6 +74,8 @@ class Task:
     stop: list[str] = field(default_factory=list)
     # row -> a known-good answer to the prompt, or None (gsm8k: the worked solution); --guide puts it into groups.
     reference_answer: Callable | None = None
+    # row -> a scripted episode's actions, the model's turns in order, or None (web: the planned clicks); sft learns them.
+    reference_actions: Callable | None = None
 
 
 def is_chat_model(model: str | None) -> bool:
@@ -175,10 +177,11 @@ def load_task(config: TrainConfig) -> Task:
         factory = getattr(module, "episode_factory", None)
         reads_data = getattr(module, "READS_DATA", False)
         reference = getattr(module, "reference_answer", None)
+        actions = getattr(module, "reference_actions", None)
     else:
         train = test = None
         functions, weights, system_prompt, accuracy, make_env, factory, reads_data = [], [], None, None, None, None, False
-        reference = None
+        reference = actions = None
     if make_env is not None and (config.data or config.reward_file or config.reward):
         raise ConfigError(f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not apply")
     if make_env is not None and not functions and config.shaping != "always":
@@ -250,6 +253,7 @@ def load_task(config: TrainConfig) -> Task:
         stop=list(config.stop),
         # Data of one's own may carry the answers a run is guided by in a "reference" column.
         reference_answer=reference or (reference_column if any("reference" in r for r in train[:100]) else None),
+        reference_actions=actions,
     )
 
 

@@ -63,6 +63,11 @@ def make_env(row: dict) -> WebEnv:
     return WebEnv(task_from_row(row))
 
 
+def reference_actions(row: dict) -> list[str]:
+    """The task's scripted solution, one action a model turn (what `mlx-grpo sft --task web` learns)."""
+    return task_from_row(row).oracle_actions()
+
+
 def recommended_settings(model: str | None) -> dict:
     """Multi-turn limits for web pages; the tiny web model (when built) for the embedded default."""
     settings = {"max_tokens": 32, "max_turns": 8, "max_episode_tokens": 1536, "curriculum": "ued",

@@ -1,0 +1,117 @@
+"""What a supervised fine-tuning run holds before its first step: demonstrations, policy, adapters, optimizer.
+
+The model, its adapters and the optimizer are set up as `train` sets them up (setup.py's
+pieces: the same model sources, fine-tune types, quantized bases and schedule). The
+demonstrations come from `--data` (mlx-lm's formats, tasks/sft_data.py) or from a built-in
+task's own (`--task`, its train split only: sampling/demonstrations.py); the data is read
+and checked before the slow model load, and every row is rendered with the loaded tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.optimizers as optim
+
+from ..config import ConfigError, TrainConfig
+from ..models.adapters import prepare_for_training
+from ..models.loading import gguf_types_note, load_policy, resolve_model_path
+from ..models.quantized import prepare_base
+from ..sampling.demonstrations import task_demonstrations
+from ..tasks.data import DataError
+from ..tasks.registry import BUILTIN_TASKS, Task, load_task
+from ..tasks.sft_data import encode_rows, read_demonstrations
+from .run_folder import prepare_run_folder
+from .setup import make_optimizer
+
+# Held-out demonstrations for the validation loss when the data has no validation split:
+# a tenth of the training rows, at most this many.
+MAX_HELD_OUT = 100
+
+Example = tuple[list[int], list[float]]  # token ids, 1.0 on each token the model is taught to write
+
+
+@dataclass
+class SFTRun:
+    config: TrainConfig
+    model: object
+    tokenizer: object
+    adapter_config: dict
+    optimizer: optim.Optimizer
+    train: list[Example]
+    valid: list[Example]
+    task: Task | None  # a built-in task's run: its held-out accuracy before and after
+    source: str  # where the demonstrations came from, for the display
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _hold_out(rows: list, warnings: list[str], source: str) -> tuple[list, list]:
+    n = min(len(rows) // 10, MAX_HELD_OUT)
+    if n == 0:
+        warnings.append(f"{source}: too few rows to hold any out; no validation loss")
+        return rows, []
+    warnings.append(f"{source} has no validation split: holding out its last {n} rows for the validation loss")
+    return rows[:-n], rows[-n:]
+
+
+def _context(model) -> int | None:
+    return getattr(getattr(model, "args", None), "max_position_embeddings", None)
+
+
+def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
+    """The demonstrations, the policy with its adapters and the optimizer of an sft run."""
+    mx.random.seed(config.seed)  # the adapters' initial weights: the same seed, the same run
+    warnings: list[str] = []
+    task = None
+    if config.data:
+        if config.task in BUILTIN_TASKS:
+            raise ConfigError(f"--data and --task {config.task}: sft learns either your data or the task's own "
+                              "demonstrations; give one")
+        try:
+            train_rows, note = read_demonstrations(config.data, "train", config.on_bad_data)
+            valid_rows, valid_note = read_demonstrations(config.data, "valid", config.on_bad_data)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+        warnings += [n for n in (note, valid_note) if n]
+        if not valid_rows:
+            train_rows, valid_rows = _hold_out(train_rows, warnings, config.data)
+        source = config.data
+    elif config.task in BUILTIN_TASKS:
+        task = load_task(config)
+        warnings += task.warnings
+        # The train split alone: the held-out demonstrations are its last rows, never the test split's.
+        train_rows, valid_rows = _hold_out(task.train_rows, [], f"task {task.name}")
+        train_rows = train_rows[:config.steps * config.batch_size]  # the rows the run's steps reach
+        source = f"task {task.name} (train split)"
+    else:
+        raise ConfigError("sft needs --data (a JSONL file, a folder or a dataset name) or --task with its own "
+                          f"demonstrations ({', '.join(BUILTIN_TASKS)})")
+    if writable is not None:
+        prepare_run_folder(writable, resume=bool(config.resume), overwrite=config.overwrite)
+
+    model, tokenizer = load_policy(config.model, keep_quantized=True)
+    weights_note = prepare_base(model, config.keep_quantized, fine_tune_type=config.fine_tune_type)
+    try:
+        if task is None:
+            train, note = encode_rows(tokenizer, train_rows, config.data, config.on_bad_data, _context(model),
+                                      config.system_prompt, config.prompt_format, config.stop)
+            valid, valid_note = encode_rows(tokenizer, valid_rows, f"{config.data} (validation)", config.on_bad_data,
+                                            _context(model), config.system_prompt, config.prompt_format, config.stop)
+        else:
+            train, note = task_demonstrations(task, tokenizer, train_rows, config.max_episode_tokens,
+                                              config.on_bad_data, source)
+            valid, valid_note = task_demonstrations(task, tokenizer, valid_rows, config.max_episode_tokens,
+                                                    config.on_bad_data, f"{source}, held out")
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+    warnings += [n for n in (note, valid_note) if n]
+    adapter_config = prepare_for_training(model, config.fine_tune_type, {
+        "rank": config.lora_rank, "scale": config.lora_scale, "dropout": config.lora_dropout,
+        "num_layers": config.lora_layers})
+    adapter_config["model"] = resolve_model_path(config.model)
+    optimizer = make_optimizer(replace(config, num_iterations=1))  # one optimizer step a step
+    notes = [n for n in (gguf_types_note(config.model), weights_note) if n]
+    return SFTRun(config, model, tokenizer, adapter_config, optimizer, train, valid, task, source, warnings, notes)
