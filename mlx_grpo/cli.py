@@ -160,9 +160,10 @@ _EVALUATION_OPTIONS = {
     "decode_concurrency": (Optional[int], typer.Option(None, help="sequences decoded at once (default: the run's, "
                                                                   "256); fewer when memory would not hold them")),
     "seed": (int, typer.Option(0, help="sampler seed (the same for both models in compare)")),
-    "config": (Optional[Path], typer.Option(None, help="a training config YAML: its task and sampling settings "
-                                                       "(task, multihop_hops, max_turns, max_tokens, ...) are "
-                                                       "used as a run folder's are; typed flags override it")),
+    "config": (Optional[Path], typer.Option(None, help="a training config YAML: its task, sampling and guard "
+                                                       "settings (task, multihop_hops, max_turns, max_tokens, "
+                                                       "reward_timeout, ...) are used as a run folder's are; typed "
+                                                       "flags override it")),
     "data": (Optional[str], typer.Option(None, help="prompts (as for train --data)")),
     "reward_file": (Optional[Path], typer.Option(None, help="Python file defining reward functions")),
     "reward": (Optional[List[str]], typer.Option(None, help="reward function name(s)")),
@@ -232,6 +233,7 @@ def compare_command(
     """Does the trained model beat the base? Both answer the same prompts; paired statistics decide."""
     from .evaluation import compare as cmp
     from .evaluation import compare_report as cmp_report
+    from .tasks.rewarding import RewardError
 
     console = Console()
     progress = None
@@ -245,7 +247,7 @@ def compare_command(
         progress.stop()
         written = cmp_report.write_report(report, output or cmp.default_output(trained_spec), chart=plot)
         cmp_report.print_report(report, console, written)
-    except (cmp.CompareError, ConfigError, DataError, FileNotFoundError, GGUFError) as e:
+    except (cmp.CompareError, ConfigError, DataError, FileNotFoundError, GGUFError, RewardError) as e:
         if progress is not None:
             progress.stop()
         fail(str(e))
@@ -262,6 +264,7 @@ def eval_command(
     """Score one model on a task: accuracy, rewards, pass@k, lengths, speed."""
     from .evaluation import compare as cmp
     from .evaluation import compare_report as cmp_report
+    from .tasks.rewarding import RewardError
 
     console = Console()
     progress = None
@@ -274,7 +277,7 @@ def eval_command(
         progress.stop()
         written = cmp_report.write_report(report, output, chart=False) if output else []
         cmp_report.print_report(report, console, written)
-    except (cmp.CompareError, ConfigError, DataError, FileNotFoundError, GGUFError) as e:
+    except (cmp.CompareError, ConfigError, DataError, FileNotFoundError, GGUFError, RewardError) as e:
         if progress is not None:
             progress.stop()
         fail(str(e))

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..models.loading import EMBEDDED_MODEL, GGUFError, ModelNotInstalled, StoreError, load_policy
+from ..run.setup import guard_task
 from ..sampling.kinds import rollouts_for
 from ..sampling.rollout import SamplingConfig
 from ..stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k, paired_parts
@@ -59,11 +60,14 @@ class Settings:
     max_turns: int = 8  # multi-turn tasks only
     max_episode_tokens: int = 1024  # multi-turn tasks only
     cache: bool = False  # reuse (and keep) a model's answers to the same prompts and settings (answer_cache.py)
+    # The settings the task is guarded with as a run guards it (guard below): reward_timeout, on_bad_data,
+    # max_prompt_tokens, max_tokens. None: their defaults.
+    run_config: TrainConfig | None = None
 
 
-def load_model(spec: ModelSpec):
+def load_model(spec: ModelSpec, keep_quantized: bool = False):
     try:
-        model, tokenizer = load_policy(spec.model, spec.adapter)
+        model, tokenizer = load_policy(spec.model, spec.adapter, keep_quantized)
     except (GGUFError, ModelNotInstalled, StoreError) as e:  # their messages are whole sentences already
         raise CompareError(str(e)) from None
     except Exception as e:  # a missing repo, bad weights, an adapter for another model: one line
@@ -71,6 +75,21 @@ def load_model(spec: ModelSpec):
         raise CompareError(f"could not load {spec.label}: {type(e).__name__}: {first}") from None
     model.eval()
     return model, tokenizer
+
+
+def guard(task: Task, settings: Settings, specs: list[ModelSpec]) -> None:
+    """The task guarded, in place, as `train` guards it (run/setup.py's guard_task): its rows screened with
+    each model's tokenizer and context, so every model answers the same rows a run's held-out check would,
+    and every reward call bounded by reward_timeout.
+
+    Each model is loaded for it as stored, before any answers are decoded or looked up in the cache
+    (adapters change neither the tokenizer nor the context; quantized weights are left quantized)."""
+    config = settings.run_config or TrainConfig(max_tokens=settings.sampling.max_tokens)
+    for name in dict.fromkeys(spec.model for spec in specs):
+        model, tokenizer = load_model(ModelSpec(name), keep_quantized=True)
+        guard_task(task, config, model, tokenizer)
+        del model
+        mx.clear_cache()
 
 
 @dataclass
@@ -128,7 +147,7 @@ class ModelResult:
     answers: list[Answer]
     rewards: np.ndarray  # (N*K,) weighted totals
     parts: dict[str, list]  # reward name -> N*K values (None: not applicable)
-    accuracy: np.ndarray | None  # (N*K,) the task's accuracy (1.0 = right), None -> 0
+    accuracy: np.ndarray | None  # (N*K,) 1.0 where the answer is right (tasks/accuracy.py), else 0.0
     errors: dict[str, int]
     error_examples: dict[str, str]
     seconds: float  # decoding only
@@ -273,6 +292,7 @@ def compare(base: ModelSpec, trained: ModelSpec, task: Task, settings: Settings,
             on_progress: Callable[[str, int, int], None] | None = None) -> Report:
     """Both models on the same prompts and seeds, then the paired statistics."""
     start = time.perf_counter()
+    guard(task, settings, [base, trained])
     rows = select_rows(task, settings.split, n)
     results = [evaluate_model(name, spec, task, rows, settings, on_progress)
                for name, spec in (("base", base), ("trained", trained))]
@@ -300,6 +320,7 @@ def evaluate(spec: ModelSpec, task: Task, settings: Settings, n: int | None = No
              on_progress: Callable[[str, int, int], None] | None = None) -> Report:
     """The single-model version: one model's scores on the task's prompts."""
     start = time.perf_counter()
+    guard(task, settings, [spec])
     rows = select_rows(task, settings.split, n)
     result = evaluate_model("model", spec, task, rows, settings, on_progress)
     data = {**_header(task, rows, settings), "models": {"model": result.summary()},
@@ -331,4 +352,4 @@ def build_settings(config: TrainConfig, split: str = "test", samples: int = 1, t
         raise CompareError(f"--temperature must be >= 0, got {temperature}")
     sampling = SamplingConfig(**{**asdict(config.sampling), "temperature": temperature})
     return Settings(split, samples, sampling, seed, config.decode_concurrency,
-                    getattr(config, "max_turns", 8), getattr(config, "max_episode_tokens", 1024), cache)
+                    getattr(config, "max_turns", 8), getattr(config, "max_episode_tokens", 1024), cache, config)

@@ -24,6 +24,8 @@ _TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system
               "web_kinds", "multihop_hops", "multihop_chains", "tools", "tool_timeout", "tool_style", *JUDGE_KEYS)
 _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "decode_concurrency",
                   "eval_num_problems", "max_turns", "max_episode_tokens")
+# Settings that guard the task as the run guarded it (run/setup.py's guard_task): the same rows, the same time limit.
+_GUARD_KEYS = ("reward_timeout", "on_bad_data", "max_prompt_tokens")
 
 
 class CompareError(ValueError):
@@ -104,8 +106,8 @@ def task_config(run_dir: Path | None, model: str | None, overrides: dict,
     """The TrainConfig a comparison reads its task from.
 
     The run's settings (task, data, rewards, max_tokens, ...) come first, then
-    those of a training config file (--config: its task and sampling keys only,
-    so a base model is scored as that config would train it), then the typed
+    those of a training config file (--config: its task, sampling and guard keys
+    only, so a base model is scored as that config would train it), then the typed
     flags. A different --task drops the run's data and rewards, which belonged
     to the run's task.
     """
@@ -124,7 +126,7 @@ def task_config(run_dir: Path | None, model: str | None, overrides: dict,
 
 
 def _task_settings(settings: dict) -> dict:
-    return {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS) if k in settings}
+    return {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS, *_GUARD_KEYS) if k in settings}
 
 
 def _layered(values: dict, over: dict) -> dict:

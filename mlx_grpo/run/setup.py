@@ -61,6 +61,18 @@ def keeps_reference(config: TrainConfig) -> bool:
     return config.ref_refresh_every > 0 or (config.fine_tune_type == "full" and (config.beta > 0 or config.kl_every > 0))
 
 
+def guard_task(task: Task, config: TrainConfig, model, tokenizer) -> Task:
+    """The task as a run uses it, in place: rows screened against its rewards and the model's context
+    (bad rows and prompts too long for the model left out, on_bad_data), and every reward call bounded by
+    reward_timeout. `train`, `eval` and `compare` all call it, so their accuracies are over the same rows
+    and none of them waits forever on a reward. Calling it again (another model) screens the rows again."""
+    screen_task(task, tokenizer, model, config.max_tokens, config.max_prompt_tokens, config.on_bad_data)
+    task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
+    if task.accuracy_reward is not None:
+        task.accuracy_reward = with_timeout(task.accuracy_reward, config.reward_timeout)
+    return task
+
+
 def setup(config: TrainConfig, writable: Path | None = None) -> RunState:
     """The task, the policy with its adapters, the reference and the optimizer of a run.
 
@@ -74,10 +86,7 @@ def setup(config: TrainConfig, writable: Path | None = None) -> RunState:
         prepare_run_folder(writable, resume=bool(config.resume), overwrite=config.overwrite)
     model, tokenizer = load_policy(config.model, keep_quantized=True)
     weights_note = prepare_base(model, config.keep_quantized, fine_tune_type=config.fine_tune_type)
-    screen_task(task, tokenizer, model, config.max_tokens, config.max_prompt_tokens, config.on_bad_data)
-    task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
-    if task.accuracy_reward is not None:
-        task.accuracy_reward = with_timeout(task.accuracy_reward, config.reward_timeout)
+    guard_task(task, config, model, tokenizer)
     # The pre-pass on the base model (before adapters): only prompts it sometimes solves (prefilter.py)
     prefilter_note = prefilter_train_rows(model, tokenizer, task, config) if config.prefilter else None
     adapter_config = prepare_for_training(model, config.fine_tune_type, {

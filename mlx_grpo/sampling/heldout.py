@@ -28,14 +28,14 @@ def _answers_and_scores(model, tokenizer, task, k: int, sampling: SamplingConfig
 
 def evaluate_accuracy(model, tokenizer, task, max_tokens: int, concurrency: int = 256,
                       temperature: float = 0.0) -> dict:
-    """Mean of the task's accuracy reward over its held-out rows (greedy by default)."""
+    """The share of the held-out rows answered right (tasks/accuracy.py's `right`; greedy by default)."""
     if not task.eval_rows or task.accuracy_reward is None:
         return {"accuracy": None, "n": 0}
     start = time.perf_counter()
-    completions, correct = _answers_and_scores(
+    completions, values = _answers_and_scores(
         model, tokenizer, task, 1, SamplingConfig(temperature=temperature, max_tokens=max_tokens), concurrency)
     return {
-        "accuracy": float(correct.mean()),
+        "accuracy": float(right(values).mean()),
         "n": len(task.eval_rows),
         "mean_length": float(np.mean([len(c.tokens) for c in completions])),
         "truncated_frac": float(np.mean([c.truncated for c in completions])),

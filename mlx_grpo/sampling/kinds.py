@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from ..tasks.accuracy import accuracy_of, accuracy_values, solved
+from ..tasks.accuracy import accuracy_values, right, solved
 from ..tasks.data import columns_of, encode_prompt, task_prompts
 from ..tasks.rewarding import Scores, score_completions
 from .environment import Rendered
@@ -91,13 +91,14 @@ class SingleTurn:
         return sample_completions(model, tokenizer, task_prompts(tokenizer, self.task, rows), k, sampling, concurrency)
 
     def score(self, rows: list[dict], answers: list, k: int) -> tuple[Scores, np.ndarray | None]:
-        """The task's rewards of k answers a row, and each one's accuracy (None: the task has no accuracy reward)."""
+        """The task's rewards of k answers a row, and whether each is right (1.0) or not by tasks/accuracy.py
+        (None: the task has no accuracy reward)."""
         prompts = [r["prompt"] for r in rows for _ in range(k)]
         scores = score_completions(self.task.reward_functions, self.task.reward_weights, prompts,
                                    [a.text for a in answers], columns_of(rows, k, answers))
         if self.task.accuracy_reward is None:
             return scores, None
-        return scores, accuracy_of(accuracy_values(self.task, rows, k, answers, scores))
+        return scores, right(accuracy_values(self.task, rows, k, answers, scores)).astype(float)
 
     def step_metrics(self, rollouts: list) -> dict:
         return {}

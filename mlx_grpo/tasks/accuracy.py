@@ -1,10 +1,12 @@
 """What counts as right: the one place that judges an answer, for every evaluation.
 
-A single-turn answer is judged by its task's accuracy reward: its value is the answer's
-accuracy (None, "not applicable", counts as 0), and the answer is *right* when the value
-is at least RIGHT (pass@k, --prefilter's pass rates, --guide's all-wrong groups). An
-episode of a multi-turn task is judged by its environment: *solved* when its info says
-so, else when its reward is at least 1, and never when the environment failed.
+A single-turn answer is judged by its task's accuracy reward (None, "not applicable",
+counts as 0): the answer is *right* when the value is at least RIGHT. Every accuracy
+reported is the share of answers that are right (a reward with partial credit, 0.3 and
+0.8, gives 0.5, not 0.55): the before/after check, `eval`, `compare`, pass@k,
+--prefilter's pass rates, --guide's all-wrong groups. An episode of a multi-turn task
+is judged by its environment: *solved* when its info says so, else when its reward is
+at least 1, and never when the environment failed.
 
 The before/after accuracy (sampling/heldout.py), multi-turn evaluation
 (sampling/multiturn.py), `eval` and `compare` (evaluation/compare.py), --prefilter

@@ -63,7 +63,7 @@ class Task:
     reward_functions: list[RewardFn]
     reward_weights: list[float]
     system_prompt: str | None
-    # 1.0 when a completion is right; the before/after "accuracy" is its mean.
+    # 1.0 when a completion is right; an accuracy is the share it rates right (tasks/accuracy.py).
     accuracy_reward: Callable | None
     warnings: list[str]
     # A multi-turn task: row -> Environment (environment.py), which scores the episode; None: single-turn.

@@ -93,9 +93,10 @@ def with_timeout(fn: RewardFn, seconds: float | None) -> RewardFn:
     the process ends. That is the price of keeping rewards in-process (no
     pickling of reward functions or dataset columns). None or 0: no limit.
     A function that says `no_timeout = True` (the judge, whose MLX decode must
-    not be left running in a thread, and which max_tokens bounds) is left as is.
+    not be left running in a thread, and which max_tokens bounds) is left as is,
+    and so is one already bounded by this limit (a task guarded again for another model).
     """
-    if not seconds or getattr(fn, "no_timeout", False):
+    if not seconds or getattr(fn, "no_timeout", False) or getattr(fn, "timeout_seconds", None) == seconds:
         return fn
 
     @functools.wraps(fn)  # keeps __name__ and, through __wrapped__, the signature
@@ -118,6 +119,7 @@ def with_timeout(fn: RewardFn, seconds: float | None) -> RewardFn:
             raise error if isinstance(error, Exception) else RuntimeError(f"raised {type(error).__name__}")
         return box["value"]
 
+    timed.timeout_seconds = seconds
     return timed
 
 
