@@ -307,3 +307,37 @@ def test_eval_of_a_multi_turn_task_shows_its_turns_and_takes_the_width(tiny_mode
     assert int(lines[-1][5]) > 0  # tokens/s once a turn has run
     narrow = turn_lines("--decode-concurrency", "2")
     assert narrow and all(int(n_of) == 2 and int(playing) <= 2 for _, _, playing, n_of, _, _ in narrow)
+
+
+def test_a_multi_turn_rollout_leaves_mlx_global_random_state_alone(policy):
+    """A step's episodes and a greedy held-out evaluation draw from their own seed: a notebook's draws
+    after them are the ones it seeded for, and the same seed plays the same episodes whatever the global
+    state was."""
+    from mlx_grpo.sampling.kinds import MultiTurn, RolloutSettings
+    from mlx_grpo.tasks.registry import Task
+
+    model, tokenizer = policy
+    rows = [{"prompt": "a"}, {"prompt": "b"}]
+    task = Task("counting", rows, rows, [], [], None, None, [], make_env=lambda row: CountingEnv(row["prompt"]))
+    kind = MultiTurn(task)
+    settings = RolloutSettings(group_size=2, sampling=SamplingConfig(1.0, max_tokens=5), max_turns=3,
+                               max_episode_tokens=200)
+
+    def then_draw(global_seed, play):
+        mx.random.seed(global_seed)
+        played = play()
+        return played, mx.random.uniform(shape=(4,)).tolist()
+
+    mx.random.seed(123)
+    expected = mx.random.uniform(shape=(4,)).tolist()
+    episodes, after = then_draw(123, lambda: kind.sample_and_score(model, tokenizer, rows, settings, seed=7)[0])
+    assert after == expected
+    _, after = then_draw(123, lambda: kind.evaluate(model, tokenizer, settings))
+    assert after == expected
+    _, after = then_draw(123, lambda: rollout_episodes(model, tokenizer, [CountingEnv() for _ in range(2)], 2,
+                                                       SamplingConfig(1.0, max_tokens=5), 2, 100, seed=3))
+    assert after == expected
+    again, _ = then_draw(999, lambda: kind.sample_and_score(model, tokenizer, rows, settings, seed=7)[0])
+    other, _ = then_draw(123, lambda: kind.sample_and_score(model, tokenizer, rows, settings, seed=8)[0])
+    assert [(ep.tokens, ep.logprobs) for ep in again] == [(ep.tokens, ep.logprobs) for ep in episodes]
+    assert [ep.tokens for ep in other] != [ep.tokens for ep in episodes]

@@ -130,3 +130,91 @@ def test_eval_and_compare_call_an_episode_cut_only_at_its_budget():
         answer = Answer.of_episode(Episode(0, [1], [5, 6, 7], [-1.0, 0.0, -1.0], [1, 0, 1], reason, ["a", "b"]))
         assert answer.truncated == cut and answer.length == 2
     assert Answer.of_completion(Completion(0, [1], [5, 6], [-1.0] * 2, "length", "x")).truncated
+
+
+class TwoStepEnv:
+    """Answers `observation` after the first action and is done after the second; counts its steps."""
+
+    def __init__(self, observation):
+        self.observation = observation
+
+    def reset(self):
+        self.steps = 0
+        return "start"
+
+    def step(self, action):
+        self.steps += 1
+        return self.observation, self.steps >= 2, {}
+
+    def reward(self):
+        return float(self.steps)
+
+
+class ScriptedPlayer:
+    """Plays turns as a decoder would, without a model: row e writes `lengths[turn][e]` tokens and its
+    end token, or, if that is None, runs on until the wave's max_tokens stops it ("length")."""
+
+    reuses_cache = False
+
+    def __init__(self, tokenizer, lengths):
+        from mlx_grpo.sampling.rollout import end_token_ids
+
+        self.tokenizer, self.lengths = tokenizer, lengths
+        self.word, self.end = tokenizer.encode("a", add_special_tokens=False)[0], end_token_ids(tokenizer)[0]
+        self.caps = []
+
+    def play(self, turn, episodes, chunks, contexts, sampling):
+        from mlx_grpo.sampling.turns import completion
+
+        self.caps.append(sampling.max_tokens)
+        outs = []
+        for row, (e, context) in enumerate(zip(episodes, contexts)):
+            wants = self.lengths[turn][e]
+            if wants is None or wants + 1 > sampling.max_tokens:
+                tokens, finish = [self.word] * sampling.max_tokens, "length"
+            else:
+                tokens, finish = [self.word] * wants + [self.end], "stop"
+            outs.append(completion(self.tokenizer, row, context, tokens, [-1.0] * len(tokens), finish))
+        return outs, {"prefilled": 0, "prefill_s": 0.0, "decode_s": 0.0}
+
+
+def test_a_turn_that_spends_exactly_its_own_remaining_budget_is_cut(policy, monkeypatch):
+    """Three episodes, each 3 tokens on turn 1. Episode 0's observation is long, so on turn 2 its budget
+    left (b0) is below the others' (b1); max_tokens = b0 caps the wave. Episode 0 runs on and writes exactly
+    b0 tokens: its budget is spent with no end token, so it is cut there and its environment never sees
+    the turn. Episode 1 runs on too, but b0 < b1 leaves it room: a turn cut at max_tokens, not an episode
+    cut at its budget, so it goes to its environment (done). Episode 2 ends its turn in time (done)."""
+    from mlx_grpo.sampling import multiturn
+    from mlx_grpo.sampling.rollout import SamplingConfig
+
+    model, tokenizer = policy
+    budget = 120
+    envs = [TwoStepEnv("a long observation " * 4), TwoStepEnv("ok"), TwoStepEnv("ok")]
+    join = multiturn.chat_join(tokenizer)
+    left = [budget - 3 - len(tokenizer.encode(join.text(env.observation, True), add_special_tokens=False))
+            for env in envs]
+    assert left[0] < left[1] == left[2]
+    player = ScriptedPlayer(tokenizer, [[2, 2, 2], [None, None, 4]])
+    monkeypatch.setattr(multiturn, "player_for", lambda *args, **kwargs: player)
+    episodes = multiturn.rollout_episodes(model, tokenizer, envs, 1, SamplingConfig(1.0, max_tokens=left[0]),
+                                          max_turns=4, max_episode_tokens=budget)
+    assert player.caps == [left[0], left[0]]
+    cut = episodes[0]
+    assert cut.truncated and cut.finish_reason == "max_tokens"
+    assert len(cut.tokens) == budget and cut.mask[-1] == 1 and len(cut.turns) == 2
+    assert envs[0].steps == 1  # the cut turn never reached its environment
+    assert [ep.finish_reason for ep in episodes[1:]] == ["done", "done"]
+    assert [env.steps for env in envs[1:]] == [2, 2] and not any(ep.truncated for ep in episodes[1:])
+
+
+def test_a_turn_that_fills_the_whole_budget_is_cut_before_its_environment(policy):
+    """One episode whose first turn runs into its budget: the wave's cap is that budget, the turn is as
+    long as the cap and has no end token. The tiny model never ends within 3 tokens here."""
+    from mlx_grpo.sampling.multiturn import rollout_episodes
+    from mlx_grpo.sampling.rollout import SamplingConfig
+
+    model, tokenizer = policy
+    envs = [TwoStepEnv("ok") for _ in range(2)]
+    episodes = rollout_episodes(model, tokenizer, envs, 2, SamplingConfig(1.0, max_tokens=8), 4, 3, seed=0)
+    assert all(ep.finish_reason == "max_tokens" and len(ep.tokens) == 3 for ep in episodes)
+    assert [env.steps for env in envs] == [0, 0]

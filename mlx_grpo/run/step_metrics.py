@@ -30,7 +30,7 @@ def step_metrics(task: Task, config: TrainConfig, sampled: StepRollouts, trained
     """The step's rewards, advantages, filters, lengths, speeds, time and memory (the step began at `start`)."""
     g = config.group_size
     grouped = sampled.rewards.reshape(-1, g)
-    lengths = np.array([len(c.tokens) for c in sampled.completions])
+    lengths = np.array([c.model_tokens for c in sampled.completions])  # the model's own tokens, not observations
     truncated = np.array([c.truncated for c in sampled.completions])
     trained_tokens = sum(len(c.tokens) for c in trained.completions)
     metrics = {
@@ -78,7 +78,7 @@ def completion_records(tokenizer, task: Task, step: int, sampled: StepRollouts, 
             "reward": float(sampled.rewards[i]), "raw_reward": float(sampled.raw_rewards[i]),
             "rewards": {name: values[i] for name, values in sampled.parts.items()},
             "advantage": float(advantage_of[i]) if i in advantage_of else None,
-            "finish_reason": c.finish_reason, "length": len(c.tokens),
+            "finish_reason": c.finish_reason, "length": c.model_tokens,
             **({"guided": True} if getattr(c, "guided", False) else {}),
             **rollouts.record(tokenizer, c),  # an episode's turns as trained and masked text, its tool calls
         })

@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import mlx.core as mx
 import numpy as np
 
 from ..tasks.accuracy import accuracy_values, right, solved
@@ -125,13 +124,12 @@ class MultiTurn:
         """(episodes, scores, seconds): group_size episodes a row, env tokens masked; rows[0] is the step's
         prompt number `first` (episodes are keyed by their place in the step)."""
         s = settings
-        if seed is not None:  # one seed for the step's episodes, on every rank
-            mx.random.seed(int(np.random.SeedSequence([seed, 0]).generate_state(1)[0]))
         model.eval()
         start = time.perf_counter()
+        # The seed goes to the rollout (alike on every rank), never into MLX's global random state.
         episodes = rollout_episodes(
             model, tokenizer, make_envs(self.task, rows, s.group_size), s.group_size, s.sampling, s.max_turns,
-            s.max_episode_tokens, self.task.system_prompt, s.concurrency, first_prompt=first,
+            s.max_episode_tokens, self.task.system_prompt, s.concurrency, seed=seed, first_prompt=first,
         )
         return episodes, episode_scores(episodes), time.perf_counter() - start
 
@@ -152,7 +150,7 @@ class MultiTurn:
         return {
             "accuracy": float(np.mean([solved(ep) for ep in episodes])),
             "n": len(rows),
-            "mean_length": float(np.mean([len(ep.tokens) for ep in episodes])),
+            "mean_length": float(np.mean([ep.model_tokens for ep in episodes])),  # the model's own, as compare's
             "truncated_frac": float(np.mean([ep.truncated for ep in episodes])),
             "seconds": time.perf_counter() - start,
             "completions": [ep.text for ep in episodes],

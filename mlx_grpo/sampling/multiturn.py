@@ -11,7 +11,8 @@ chat template as the user's message. Then, turn after turn:
 
 An episode ends when its environment says done, after `max_turns` model
 turns, or when it reaches `max_episode_tokens` tokens after the first prompt
-(a turn that would pass the budget is cut there).
+(a turn that reaches the budget without its end token is cut there, and
+never goes to the environment).
 
 The result is one `Episode` per (row, group member), a `Rollout` as
 `rollout.Completion` is (update/batch.py; `truncated` when cut at the budget): `tokens` is everything after the first prompt (model
@@ -139,7 +140,9 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
     with keys of (seed, t, e) alone (turns.turn_row_seeds), e counted in the
     whole step: envs[0]'s row is the step's prompt number `first_prompt` (a
     data-parallel rank's share starts past 0), so a share plays the episodes
-    one process would. seed None draws one from MLX's global random state. With reuse_cache (the default) each
+    one process would. MLX's global random state is never set here: a given
+    seed leaves it untouched, and seed None draws one from it (only when the
+    turns are sampled, temperature > 0). With reuse_cache (the default) each
     episode keeps its keys and values between turns where the model's cache
     allows (turns.player_for); otherwise every turn prefills the whole
     conversation again. on_progress (default: PROGRESS's) gets a dict at the
@@ -158,8 +161,8 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
         prompt = (_encode(tokenizer, first) if isinstance(first, Rendered)  # a tool episode's prompt, tools in it
                   else encode_prompt(tokenizer, first, system_prompt))
         episodes.append(Episode(i // group_size, prompt))
-    if seed is None:
-        seed = int(mx.random.randint(0, 2**31 - 1, ()).item())
+    if seed is None:  # greedy turns draw nothing: they leave MLX's global random state where it was
+        seed = 0 if sampling.temperature <= 0 else int(mx.random.randint(0, 2**31 - 1, ()).item())
 
     first = first_prompt * group_size  # the step's number of episode 0 here
     player = player_for(model, tokenizer, group_size, seed, concurrency, reuse_cache, first)
@@ -236,7 +239,7 @@ def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, ma
             ep.tokens += tokens
             ep.logprobs += logprobs
             ep.mask += [1.0] * len(tokens)
-            if len(tokens) < len(out.tokens):  # cut by the episode's budget
+            if turn_cut(out, budget[i]):
                 ep.turns.append(tokenizer.decode(tokens))
                 ep.finish_reason = "max_tokens"
                 continue
@@ -271,6 +274,17 @@ def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, ma
         progress.update(finished=len(active) - len(still), playing=len(still),
                         tokens=sum(len(o.tokens) for o in outs), prefilled=costs["prefilled"])
         active = still
+
+
+def turn_cut(out, budget: int) -> bool:
+    """Whether a turn used all of its episode's remaining budget without ending it.
+
+    The wave decodes up to the largest budget left, so a turn is measured against its own
+    episode's: a turn that stops at exactly that many tokens for want of room (not at an end
+    token) is cut as surely as one that ran past it.
+    """
+    ended = out.finish_reason == "stop" and len(out.tokens) <= budget
+    return not ended and len(out.tokens) >= budget
 
 
 def _step_envs(envs, moves: list[tuple[int, str]]) -> list[tuple[tuple | None, Exception | None]]:
