@@ -200,6 +200,16 @@ def test_task_demonstrations_come_from_the_train_split_only():
     assert not any(p in text for p in test_prompts for text in shown)
 
 
+@needs_embedded
+def test_a_task_given_data_learns_the_rows_reference_answers(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Q{i}", "answer": "1", "solution": f"R{i}\n#### 1"}) + "\n"
+                            for i in range(30)))
+    run = sft_setup(build_config({"task": "arith", "data": str(path), "steps": 1, "batch_size": 4},
+                                 task_defaults=recommended_settings))
+    assert [_trained_text(run.tokenizer, *e) for e in run.train] == [f"R{i}\n#### 1<|im_end|>" for i in range(4)]
+
+
 def test_sft_without_data_or_task_is_refused():
     with pytest.raises(ConfigError, match="sft needs --data"):
         sft_setup(build_config({"task": "custom", "reward_file": None}))

@@ -66,10 +66,7 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     mx.random.seed(config.seed)  # the adapters' initial weights: the same seed, the same run
     warnings: list[str] = []
     task = None
-    if config.data:
-        if config.task in BUILTIN_TASKS:
-            raise ConfigError(f"--data and --task {config.task}: sft learns either your data or the task's own "
-                              "demonstrations; give one")
+    if config.data and config.task not in BUILTIN_TASKS:
         try:
             train_rows, note = read_demonstrations(config.data, "train", config.on_bad_data)
             valid_rows, valid_note = read_demonstrations(config.data, "valid", config.on_bad_data)
@@ -79,7 +76,7 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
         if not valid_rows:
             train_rows, valid_rows = _hold_out(train_rows, warnings, config.data)
         source = config.data
-    elif config.task in BUILTIN_TASKS:
+    elif config.task in BUILTIN_TASKS:  # with --data: the task's rows from a local copy (gsm8k), as train reads them
         task = load_task(config)
         warnings += task.warnings
         # The train split alone: the held-out demonstrations are its last rows, never the test split's.
