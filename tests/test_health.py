@@ -200,11 +200,11 @@ def test_relative_change_of_parameter_trees():
 
 def test_nonfinite_events_and_stop():
     monitor = HealthMonitor(max_nonfinite=2)
-    assert monitor.observe({"step": 1, "skipped_updates": 1})[0]["rule"] == "nonfinite"
-    monitor.observe({"step": 2, "skipped_updates": 0})
+    assert monitor.observe({"step": 1, "update/nonfinite": 1})[0]["rule"] == "nonfinite"
+    monitor.observe({"step": 2, "update/nonfinite": 0, "skipped_updates": 1})  # skipped for want of signal
     assert monitor.stop_reason is None  # the streak was broken
-    monitor.observe({"step": 3, "skipped_updates": 1})
-    monitor.observe({"step": 4, "skipped_updates": 1})
+    monitor.observe({"step": 3, "update/nonfinite": 1})
+    monitor.observe({"step": 4, "update/nonfinite": 1})
     assert monitor.stop_reason.startswith("stopped at step 4")
 
 
@@ -279,6 +279,8 @@ def test_injected_nan_skips_updates_then_stops_with_last_good_checkpoint(tmp_pat
     metrics = training_rows([json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()])
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert [m["skipped_updates"] for m in metrics] == [0, 0, 1, 1]
+    assert [m["update/skipped"] for m in metrics] == [False, False, True, True]  # the same skips, as a flag
+    assert [m["update/nonfinite"] for m in metrics] == [0, 0, 1, 1]
     assert metrics[0]["update/rel_change"] > 0 and metrics[2]["update/rel_change"] == 0
     events = [json.loads(x) for x in (run_dir / "health.jsonl").read_text().splitlines()]
     assert [(e["step"], e["rule"]) for e in events if e["rule"] == "nonfinite"] == [(3, "nonfinite"), (4, "nonfinite")]

@@ -396,7 +396,7 @@ class HealthMonitor:
         return events
 
     def _nonfinite(self, metrics: dict) -> list[dict]:
-        skipped = metrics.get("skipped_updates") or 0
+        skipped = metrics.get("update/nonfinite") or 0  # not a skip for want of signal (update/step.py)
         if not skipped:
             self.nonfinite_streak = 0
             return []

@@ -93,6 +93,14 @@ def _passes(model, parts: list[MicroBatch], temperature: float, chunk):
             yield mx.stop_gradient(logp), mx.stop_gradient(entropy)
 
 
+def _skipped(count: int, nonfinite: int) -> dict:
+    """A skipped update is an optimizer step not taken (weights, Adam's moments and the schedule left as they
+    were), whether for a step without signal (skip) or for a NaN/Inf loss or gradient: `skipped_updates`
+    counts them among the step's num_iterations, `update/skipped` says whether there was one,
+    `update/nonfinite` counts those skipped for a NaN/Inf (the health rule `nonfinite` reads it)."""
+    return {"skipped_updates": count, "update/skipped": count > 0, "update/nonfinite": nonfinite}
+
+
 def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: list[MicroBatch], ref_logps, chunk,
            all_sum_tree: Callable = lambda tree: tree, sum_across_ranks: Callable = lambda sums: sums,
            skip: bool = False, token_weights: list[mx.array] | None = None) -> dict:
@@ -109,8 +117,8 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
     """
     if skip:
         return {"loss": 0.0, "grad_norm": 0.0, "grad_norm/max": 0.0, "grad_clipped": False, "grad_clipped_frac": 0.0,
-                "clip_fraction": None, "ratio/mean": None, "entropy": None, "skipped_updates": 0,
-                "update/rel_change": 0.0, "update/skipped": True}
+                "clip_fraction": None, "ratio/mean": None, "entropy": None, "update/rel_change": 0.0,
+                **_skipped(config.num_iterations, nonfinite=0)}
     settings = config.loss
 
     def after_prompt(model, state, mb: MicroBatch):
@@ -170,9 +178,8 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
         "clip_fraction": totals["clipped"] / tokens if tokens else None,
         "ratio/mean": totals["ratio"] / tokens if tokens else None,
         "entropy": totals["entropy"] / tokens if tokens else None,
-        "skipped_updates": skipped,
         "update/rel_change": relative_change(start_weights, model.trainable_parameters()),
-        "update/skipped": False,
+        **_skipped(skipped, nonfinite=skipped),
     }
     if "kl" in totals and tokens:
         metrics["kl"] = totals["kl"] / tokens
