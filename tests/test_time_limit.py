@@ -45,3 +45,29 @@ def test_a_run_past_its_limit_saves_and_evaluates_its_last_step(tmp_path, monkey
     last = mx.load(str(result.run_dir / "checkpoints" / "step_000002" / "adapters.safetensors"))
     saved = mx.load(str(result.run_dir / "adapters.safetensors"))
     assert all(np.array_equal(np.array(last[k]), np.array(saved[k])) for k in saved)
+
+
+def test_a_resumed_run_leaves_room_for_the_evaluation_the_first_session_measured(tmp_path, monkeypatch):
+    """The evaluation before training is not run again on resume; its time, kept in the checkpoint, still
+    counts against the limit, so the resumed session stops in time for its final evaluation."""
+    monkeypatch.setattr(trainer, "evaluate", lambda *a: {"accuracy": 0.5, "n": 4, "seconds": 42.0})
+    reserved = []
+
+    def record(config, elapsed, history, eval_s):
+        reserved.append(eval_s)
+        return False
+    monkeypatch.setattr(trainer, "past_time_limit", record)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_after_step_1(kind, data):
+        if kind == "checkpoint" and data["step"] == 1:
+            raise Interrupt
+    settings = {"steps": 2, "batch_size": 2, "group_size": 2, "max_tokens": 8, "save_every": 1,
+                "time_limit_minutes": 60, "output": str(tmp_path / "run")}
+    with pytest.raises(Interrupt):
+        trainer.train(build_config(settings), on_event=stop_after_step_1)
+    assert reserved == [42.0]
+    trainer.train(build_config({**settings, "resume": str(tmp_path / "run")}))
+    assert reserved == [42.0, 42.0]  # step 2, in the resumed session

@@ -16,6 +16,10 @@ step's sampled completions (the records say which were trained).
     only watched (over every group);
   - whether the step carries any signal at all, and `entropy_top_quantile`'s
     token weights, chosen over the whole step.
+
+`apply_update` takes the prepared update to the optimizer (update/step.py) and
+gives what a step logs of it. train's step and the API's Trainer.update (groups
+a user sampled and scored, through `group_baselines`) both go this one way.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from ..update.advantages import group_advantages
 from ..update.batch import (MicroBatch, RolloutBatch, batch_shape, build_batch, carries_signal, groups_with_signal,
                             memory_bound_size, micro_batches, padded_fraction)
 from ..update.losses import BatchShape, LossSettings, same_at_any_cut
-from ..update.step import UpdateSettings, reference_logprobs, top_entropy_weights
+from ..update.step import UpdateSettings, reference_logprobs, top_entropy_weights, update
 from . import distributed as dist
 from .guidance import without_guided_negatives
 from .step_rollouts import StepRollouts
@@ -77,13 +81,19 @@ class Trained:
 
 
 def choose_trained(sampled: StepRollouts, config: TrainConfig) -> Trained:
-    g = config.group_size
-    kept_rows = np.repeat(sampled.keep, g)
+    kept_rows = np.repeat(sampled.keep, config.group_size)
     completions = [c for c, k in zip(sampled.completions, kept_rows) if k]
-    advantages = group_advantages(sampled.rewards[kept_rows], g, config.scale_rewards, config.scale_eps)
+    return Trained(completions, group_baselines(completions, sampled.rewards[kept_rows], config),
+                   np.flatnonzero(kept_rows))
+
+
+def group_baselines(completions: list, rewards: np.ndarray, config: TrainConfig) -> np.ndarray:
+    """Each completion's advantage in its group of `config.group_size`, scaled as the run's settings say."""
+    g = config.group_size
+    advantages = group_advantages(rewards, g, config.scale_rewards, config.scale_eps)
     if config.guide and not config.guide_negatives:
         advantages = without_guided_negatives(advantages, [getattr(c, "guided", False) for c in completions], g)
-    return Trained(completions, advantages, np.flatnonzero(kept_rows))
+    return advantages
 
 
 @dataclass
@@ -160,3 +170,19 @@ def prepare_update(model, trained: Trained, task: Task, config: TrainConfig, ste
                                       dist.all_gather_objects)
     return PreparedUpdate(sizes, parts, ref_logps, chunk, weights, no_signal, skip, kl,
                           sum(map(len, batch.prompts)), padded)
+
+
+def apply_update(model, optimizer, ready: PreparedUpdate, config: TrainConfig) -> dict:
+    """The prepared update's optimizer steps (none when `ready.skip`), and what a step logs of them.
+
+    The one way from a prepared update to the weights: train's step and the API's Trainer.update both take it.
+    """
+    metrics = {"kl": ready.kl}  # kl None: not measured this step; a loss with beta > 0 reports its own
+    metrics.update(update(model, optimizer, update_settings(config), ready.sizes, ready.parts, ready.ref_logps,
+                          ready.chunk, dist.all_sum_tree, dist.sum_across_ranks, skip=ready.skip,
+                          token_weights=ready.token_weights))
+    metrics["update/no_signal"] = ready.no_signal
+    metrics["update/padded_frac"] = ready.padded_frac  # padding's share of the micro-batches' completion slots
+    # The rate the last update used (absent only if every update so far was skipped).
+    metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
+    return metrics

@@ -30,7 +30,6 @@ from ..sampling.kinds import rollouts_for
 from ..sampling.progress import PROGRESS
 from ..tasks.registry import Task, token_budget
 from ..tasks.rewarding import reward_name
-from ..update.step import update
 from . import checkpoint as ckpt
 from . import distributed as dist
 from .health import HealthMonitor, TrainingStopped, stop_run
@@ -39,7 +38,7 @@ from .reporting import with_reporters
 from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer: also trainer's, as before)
 from .step_metrics import completion_records, reward_range, step_metrics
 from .step_rollouts import collect_rollouts, rollout_settings, step_seed
-from .step_update import choose_trained, prepare_update, update_settings
+from .step_update import apply_update, choose_trained, prepare_update, update_settings  # noqa: F401 (also trainer's)
 
 
 @dataclass
@@ -73,14 +72,7 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     update_start = time.perf_counter()
     model.train()
     ready = prepare_update(model, trained, task, config, step, ref_params)  # micro-batches, reference, KL
-    metrics = {"step": step, "kl": ready.kl}  # kl None: not measured this step
-    metrics.update(update(model, optimizer, update_settings(config), ready.sizes, ready.parts, ready.ref_logps,
-                          ready.chunk, dist.all_sum_tree, dist.sum_across_ranks, skip=ready.skip,
-                          token_weights=ready.token_weights))
-    metrics["update/no_signal"] = ready.no_signal
-    metrics["update/padded_frac"] = ready.padded_frac  # padding's share of the micro-batches' completion slots
-    # The rate the last update used (absent only if every update so far was skipped).
-    metrics["lr"] = optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None
+    metrics = {"step": step, **apply_update(model, optimizer, ready, config)}  # optimizer steps (step_update.py)
     update_s = time.perf_counter() - update_start
     metrics.update(step_metrics(task, config, sampled, trained, ready.prompt_tokens, update_s, start))
     return metrics, completion_records(tokenizer, task, step, sampled, trained)
@@ -120,11 +112,17 @@ def run_step(run: RunState, step: int) -> tuple[dict, list]:
     reference's refresh when one is due, and the step's reward range (the health rules read it)."""
     c = run.config
     metrics, records = train_step(run.model, run.tokenizer, run.optimizer, run.task, c, step, run.ref_params)
+    refresh_reference_if_due(run, step, metrics)
+    metrics.update(reward_range(records))
+    return metrics, records
+
+
+def refresh_reference_if_due(run: RunState, step: int, metrics: dict) -> None:
+    """After step `step`'s update: the reference's refresh every `ref_refresh_every` steps (marked in metrics)."""
+    c = run.config
     if c.ref_refresh_every and step % c.ref_refresh_every == 0:
         run.ref_params = refreshed_reference(run.ref_params, run.model.trainable_parameters(), c.ref_refresh_alpha)
         metrics["ref_refreshed"] = True
-    metrics.update(reward_range(records))
-    return metrics, records
 
 
 def past_time_limit(config: TrainConfig, elapsed: float, history: list[dict], eval_seconds: float) -> bool:
@@ -197,7 +195,9 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
                    "warnings": task.warnings, "notes": run.notes})
 
-    before, eval_seconds = state.get("eval_before"), 0.0
+    # The held-out evaluation's time, measured before the first step and kept in each checkpoint: a resumed
+    # session leaves room for its final evaluation too (past_time_limit).
+    before, eval_seconds = state.get("eval_before"), state.get("eval_seconds", 0.0)
     if before is None and not resumed:
         result = evaluate(model, tokenizer, task, config)
         before, eval_seconds = result["accuracy"], result.get("seconds", 0.0)
@@ -215,7 +215,8 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
         if config.ref_refresh_every > 0:
             training_state = {**optimizer.state, "reference_weights": run.ref_params}
         ckpt.save_checkpoint(run_dir, step, weights, run.adapter_config, training_state,
-                             {"eval_before": before, "data_position": step * config.batch_size,
+                             {"eval_before": before, "eval_seconds": eval_seconds,
+                              "data_position": step * config.batch_size,
                               **({"curriculum": task.curriculum.state_dict()} if task.curriculum else {}),
                               "rng": {"seed": config.seed, "next_step_seed": step_seed(config.seed, step + 1)}},
                              keep_last=config.keep_checkpoints, keep_best=config.keep_best, metric=metric)
