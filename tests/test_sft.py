@@ -21,6 +21,7 @@ from mlx_grpo.tasks.data import DataError, encode_prompt
 from mlx_grpo.tasks.registry import load_task, recommended_settings
 from mlx_grpo.tasks.sft_data import encode_demonstration, encode_rows, read_demonstrations
 from mlx_grpo.update.sft_loss import pad_rows, sft_gradients, sft_loss
+from rewards.multihop import tiny_model as tool_tiny
 from rewards.web_browsing import tiny_model as web_tiny
 from rewards.web_browsing.env import WebEnv
 from rewards.web_browsing.tasks import task_from_row
@@ -187,6 +188,22 @@ def test_web_demonstrations_are_the_rollout_s_tokens_with_the_pages_masked():
             want, want_flags = want + joined, want_flags + [0.0] * len(joined)
         assert ids == want and flags == want_flags
         assert "answer[" in _trained_text(tok, ids, flags) and "==" not in _trained_text(tok, ids, flags)
+
+
+@pytest.mark.skipif(tool_tiny.tiny_tool_model() is None, reason="the tiny tool model has not been built")
+def test_multihop_demonstrations_read_each_hop_then_answer_with_the_results_masked():
+    config = build_config({"task": "multihop"}, task_defaults=recommended_settings)
+    task = load_task(config)
+    _, tok = load_policy(config.model)
+    rows = task.train_rows[:3]
+    examples, _ = task_demonstrations(task, tok, rows, config.max_episode_tokens, "error", "multihop")
+    for row, (ids, flags) in zip(rows, examples):
+        trained = _trained_text(tok, ids, flags)
+        read_only = tok.decode([i for i, f in zip(ids, flags) if not f])
+        hops = len(row["question_decomposition"])
+        assert trained.count("<tool_call>") == hops and trained.endswith(row["answer"] + tok.eos_token)
+        supporting = [p for p in row["paragraphs"] if p.get("is_supporting")]
+        assert all(p["paragraph_text"] not in trained and p["paragraph_text"] in read_only for p in supporting)
 
 
 @needs_embedded

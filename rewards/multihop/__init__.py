@@ -8,7 +8,7 @@ from .answers import exact_match, final_answer, normalize, support_recall, token
 from .corpus import Corpus
 from .musique import load_musique
 from .training import (READS_DATA, REWARDS, SYSTEM_PROMPT, MultihopEnv, accuracy_reward, episode_factory, load_rows,
-                       recommended_settings)
+                       recommended_settings, reference_actions)
 from .world import HOPS, make_row, make_world
 
 __all__ = ["Corpus", "HOPS", "MultihopEnv", "exact_match", "final_answer", "load_musique", "make_row", "make_world",

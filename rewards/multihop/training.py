@@ -14,6 +14,7 @@ token F1 and supporting-paragraph recall (weight 0: logged, not trained on;
 
 from __future__ import annotations
 
+import json
 import sys
 
 from mlx_grpo.config import ConfigError
@@ -105,6 +106,18 @@ class MultihopEnv(ToolEnv):
         solved = self.answer is not None and bool(exact_match(self.answer, self.row["answer"],
                                                               self.row.get("answer_aliases")))
         return {**super().info(), "solved": solved, "tools/support_recall": recall}
+
+
+def reference_actions(row: dict) -> list[str]:
+    """A scripted episode (what `mlx-grpo sft --task multihop` learns): read each hop's supporting paragraph
+    in the question's order, then answer. Calls are written in the hermes style, the one the tiny tool
+    model's template and most chat templates teach; under another style the episode is reported unfinished."""
+    titles = {p.get("idx"): p["title"] for p in row.get("paragraphs", [])}
+    hops = [titles[step["paragraph_support_idx"]] for step in row.get("question_decomposition") or []
+            if step.get("paragraph_support_idx") in titles]
+    reads = ["<tool_call>\n" + json.dumps({"name": "read", "arguments": {"title": title}}) + "\n</tool_call>"
+             for title in hops]
+    return [*reads, row["answer"]]
 
 
 def episode_factory(config, functions, weights, system_prompt):
