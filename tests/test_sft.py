@@ -13,6 +13,7 @@ from mlx_grpo.cli import app
 from mlx_grpo.config import ConfigError, build_config
 from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import embedded_model_path, load_policy
+from mlx_grpo.run.health import TrainingStopped
 from mlx_grpo.run.sft import batch_indices, sft
 from mlx_grpo.run.sft_setup import sft_setup
 from mlx_grpo.sampling.demonstrations import task_demonstrations
@@ -260,6 +261,26 @@ def test_a_resumed_run_ends_with_the_uninterrupted_run_s_weights(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
     assert [r["loss"] for r in rows if "loss" in r] == [m["loss"] for m in whole.history]
+
+
+@needs_embedded
+def test_non_finite_steps_leave_the_weights_and_stop_the_run(tmp_path, monkeypatch):
+    import mlx_grpo.run.sft as sft_module
+
+    real = sft_module.sft_gradients
+
+    def poisoned(model, tokens, trained, count, chunk=None):
+        loss, grads = real(model, tokens, trained, count, chunk)
+        return loss * float("nan"), grads
+
+    monkeypatch.setattr(sft_module, "sft_gradients", poisoned)
+    config = build_config({"task": "arith", "steps": 5, "max_nonfinite_steps": 2, "eval_num_problems": 4,
+                           "output": str(tmp_path / "run")}, task_defaults=recommended_settings)
+    with pytest.raises(TrainingStopped, match="NaN/Inf on 2 steps in a row"):
+        sft(config)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_updates"] for r in rows if "loss" in r] == [1, 1]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stopped"]
 
 
 @needs_embedded

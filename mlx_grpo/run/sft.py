@@ -84,7 +84,8 @@ def sft_step(model, optimizer, examples: list[Example], pad_id: int, micro_batch
     seconds = time.perf_counter() - start
     tokens = sum(len(ids) for ids, _ in examples)
     return {"loss": loss_sum, "grad_norm": norm, "grad_clipped": norm > max_grad_norm,
-            "skipped_updates": 0 if finite else 1, "tokens": tokens, "trained_tokens": count,
+            "skipped_updates": 0 if finite else 1, "update/skipped": not finite, "update/nonfinite": 0 if finite else 1,
+            "tokens": tokens, "trained_tokens": count,
             "tokens_per_s": tokens / seconds if seconds > 0 else None,
             "lr": optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None,
             "time/step_s": seconds}
