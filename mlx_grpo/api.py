@@ -220,6 +220,7 @@ class Trainer:
     def __init__(self, config: TrainConfig | None = None, **settings):
         self.config = config if config is not None else make_config(**settings)
         self.run = setup(self.config)  # exactly train()'s setup (run/setup.py)
+        self.config = self.run.config  # a run folder as the model: with that run's adapter settings
         self.task, self.model, self.tokenizer = self.run.task, self.run.model, self.run.tokenizer
         self.optimizer, self.adapter_config, self.notes = self.run.optimizer, self.run.adapter_config, self.run.notes
         self.step_count = 0

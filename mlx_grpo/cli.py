@@ -57,7 +57,8 @@ def _train_signature() -> inspect.Signature:
     the config file and the task's settings.
     """
     helps = field_help()
-    helps["model"] = f"{MODEL_HELP} (default: the embedded tiny model)"
+    helps["model"] = (f"{MODEL_HELP}, or a run folder: its base model with its adapters, trained on "
+                      "(default: the embedded tiny model)")
     helps["loss"] = "; ".join(f"{name}: {what} ({paper})" for name, (what, paper) in LOSS_DESCRIPTIONS.items())
     params = [
         inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
@@ -225,7 +226,8 @@ def _say_gguf_types(console, specs) -> None:
 @_with_evaluation_options
 def compare_command(
     trained: str = typer.Option(..., help=f"run folder, adapter folder, or {MODEL_HELP}"),
-    base: Optional[str] = typer.Option(None, help="model to compare against (as --trained); default: the run's base"),
+    base: Optional[str] = typer.Option(None, help="model to compare against (as --trained); default: the run's original "
+                                                  "base model (for a run started from a run, that run's base)"),
     output: Optional[Path] = typer.Option(None, help="report folder; default: RUN/compare for a run"),
     plot: bool = typer.Option(True, help="write rewards.png (needs matplotlib: the plot extra of mlx-grpo)"),
     **options,

@@ -2,7 +2,9 @@
 
   - a run folder (config.yaml + adapters.safetensors): its base model plus its
     adapters (or its full weights, for fine_tune_type full); the run's task,
-    data, rewards and max_tokens become the defaults;
+    data, rewards and max_tokens become the defaults. A run started from another
+    run (`train --model SFT_RUN`) has that run's base: the original model
+    (models/run_models.py reads the names, for training too);
   - an adapter folder (adapter_config.json, e.g. RUN/checkpoints/step_N): its
     base model ("model" in adapter_config.json) plus those adapters;
   - a model folder, .gguf file, Hugging Face id, packaged model (smollm2-135m) or
@@ -11,12 +13,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import JUDGE_KEYS, ConfigError, TrainConfig, build_config, load_yaml
 from ..models.loading import EMBEDDED_MODEL, PACKAGED_MODELS
+from ..models.run_models import is_run_folder, read_run_model, run_dir_of
 from ..tasks.registry import recommended_settings
 
 # Settings a run folder passes on to a comparison: what its task and prompts were.
@@ -48,18 +50,10 @@ class ModelSpec:
         return f"{base} + {self.adapter}" if self.adapter else base
 
 
-def _run_dir_of(adapter_dir: Path) -> Path | None:
-    """The run a folder of adapters belongs to: itself, or RUN for RUN/checkpoints/step_N."""
-    for candidate in (adapter_dir, adapter_dir.parent.parent):
-        if (candidate / "config.yaml").is_file():
-            return candidate
-    return None
-
-
 def _adapter_run(adapter: str | None) -> Path | None:
     """The run an --adapter folder came from (its task becomes the default), if any."""
     path = Path(adapter).expanduser() if adapter else None
-    return _run_dir_of(path) if path is not None and path.is_dir() else None
+    return run_dir_of(path) if path is not None and path.is_dir() else None
 
 
 def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
@@ -68,26 +62,15 @@ def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
         return ModelSpec(None, adapter, _adapter_run(adapter))
     if name in PACKAGED_MODELS or name.startswith(("ollama:", "lmstudio:")):  # resolved where it loads
         return ModelSpec(name, adapter, _adapter_run(adapter))
-    path = Path(name).expanduser()
-    if path.is_dir() and (path / "adapter_config.json").is_file():
-        if adapter is not None:
+    if is_run_folder(name):
+        if adapter is not None and (Path(name).expanduser() / "adapter_config.json").is_file():
             raise CompareError(f"{name} is an adapter folder already; --adapter goes with a plain model")
-        run_dir = _run_dir_of(path)
-        try:
-            adapter_config = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise CompareError(f"{path / 'adapter_config.json'}: unreadable ({e})") from None
-        base = adapter_config.get("model")
-        if run_dir is not None:
-            run_model = _run_settings(run_dir).get("model", base)
-            base = run_model if run_model not in ("", None) else None  # None: the embedded model
-        elif not base:
-            raise CompareError(f"{path / 'adapter_config.json'} does not name its base model (key 'model')")
-        if not (path / "adapters.safetensors").is_file():
-            raise CompareError(f"{path}: no adapters.safetensors")
-        return ModelSpec(base, str(path), run_dir)
-    if path.is_dir() and (path / "config.yaml").is_file() and not (path / "config.json").is_file():
-        raise CompareError(f"{name}: a run folder with no saved weights yet (no adapters.safetensors)")
+        try:  # the original base (a run of a run: the first run's base) with this folder's adapters
+            start = read_run_model(name)
+        except ConfigError as e:
+            raise CompareError(str(e)) from None
+        return ModelSpec(start.base, start.adapter, start.run_dir)
+    path = Path(name).expanduser()
     if not path.exists() and ("/" not in name or name.startswith((".", "/", "~"))):
         raise CompareError(f"{name}: not found (not a run folder, an adapter folder, a model folder, a .gguf "
                            f"file, a Hugging Face id or a packaged model: {', '.join(PACKAGED_MODELS)})")
@@ -137,7 +120,8 @@ def _layered(values: dict, over: dict) -> dict:
 
 
 def default_base(trained: ModelSpec) -> ModelSpec:
-    """The model the trained one started from: its adapters' base."""
+    """The model the trained one started from: its adapters' original base (for a run started from another
+    run, that run's base: read_run_model follows the runs down)."""
     if trained.adapter is None:
         raise CompareError(f"{trained.label} is a whole model with no record of its base; "
                            "name the model to compare against with --base")

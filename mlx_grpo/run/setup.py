@@ -5,24 +5,28 @@ slow model load), checks `--guide`, loads the policy (a quantized base
 dequantised on a CPU; full fine-tuning refused on quantized weights), screens
 the task's rows, bounds the reward calls in time, runs the `--prefilter`
 pre-pass on the base model, adds the adapters, keeps the reference where one
-is needed and makes the optimizer. The command line and the Python API both
+is needed and makes the optimizer. A run folder as the model (`--model RUN`,
+models/run_models.py) is its original base with the run's adapters loaded into
+the trainable layers, shaped as the run's were, so training continues them; the
+reference stays the original base. The command line and the Python API both
 call it, so the two cannot set up different runs (issue 42: the API once left
 `kl_every` out of when a reference is kept and logged a KL of 0).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.optimizers as optim
 from mlx.utils import tree_map
 
-from ..config import TrainConfig
+from ..config import ConfigError, TrainConfig
 from ..models.adapters import prepare_for_training
 from ..models.loading import gguf_types_note, load_policy, resolve_model_path
 from ..models.quantized import prepare_base
+from ..models.run_models import RunModel, load_adapter_weights, read_run_model
 from ..tasks.data import screen_task
 from ..tasks.registry import Task, load_task
 from ..tasks.rewarding import with_timeout
@@ -73,26 +77,73 @@ def guard_task(task: Task, config: TrainConfig, model, tokenizer) -> Task:
     return task
 
 
+def continued_config(config: TrainConfig, start: RunModel) -> TrainConfig:
+    """The config with the starting run's adapter settings, so its adapters fit the layers made for them;
+    a setting set here (not its default) that differs from the run's is refused."""
+    saved, lora = start.adapter_config, start.adapter_config.get("lora_parameters") or {}
+    theirs = {"fine_tune_type": saved.get("fine_tune_type", "lora")}
+    if theirs["fine_tune_type"] != "full":
+        theirs.update(lora_rank=lora.get("rank"), lora_scale=lora.get("scale"), lora_layers=saved.get("num_layers"))
+    theirs = {k: v for k, v in theirs.items() if v is not None}
+    for key, value in theirs.items():
+        mine = getattr(config, key)
+        if mine != value and mine != getattr(TrainConfig, key):
+            raise ConfigError(f"--model {config.model}: its adapters have {key} {value}, not {mine}; leave "
+                              f"{key} out to continue them (or train from its base model)")
+    return replace(config, **theirs)
+
+
+def starting_run(config: TrainConfig, writable: Path | None = None) -> tuple[TrainConfig, RunModel | None]:
+    """The run or adapter folder `config.model` names (None for a plain model), and the config with its adapter
+    settings; read before anything is written or loaded, so a broken or clashing folder costs nothing."""
+    start = read_run_model(config.model)
+    if start is None:
+        return config, None
+    if writable is not None and start.run_dir is not None and start.run_dir.resolve() == writable.resolve():
+        raise ConfigError(f"--model {config.model} is this run's own folder: write the new run elsewhere "
+                          "(--output), or continue this one with --resume")
+    return continued_config(config, start), start
+
+
+def load_base(config: TrainConfig, start: RunModel | None):
+    """(model, tokenizer, weights note): the policy's base model (a starting run's original base), prepared."""
+    model, tokenizer = load_policy(start.base if start is not None else config.model, keep_quantized=True)
+    return model, tokenizer, prepare_base(model, config.keep_quantized, fine_tune_type=config.fine_tune_type)
+
+
+def add_adapters(model, config: TrainConfig, start: RunModel | None) -> dict:
+    """Fresh trainable layers (the caller loads a starting run's weights into them: load_adapter_weights);
+    the adapter config to save, naming the original base model (what `mlx_lm.generate --adapter-path`
+    and eval load them on)."""
+    adapter_config = prepare_for_training(model, config.fine_tune_type, {
+        "rank": config.lora_rank, "scale": config.lora_scale, "dropout": config.lora_dropout,
+        "num_layers": config.lora_layers})
+    adapter_config["model"] = resolve_model_path(start.base if start is not None else config.model)
+    return adapter_config
+
+
 def setup(config: TrainConfig, writable: Path | None = None) -> RunState:
     """The task, the policy with its adapters, the reference and the optimizer of a run.
 
     `writable`: a run folder to check, before the model loads (train() passes its own): that it can be
     written, and that a fresh run does not go into an earlier run's folder unless `overwrite`."""
+    config, start = starting_run(config, writable)
     mx.random.seed(config.seed)
     task = load_task(config)
     if config.guide:
         check_guidance(task)
     if writable is not None:  # writable, and a fresh run never mixed into an earlier one's folder (run_folder.py)
         prepare_run_folder(writable, resume=bool(config.resume), overwrite=config.overwrite)
-    model, tokenizer = load_policy(config.model, keep_quantized=True)
-    weights_note = prepare_base(model, config.keep_quantized, fine_tune_type=config.fine_tune_type)
+    model, tokenizer, weights_note = load_base(config, start)
     guard_task(task, config, model, tokenizer)
-    # The pre-pass on the base model (before adapters): only prompts it sometimes solves (prefilter.py)
-    prefilter_note = prefilter_train_rows(model, tokenizer, task, config) if config.prefilter else None
-    adapter_config = prepare_for_training(model, config.fine_tune_type, {
-        "rank": config.lora_rank, "scale": config.lora_scale, "dropout": config.lora_dropout,
-        "num_layers": config.lora_layers})
-    adapter_config["model"] = resolve_model_path(config.model)
+    # The pre-pass on the model the run starts from: only prompts it sometimes solves (prefilter.py)
+    prefilter_note = prefilter_train_rows(model, tokenizer, task, config) if config.prefilter and not start else None
+    adapter_config = add_adapters(model, config, start)
+    # Copied before a starting run's weights go in: the reference is the original base, as with adapters off.
     ref_params = tree_map(lambda x: x, model.trainable_parameters()) if keeps_reference(config) else None
-    notes = [n for n in (gguf_types_note(config.model), weights_note, prefilter_note) if n]
+    if start is not None:
+        load_adapter_weights(model, start)
+        if config.prefilter:
+            prefilter_note = prefilter_train_rows(model, tokenizer, task, config)
+    notes = [n for n in (gguf_types_note(start.base if start else config.model), weights_note, prefilter_note) if n]
     return RunState(config, task, model, tokenizer, adapter_config, ref_params, make_optimizer(config), notes)

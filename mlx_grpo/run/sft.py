@@ -125,6 +125,7 @@ def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None
     run_dir = Path(config.resume or config.output or
                    Path("checkpoints") / f"sft-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
     run = sft_setup(config, writable=run_dir)
+    config = run.config  # from a run folder (--model RUN): with that run's adapter settings, as config.yaml keeps
     model, tokenizer, optimizer = run.model, run.tokenizer, run.optimizer
     pad, mb, chunk = pad_id_of(tokenizer), config.micro_batch_size, config.logprob_chunk_size
 

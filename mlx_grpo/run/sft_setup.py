@@ -16,15 +16,14 @@ import mlx.core as mx
 import mlx.optimizers as optim
 
 from ..config import ConfigError, TrainConfig
-from ..models.adapters import prepare_for_training
-from ..models.loading import gguf_types_note, load_policy, resolve_model_path
-from ..models.quantized import prepare_base
+from ..models.loading import gguf_types_note
+from ..models.run_models import load_adapter_weights
 from ..sampling.demonstrations import task_demonstrations
 from ..tasks.data import DataError
 from ..tasks.registry import BUILTIN_TASKS, Task, load_task
 from ..tasks.sft_data import encode_rows, read_demonstrations
 from .run_folder import prepare_run_folder
-from .setup import make_optimizer
+from .setup import add_adapters, load_base, make_optimizer, starting_run
 
 # Held-out demonstrations for the validation loss when the data has no validation split:
 # a tenth of the training rows, at most this many.
@@ -63,6 +62,7 @@ def _context(model) -> int | None:
 
 def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     """The demonstrations, the policy with its adapters and the optimizer of an sft run."""
+    config, start = starting_run(config, writable)  # a run folder as --model: its base, its adapters continued
     mx.random.seed(config.seed)  # the adapters' initial weights: the same seed, the same run
     warnings: list[str] = []
     task = None
@@ -89,8 +89,7 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     if writable is not None:
         prepare_run_folder(writable, resume=bool(config.resume), overwrite=config.overwrite)
 
-    model, tokenizer = load_policy(config.model, keep_quantized=True)
-    weights_note = prepare_base(model, config.keep_quantized, fine_tune_type=config.fine_tune_type)
+    model, tokenizer, weights_note = load_base(config, start)
     try:
         if task is None:
             train, note = encode_rows(tokenizer, train_rows, config.data, config.on_bad_data, _context(model),
@@ -105,10 +104,9 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     except DataError as e:
         raise ConfigError(str(e)) from None
     warnings += [n for n in (note, valid_note) if n]
-    adapter_config = prepare_for_training(model, config.fine_tune_type, {
-        "rank": config.lora_rank, "scale": config.lora_scale, "dropout": config.lora_dropout,
-        "num_layers": config.lora_layers})
-    adapter_config["model"] = resolve_model_path(config.model)
+    adapter_config = add_adapters(model, config, start)
+    if start is not None:
+        load_adapter_weights(model, start)
     optimizer = make_optimizer(replace(config, num_iterations=1))  # one optimizer step a step
-    notes = [n for n in (gguf_types_note(config.model), weights_note) if n]
+    notes = [n for n in (gguf_types_note(start.base if start else config.model), weights_note) if n]
     return SFTRun(config, model, tokenizer, adapter_config, optimizer, train, valid, task, source, warnings, notes)

@@ -161,6 +161,7 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     # Task, policy, adapters, reference, optimizer: as the API's Trainer sets them up (setup.py); a bad
     # data file, reward or output folder is reported before the slow model load.
     run = setup(config, writable=run_dir if main else None)
+    config = run.config  # from a run folder (--model RUN): with that run's adapter settings, as config.yaml keeps
     task, model, tokenizer, optimizer = run.task, run.model, run.tokenizer, run.optimizer
 
     start_step, state = 0, {}

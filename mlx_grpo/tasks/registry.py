@@ -86,7 +86,9 @@ def is_chat_model(model: str | None) -> bool:
     chat model, which has to be told the answer form the task scores.
     """
     from ..models.loading import EMBEDDED_MODEL, embedded_model_path
+    from ..models.run_models import base_model
 
+    model = base_model(model)  # a run folder: the model it was trained from, whose prompts it learned
     if not isinstance(model, str) or model in ("", EMBEDDED_MODEL):
         return False  # no model named (a value of the wrong type is config validation's to refuse)
     return Path(model).expanduser().resolve() != embedded_model_path().resolve()
@@ -95,8 +97,9 @@ def is_chat_model(model: str | None) -> bool:
 def is_base_model(model: str | None) -> bool:
     """A pretrained model whose files carry no chat template (read from the file, before the model loads)."""
     from ..models.model_info import has_chat_template
+    from ..models.run_models import base_model
 
-    return is_chat_model(model) and not has_chat_template(model)
+    return is_chat_model(model) and not has_chat_template(base_model(model))
 
 
 def recommended_settings(task: str, model: str | None) -> dict:
