@@ -22,18 +22,18 @@ pytestmark = [pytest.mark.usefixtures("gguf_cache"),
 PROBLEMS, MAX_TOKENS = 8, 24
 
 
-def eval_answers(name: str):
+def eval_answers(name: str, **settings):
     """What `mlx-grpo eval --model NAME --n 8 --max-tokens 24` decodes and scores: (token ids, accuracy)."""
     spec = cmp.resolve_model(name)
     config = cmp.task_config(spec.run_dir, spec.model, {"task": "arith", "eval_num_problems": PROBLEMS,
-                                                        "max_tokens": MAX_TOKENS})
+                                                        "max_tokens": MAX_TOKENS, **settings})
     report = cmp.evaluate(spec, load_task(config), cmp.build_settings(config), config.eval_num_problems)
     result = report.results[0]
     return [a.tokens for a in result.answers], report.data["models"]["model"]["accuracy"]
 
 
-@pytest.mark.parametrize("outtype", ["q8_0", "q4_0"])
-def test_the_runs_check_answers_as_eval_does(tmp_path, monkeypatch, cpu_device, outtype):
+@pytest.mark.parametrize("outtype, keep_quantized", [("q8_0", False), ("q4_0", False), ("q4_0", True)])
+def test_the_runs_check_answers_as_eval_does(tmp_path, monkeypatch, cpu_device, outtype, keep_quantized):
     model = str(export(None, None, gguf_path=str(tmp_path / f"arith-{outtype}.gguf"), outtype=outtype)[0])
     assert f"kept {outtype[1]}-bit" in gguf_types_note(model)  # quantized blocks, not a float file
     checks = []  # each held-out check's completions, in the order the run makes them
@@ -47,14 +47,15 @@ def test_the_runs_check_answers_as_eval_does(tmp_path, monkeypatch, cpu_device, 
     monkeypatch.setattr(heldout, "sample_completions", recorded)
     run = tmp_path / "run"
     config = build_config({"model": model, "task": "arith", "steps": 2, "batch_size": 2, "group_size": 4,
-                           "lr": 1e-2, "max_tokens": MAX_TOKENS, "eval_num_problems": PROBLEMS, "output": str(run)},
+                           "lr": 1e-2, "max_tokens": MAX_TOKENS, "eval_num_problems": PROBLEMS, "output": str(run),
+                           "keep_quantized": keep_quantized},
                           task_defaults=recommended_settings)
     result = train(config)
     before, after = checks[0], checks[-1]
     assert len(checks) == 2 and len(before) == len(after) == PROBLEMS
 
-    base_tokens, base_accuracy = eval_answers(model)
-    trained_tokens, trained_accuracy = eval_answers(str(run))
+    base_tokens, base_accuracy = eval_answers(model, keep_quantized=keep_quantized)  # as in a --config file
+    trained_tokens, trained_accuracy = eval_answers(str(run))  # the run folder brings its keep_quantized
     assert [c.tokens for c in before] == base_tokens
     assert [c.tokens for c in after] == trained_tokens
     assert (result.accuracy_before, result.accuracy_after) == (base_accuracy, trained_accuracy)

@@ -67,7 +67,7 @@ def cache_key(spec, task, rows: list[dict], settings) -> str:
         task.system_prompt, getattr(task, "prompt_format", None), list(getattr(task, "stop", []) or []),
         [r["prompt"] for r in rows],
         [sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.max_tokens],
-        settings.samples, settings.seed, settings.concurrency,
+        settings.samples, settings.seed, settings.concurrency, getattr(settings, "keep_quantized", False),
     ]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 

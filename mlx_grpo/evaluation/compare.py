@@ -63,6 +63,8 @@ class Settings:
     # The settings the task is guarded with as a run guards it (guard below): reward_timeout, on_bad_data,
     # max_prompt_tokens, max_tokens. None: their defaults.
     run_config: TrainConfig | None = None
+    # A run that trained on its quantized weights (keep_quantized) is checked on them; eval answers on the same.
+    keep_quantized: bool = False
 
 
 def load_model(spec: ModelSpec, keep_quantized: bool = False):
@@ -216,7 +218,7 @@ def generate_or_reuse(name: str, spec: ModelSpec, task: Task, rows: list[dict], 
             progress(len(rows))
         answers = [Answer(**a) for a in kept.answers]
         return answers, answers, kept.seconds, answer_cache.folder() / f"{key}.json", kept.made_by
-    model, tokenizer = load_model(spec)
+    model, tokenizer = load_model(spec, settings.keep_quantized)
     if progress:
         progress(0)
     answers, rollouts, seconds = generate(model, tokenizer, task, rows, settings, progress)
@@ -352,4 +354,5 @@ def build_settings(config: TrainConfig, split: str = "test", samples: int = 1, t
         raise CompareError(f"--temperature must be >= 0, got {temperature}")
     sampling = SamplingConfig(**{**asdict(config.sampling), "temperature": temperature})
     return Settings(split, samples, sampling, seed, config.decode_concurrency,
-                    getattr(config, "max_turns", 8), getattr(config, "max_episode_tokens", 1024), cache, config)
+                    getattr(config, "max_turns", 8), getattr(config, "max_episode_tokens", 1024), cache, config,
+                    config.keep_quantized)

@@ -28,6 +28,8 @@ _SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "decod
                   "eval_num_problems", "max_turns", "max_episode_tokens")
 # Settings that guard the task as the run guarded it (run/setup.py's guard_task): the same rows, the same time limit.
 _GUARD_KEYS = ("reward_timeout", "on_bad_data", "max_prompt_tokens")
+# How the run computed with its weights: its own check ran on them, so eval and compare answer on the same.
+_WEIGHT_KEYS = ("keep_quantized",)
 
 
 class CompareError(ValueError):
@@ -109,7 +111,7 @@ def task_config(run_dir: Path | None, model: str | None, overrides: dict,
 
 
 def _task_settings(settings: dict) -> dict:
-    return {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS, *_GUARD_KEYS) if k in settings}
+    return {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS, *_GUARD_KEYS, *_WEIGHT_KEYS) if k in settings}
 
 
 def _layered(values: dict, over: dict) -> dict:
