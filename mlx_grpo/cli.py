@@ -151,7 +151,7 @@ app.command()(sft)
 _EVALUATION_OPTIONS = {
     "task": (Optional[str], typer.Option(None, help="task to evaluate on; default: the run's task (arith without a "
                                                     "run)")),
-    "split": (str, typer.Option("test", help="test or train")),
+    "split": (str, typer.Option("test", help="test, validation (what recipes are chosen on) or train")),
     "n": (Optional[int], typer.Option(None, help="number of prompts (the first N of the split); default: the run's "
                                                  "eval_num_problems (200)")),
     "samples": (int, typer.Option(1, help="completions per prompt (K); K > 1 also reports pass@k")),
@@ -304,20 +304,28 @@ def plot(run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...", help="
 def inspect_command(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run folder"),
                     step: Optional[int] = typer.Option(None, help="show this step's completion or episode only"),
                     index: Optional[int] = typer.Option(None, help="which of the step's completions (from 0; "
-                                                                   "default 0), in completions.jsonl's order")):
+                                                                   "default 0), in completions.jsonl's order"),
+                    first_tokens: Optional[int] = typer.Option(None, help="instead: the likeliest first tokens of "
+                                                               "the answer to this many held-out prompts, base and "
+                                                               "trained (loads both models)")):
     """Summarise a run from its files: settings, first/last/best metrics, health events, checkpoints; and for a
     multi-turn run one episode turn by turn, masked spans marked (--step N --index K picks the one)."""
+    from .evaluation.compare import CompareError
+    from .evaluation.first_tokens import first_token_lines
+    from .evaluation.first_tokens import first_tokens as first_tokens_of
     from .evaluation.inspect_episode import OPEN, last_episode_lines, record_lines
     from .evaluation.inspect_run import summarize
     from .evaluation.plot import PlotError
 
     try:
-        if step is not None or index is not None:
+        if first_tokens is not None:
+            lines = first_token_lines(first_tokens_of(run_dir, first_tokens))
+        elif step is not None or index is not None:
             lines = record_lines(run_dir, step, index or 0)
         else:
             episode = last_episode_lines(run_dir)  # a multi-turn run's last step's first episode
             lines = summarize(run_dir) + ([""] + episode if episode else [])
-    except PlotError as e:
+    except (PlotError, CompareError, ConfigError, DataError, GGUFError) as e:
         fail(str(e))
     out = Console()
     for line in lines:  # masked spans dimmed as well as bracketed

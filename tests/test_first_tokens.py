@@ -1,71 +1,73 @@
-"""scripts/first_tokens.py: a run's first tokens at scaled LoRA updates, and where a --guide reference is placed."""
+"""`mlx-grpo inspect RUN --first-tokens N`: the likeliest first tokens of an answer, base and trained."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+import pytest
+from mlx_lm import load
+from typer.testing import CliRunner
 
-from mlx_grpo import make_config
-from mlx_grpo.api import load_task
-from mlx_grpo.models.adapters import adapters_disabled, prepare_for_training
-from mlx_grpo.models.loading import load_policy
-from mlx_grpo.tasks.data import prompt_messages, task_prompts
-
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("first_tokens", ROOT / "scripts" / "first_tokens.py")
-first_tokens = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(first_tokens)
+from mlx_grpo.cli import app
+from mlx_grpo.evaluation.compare import CompareError
+from mlx_grpo.evaluation.first_tokens import first_tokens
 
 
-def _trained_tiny(tiny_model_path):
-    """The tiny model with LoRA on every layer and B set to random values, as after some training."""
-    model, tokenizer = load_policy(str(tiny_model_path))
-    prepare_for_training(model, "lora", {"rank": 4, "scale": 20.0, "dropout": 0.0})
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_model_path):
+    """A one-step run of a custom task, its LoRA B then set to random values, as after longer training."""
+    folder = tmp_path_factory.mktemp("first-tokens")
+    data = folder / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(40)))
+    rewards = folder / "rewards.py"
+    rewards.write_text("def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n")
+    run = folder / "run"
+    result = CliRunner().invoke(app, [
+        "train", "--model", str(tiny_model_path), "--data", str(data), "--reward-file", str(rewards),
+        "--reward", "variety", "--steps", "1", "--batch-size", "2", "--group-size", "2", "--max-tokens", "4",
+        "--eval-num-problems", "4", "--output", str(run)])
+    assert result.exit_code == 0, result.output
+    weights = dict(mx.load(str(run / "adapters.safetensors")))
     rng = np.random.default_rng(0)
-    for _, layer in model.named_modules():
-        if hasattr(layer, "lora_b"):
-            layer.lora_b = mx.array(rng.normal(0, 0.02, layer.lora_b.shape).astype(np.float32))
-    return model, tokenizer
+    for name, value in weights.items():
+        if name.endswith("lora_b"):
+            weights[name] = mx.array(rng.normal(0, 0.05, value.shape).astype(np.float32))
+    mx.save_safetensors(str(run / "adapters.safetensors"), weights)
+    return run
 
 
-def test_scaled_adapters_run_the_base_at_zero_and_the_trained_model_at_one(tiny_model_path):
-    model, tokenizer = _trained_tiny(tiny_model_path)
-    prompt = tokenizer.encode("Spell cat.")
-    trained = np.array(first_tokens.first_token_probs(model, prompt))
-    with adapters_disabled(model):
-        base = np.array(first_tokens.first_token_probs(model, prompt))
-    assert np.abs(trained - base).max() > 1e-3  # the adapters do change the answer
-
-    assert first_tokens.scaled_adapters(model, 0.0) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers
-    np.testing.assert_allclose(np.array(first_tokens.first_token_probs(model, prompt)), base, atol=1e-6)
-    first_tokens.scaled_adapters(model, 0.5)
-    first_tokens.scaled_adapters(model, 0.5)  # from the saved scale each time, never compounded
-    half = np.array(first_tokens.first_token_probs(model, prompt))
-    assert np.abs(half - base).max() > 1e-4 and np.abs(half - trained).max() > 1e-4
-    first_tokens.scaled_adapters(model, 1.0)
-    np.testing.assert_allclose(np.array(first_tokens.first_token_probs(model, prompt)), trained, atol=1e-6)
+def _oracle_top(model, tokenizer, prompt: str, k: int) -> list[tuple[str, float]]:
+    """mlx-lm's own model on the chat template's rendering of the prompt: softmax of the last logits."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    logits = np.array(model(mx.array([ids]))[0, -1].astype(mx.float32), dtype=np.float64)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")[:k]
+    return [(tokenizer.decode([int(t)]), float(probs[t])) for t in order]
 
 
-def test_a_reference_after_the_generation_prompt_is_where_the_template_puts_an_answer(tmp_path, tiny_model_path):
-    rows = [{"prompt": f"Spell {w}.", "answer": w, "reference": f"{w} is spelt {' '.join(w)}."}
-            for w in ["cat", "dog", "sun", "map"] * 3]
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "rewards.py").write_text("def exact(prompts, completions, answer, **kwargs):\n"
-                                         "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
-    task = load_task(make_config(model=str(tiny_model_path), data=str(tmp_path / "data.jsonl"), guide=True,
-                                 reward_file=str(tmp_path / "rewards.py"), reward=["exact"]))
-    model, tokenizer = load_policy(str(tiny_model_path))
-    row = task.train_rows[0]
-    [prompt] = task_prompts(tokenizer, task, [row])
+def test_base_and_trained_first_tokens_are_the_two_models_own(run, tiny_model_path):
+    found = first_tokens(run, 3, k=4)
+    prompts = [json.loads(line)["prompt"] for line in (run.parent / "data.jsonl").read_text().splitlines()]
+    assert [f.prompt for f in found] == prompts[-4:-1]  # the run's held-out rows (its last 4), the first 3
+    base = load(str(tiny_model_path))
+    trained = load(str(tiny_model_path), adapter_path=str(run))
+    for item in found:
+        for ours, (model, tokenizer) in ((item.base, base), (item.trained, trained)):
+            expected = _oracle_top(model, tokenizer, item.prompt, 4)
+            assert [t for t, _ in ours] == [t for t, _ in expected]
+            np.testing.assert_allclose([p for _, p in ours], [p for _, p in expected], atol=1e-5)
+    assert any(item.base != item.trained for item in found)  # the adapters do move the first token
 
-    placed = first_tokens.guide_placement(model, tokenizer, task, row, prompt)
-    assert placed["same_as_template"], placed
-    assert tokenizer.decode(prompt).endswith("<|im_start|>assistant\n")
-    assert placed["reference_start"].startswith(row["answer"])
 
-    # Without the generation prompt the reference would follow the user's turn: the check says so.
-    no_header = list(tokenizer.apply_chat_template(prompt_messages(row["prompt"], task.system_prompt),
-                                                   add_generation_prompt=False, tokenize=True))
-    assert not first_tokens.guide_placement(model, tokenizer, task, row, no_header)["same_as_template"]
+def test_the_command_prints_both_models_and_refuses_bad_input(run, tmp_path):
+    result = CliRunner().invoke(app, ["inspect", str(run), "--first-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert "on 2 held-out prompts" in result.output
+    assert result.output.count("    base    ") == 2 and result.output.count("    trained ") == 2
+    for bad, says in ((["--first-tokens", "0"], "at least 1"), ([], None)):
+        result = CliRunner().invoke(app, ["inspect", str(tmp_path / "missing"), *bad])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert says is None or says in result.output
+    with pytest.raises(CompareError, match="not a run folder"):
+        first_tokens(tmp_path, 2)

@@ -49,6 +49,22 @@ def _config(tmp_path, model, data, **more):
                           "temperature": 1.0, "seed": 0, "output": str(tmp_path / "run"), **more})
 
 
+
+def test_a_reference_follows_the_generation_prompt_as_the_template_puts_an_answer(tmp_path, tiny_model_path, data):
+    """The prompt's tokens and the reference's are the chat template's rendering of the whole conversation."""
+    task = load_task(_config(tmp_path, tiny_model_path, data, guide=True))
+    model, tokenizer = load_policy(str(tiny_model_path))
+    row = task.train_rows[0]
+    [prompt] = task_prompts(tokenizer, task, [row])
+    text = task.reference_answer(row)
+    guided = guidance.reference_completion(model, tokenizer, task, prompt, text, 0, 1.0)
+    rendered = list(tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]},
+                                                   {"role": "assistant", "content": text}], tokenize=True))
+    ours = list(prompt) + list(guided.tokens)
+    assert tokenizer.decode(prompt).endswith("<|im_start|>assistant\n")
+    assert rendered[:len(ours)] == ours, (tokenizer.decode(rendered), tokenizer.decode(ours))
+    assert tokenizer.decode(guided.tokens).startswith(row["answer"])
+
 def test_every_all_wrong_group_gets_the_reference_scored_and_with_the_policys_logprobs(tmp_path, tiny_model_path,
                                                                                         data):
     config = _config(tmp_path, tiny_model_path, data)

@@ -26,9 +26,9 @@ constants, and asking for their gradient would carry every piece's backward down
 all the layers the adapters leave alone.
 
 On a CPU each piece's whole value-and-gradient is compiled (`_evaluated`): inside a traced
-gradient `mx.compile` fuses nothing (scripts/probe_compile_in_grad.py), so norms, RoPE,
+gradient `mx.compile` fuses nothing (measured; git history), so norms, RoPE,
 SwiGLU and the softmax ran op by op forward and backward; compiled whole they fuse, the
-gradients bit for bit the same (scripts/probe_compiled_update_piece.py). Every piece has its
+gradients bit for bit the same (measured; git history). Every piece has its
 own shapes, so each piece is compiled afresh: tracing and fusing it costs less than running it
 unfused, and the fused kernels themselves are built once per process.
 """
@@ -53,7 +53,7 @@ AfterPrompt = Callable[[nn.Module, tuple, MicroBatch], tuple[mx.array, mx.array]
 LossOf = Callable[[mx.array, mx.array, MicroBatch, mx.array | None], tuple[mx.array, dict]]
 
 # Compile each piece's value-and-gradient whole on a CPU: 5-12% off the update at 0.5B (measured with it
-# off and on by scripts/probe_compiled_update.py; profile_update.py --traced turns it off). Not on a GPU:
+# off and on in one process; scripts/profile_update.py --traced turns it off). Not on a GPU:
 # there it is unmeasured, and first runs compile kernels.
 COMPILE_ON_CPU = True
 _fallback_reported = False  # the compiled update's fallback is reported once a process, with its first reason
