@@ -184,7 +184,7 @@ def matmul_peak(dtype, sizes=(512, 1024, 2048), seconds=0.5) -> float:
 def machine_limits(model, tokenizer, shape: dict, args) -> dict:
     """What this machine does at the workload's shapes: MLX's bare decode loop at the rollout's width
     (scripts/decode_ceiling.py), and the float matmul rate at an update micro-batch's MLP shape."""
-    from decode_ceiling import bare_loop
+    from decode_loops import bare_loop
 
     width = args.prompts * args.group_size
     prompt = tokenizer.encode(prompt_texts(1)[0])

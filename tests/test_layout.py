@@ -114,6 +114,37 @@ def test_rewards_has_no_import_cycle():
     assert _find_cycle(_import_graph("rewards")) is None
 
 
+def _script_graph(folder: Path | None = None) -> dict[str, set[str]]:
+    """Script -> the scripts it imports. A script runs with scripts/ on the path, so it imports another by its
+    bare name (`import bench`, `from decode_loops import bare_loop`), at any depth of the file."""
+    folder = folder or ROOT / "scripts"
+    files = {p.stem: p for p in folder.glob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                targets.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                targets.update(a.name.split(".")[0] for a in node.names)
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def test_the_script_graph_sees_late_and_aliased_imports(tmp_path):
+    graph = _script_graph()
+    assert "bench_blas" in graph["bench"]                      # from bench_blas import gflops
+    assert "build_tiny_model" in graph["build_tiny_web_model"]  # import build_tiny_model as base
+    (tmp_path / "a.py").write_text("def f():\n    from b import g\n")
+    (tmp_path / "b.py").write_text("import a as the_a\n")
+    assert _find_cycle(_script_graph(tmp_path)) == ["a", "b", "a"]
+
+
+def test_scripts_have_no_import_cycle():
+    """A script another imports is a library to it: the two must not need each other to load."""
+    assert _find_cycle(_script_graph()) is None
+
+
 
 MAX_LINES = 450  # a module past this does several jobs: split it by concern
 
