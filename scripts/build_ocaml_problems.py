@@ -1,4 +1,4 @@
-"""Build rewards/ocaml_data/{train,test}.jsonl from the problem files in scripts/, and check it.
+"""Build rewards/ocaml_data/{train,test}.jsonl from the problem files beside them, and check it.
 
     python scripts/build_ocaml_problems.py            # write the JSONL files
     python scripts/build_ocaml_problems.py --check    # also grade every reference (needs ocaml)
@@ -6,7 +6,7 @@
 Every fifth problem of ocaml_problems.txt (in file order, so each difficulty and
 topic is spread over both) goes to the held-out test split, and the others to
 train. Every problem of ocaml_test_problems.txt, written for the test split only
-(issue 40: enough held-out problems for a gain to be significant), follows them
+(enough held-out problems for a gain to be significant), follows them
 in the test split.
 """
 
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "scripts" / "ocaml_problems.txt"
-HELD_OUT = ROOT / "scripts" / "ocaml_test_problems.txt"  # test split only
 OUT = ROOT / "rewards" / "ocaml_data"
+SOURCE = OUT / "ocaml_problems.txt"  # the sources live with the data, outside the wheel (JSONL only)
+HELD_OUT = OUT / "ocaml_test_problems.txt"  # test split only
 TEST_EVERY = 5
 DIFFICULTIES = ("easy", "medium", "hard")
 

@@ -195,8 +195,8 @@ def test_problem_set_shape():
 
 
 def test_shipped_files_match_their_source():
-    """rewards/ocaml_data is what scripts/build_ocaml_problems.py makes of scripts/ocaml_problems.txt
-    and scripts/ocaml_test_problems.txt (test split only)."""
+    """rewards/ocaml_data's JSONL files are what scripts/build_ocaml_problems.py makes of the sources beside
+    them, ocaml_problems.txt and ocaml_test_problems.txt (test split only)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("build_ocaml", ROOT / "scripts" / "build_ocaml_problems.py")

@@ -5,8 +5,8 @@ Problems ship in ``rewards/ocaml_data/{train,test}.jsonl``, one JSON object a li
 (``let rev_list (xs : int list) : int list =``), ``preamble`` (type definitions the
 problem gives, often ""), ``tests`` (a list of OCaml ``assert`` expressions, or one
 string of OCaml test code: see ``testcode.py``) and ``solution`` (the
-reference). The shipped ones are built from ``scripts/ocaml_problems.txt`` (every fifth
-held out) and ``scripts/ocaml_test_problems.txt`` (held out only) by
+reference). The shipped ones are built from ``rewards/ocaml_data/ocaml_problems.txt`` (every
+fifth held out) and ``ocaml_test_problems.txt`` beside it (held out only) by
 ``scripts/build_ocaml_problems.py``.
 
 Grading (``grade``; ``score`` is its number) goes through stages, each worth more:
