@@ -36,6 +36,7 @@ from ..tasks.registry import Task
 from ..tasks.rewarding import part_means
 from ..update.batch import Rollout
 from . import answer_cache
+from .answer_stages import answer_stages, stage_shares
 from .model_names import CompareError, ModelSpec, default_base, resolve_model, task_config  # noqa: F401 (the compare API)
 
 SPLITS = ("test", "train")
@@ -157,6 +158,8 @@ class ModelResult:
     episode: dict = field(default_factory=dict)  # a multi-turn task's episode and tool metrics (multiturn.episode_metrics)
     cached: Path | None = None  # where the answers were read from, when they were not decoded now
     cached_by: str | None = None  # which code made those answers: "mlx-grpo 0.1.0 (decode format 1)"
+    stages: list[str] | None = None  # the grading stage each answer reached (answer_stages.py), where the task has one
+    stage_shares: dict[str, float] = field(default_factory=dict)
 
     def per_prompt(self, values: np.ndarray) -> np.ndarray:
         return values.reshape(-1, self.samples).mean(axis=1)
@@ -180,6 +183,8 @@ class ModelResult:
         }
         if self.episode:
             out["episode"] = dict(self.episode)
+        if self.stage_shares:
+            out["stages"] = dict(self.stage_shares)
         if self.cached:
             out["answers_from_cache"] = str(self.cached)
             out["answers_made_by"] = self.cached_by
@@ -234,8 +239,9 @@ def evaluate_model(name: str, spec: ModelSpec, task: Task, rows: list[dict], set
     answers, rollouts, seconds, cached, cached_by = generate_or_reuse(name, spec, task, rows, settings, on_progress)
     totals, parts, accuracy, errors, examples = score(task, rows, rollouts, settings.samples)
     episode = rollouts_for(task).step_metrics(rollouts) if rollouts else {}  # a multi-turn task's episode metrics
+    stages = answer_stages(task, rows, answers, settings.samples)
     return ModelResult(name, spec, answers, totals, parts, accuracy, errors, examples, seconds, settings.samples,
-                       episode, cached, cached_by)
+                       episode, cached, cached_by, stages, stage_shares(task, stages) if stages else {})
 
 
 # ---------------------------------------------------------------------------

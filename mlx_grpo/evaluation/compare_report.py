@@ -68,6 +68,9 @@ def table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
         if key == "episode/turns" or (key.startswith("tools/") and not isinstance(first["episode"][key], str)):
             rows.append(line(key.split("/", 1)[1].replace("_", " "), lambda m, key=key: m.get("episode", {}).get(key),
                              ".2f"))
+    # Where the answers stopped on the task's grading ladder (ocaml), each stage some model reached.
+    for stage in [s for s in first.get("stages", {}) if any(models[n]["stages"][s] for n in names)]:
+        rows.append(line(f"stage {stage}", lambda m, stage=stage: m["stages"][stage]))
     rows.append(line("length (tokens)", lambda m: m["mean_length"], ".1f"))
     rows.append(line("truncated", lambda m: m["truncated_frac"]))
     rows.append(line("tokens/s", lambda m: m["tokens_per_s"], ".0f"))
@@ -137,6 +140,7 @@ def prompt_records(report: Report) -> list[dict]:
                 "parts": {name: values[span] for name, values in r.parts.items()},
                 "accuracies": None if r.accuracy is None else [float(x) for x in r.accuracy[span]],
                 "finish_reasons": [a.finish_reason for a in r.answers[span]],
+                "stages": None if r.stages is None else r.stages[span],
                 "reward": float(r.rewards[span].mean()),
                 "accuracy": None if r.accuracy is None else float(r.accuracy[span].mean()),
             }

@@ -43,6 +43,11 @@ def ocaml_constant(prompts, completions, signature, tests, preamble=None, finish
             for g in grades_for(completions, signature, tests, preamble, finish_reason, TRAINING)]
 
 
+def answer_stages(prompts, completions, signature, tests, preamble=None, **kwargs) -> list[str]:
+    """The grading stage each completion reached (grading.STAGES): compare's report counts answers by it."""
+    return [g.stage for g in grades_for(completions, signature, tests, preamble, None, TRAINING)]
+
+
 accuracy_reward = ocaml_passes
 
 # The weight-0 rewards put the pass, compile and runaway rates into the metrics
