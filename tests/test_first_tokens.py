@@ -8,6 +8,8 @@ import pytest
 from mlx_lm import load
 from typer.testing import CliRunner
 
+from mlx_grpo import make_config
+from mlx_grpo.api import load_task
 from mlx_grpo.cli import app
 from mlx_grpo.evaluation.compare import CompareError
 from mlx_grpo.evaluation.first_tokens import first_tokens
@@ -48,8 +50,8 @@ def _oracle_top(model, tokenizer, prompt: str, k: int) -> list[tuple[str, float]
 
 def test_base_and_trained_first_tokens_are_the_two_models_own(run, tiny_model_path):
     found = first_tokens(run, 3, k=4)
-    prompts = [json.loads(line)["prompt"] for line in (run.parent / "data.jsonl").read_text().splitlines()]
-    assert [f.prompt for f in found] == prompts[-4:-1]  # the run's held-out rows (its last 4), the first 3
+    held_out = load_task(make_config(str(run / "config.yaml"))).eval_rows  # the rows the run checked itself on
+    assert [f.prompt for f in found] == [r["prompt"] for r in held_out[:3]]
     base = load(str(tiny_model_path))
     trained = load(str(tiny_model_path), adapter_path=str(run))
     for item in found:
