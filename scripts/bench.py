@@ -61,15 +61,16 @@ CHAT_TEMPLATE = (
 # ---------------------------------------------------------------- the workload
 
 def build_random_model(folder: Path, hidden, layers, heads, kv_heads, intermediate, vocab, seed=0,
-                       dtype="float32", bits=0) -> Path:
-    """A random Qwen2 of the given shape with a byte-level tokenizer of `vocab` tokens.
+                       dtype="float32", bits=0, model_type="qwen2") -> Path:
+    """A random Qwen2 (or another mlx-lm architecture: "llama") of the given shape with a byte-level
+    tokenizer of `vocab` tokens.
 
     bits 4 or 8: the weights are quantised (nn.quantize, group 64), as in a QLoRA base.
     """
+    import importlib
     from itertools import product
 
     import mlx.nn as nn
-    from mlx_lm.models import qwen2
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -92,13 +93,14 @@ def build_random_model(folder: Path, hidden, layers, heads, kv_heads, intermedia
         "pad_token": "<|im_end|>", "chat_template": CHAT_TEMPLATE,
     }))
     config = {
-        "model_type": "qwen2", "hidden_size": hidden, "num_hidden_layers": layers,
+        "model_type": model_type, "hidden_size": hidden, "num_hidden_layers": layers,
         "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
         "rms_norm_eps": 1e-6, "vocab_size": vocab, "tie_word_embeddings": True, "rope_theta": 1000000.0,
         "eos_token_id": 2, "torch_dtype": dtype,
     }
     mx.random.seed(seed)
-    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    architecture = importlib.import_module(f"mlx_lm.models.{model_type}")
+    model = architecture.Model(architecture.ModelArgs.from_dict(config))
     if dtype != "float32":
         model.set_dtype(getattr(mx, dtype))
     if bits:

@@ -1,0 +1,447 @@
+"""Time `mlx-grpo sft`'s step against `mlx_lm.lora`'s on equal work; print both as JSON.
+
+    python scripts/bench_sft.py --preset smollm2 --steps 12 --warmup 2 --out sft-smollm2.json
+    python scripts/bench_sft.py --preset qwen05 --steps 12 --warmup 2 --out sft-qwen05.json
+    python scripts/bench_sft.py --model ~/models/qwen2.5-coder-0.5b-q4_k_m.gguf --dequantize --steps 12
+
+Both trainers get the same model (random weights of --preset's shape from the seed, or --model), the
+same JSONL rows (prompt and completion of fixed token lengths, written here), the same LoRA rank,
+scale and layers, batch size, learning rate and steps, with the prompt masked out of the loss (sft
+always; mlx_lm.lora with --mask-prompt). Each runs in its own process, one after the other, so that
+its peak memory (MLX's peak and the process's resident maximum) is its own; the first --warmup steps
+(mlx_lm.lora's compilation, the first allocations) are left out of the medians.
+
+Equal work, and where the two still differ (so that a figure is read right):
+- rows: the same tokens on both sides (checked: the row lengths each side encoded are compared);
+  tokens/s counts them as sft does (every row token; trained: the completion and its end token);
+- padding: sft pads a micro-batch to its longest row; mlx_lm.lora to one past a multiple of 32 (its
+  last target). The default lengths make rows of 256 tokens with the random model's template, so
+  that mlx_lm.lora pads one column only and both run 255-256 positions a row;
+- optimizer: both AdamW, weight decay 0, one update a step; sft also clips the gradient norm and
+  follows its cosine schedule, mlx_lm.lora runs a constant rate without clipping;
+- mlx_lm.lora compiles its whole step (mx.compile); sft runs it eagerly;
+- the process: sft's side runs as the `mlx-grpo` command does (OpenBLAS preloaded, freed memory kept
+  by malloc: more resident memory, not more MLX memory); mlx_lm.lora's side gets the same BLAS
+  (--blas auto) and nothing else.
+
+A step's seconds are measured end to end, from one step's end to the next (data, forward, backward,
+optimizer); each trainer's own figure (mlx_lm.lora's excludes its batch iterator) is kept beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
+import bench  # noqa: E402 (the random model and its presets)
+
+PRESETS = {
+    "tiny": bench.PRESETS["tiny"],
+    "qwen05": bench.PRESETS["qwen0.5b"],  # Qwen2.5-0.5B's shape
+    # SmolLM2-135M's shape (a Llama: no attention biases)
+    "smollm2": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, model_type="llama"),
+}
+GOAL_SPEEDUP = 1.5  # tokens/s against mlx_lm.lora's, at no more peak memory than its own
+SIDES = ("mlx_grpo", "mlx_lm_lora")
+
+
+# ---------------------------------------------------------------- the workload
+
+def fixed_length_text(tokenizer, n: int, rng) -> str:
+    """Random lowercase words that encode to `n` tokens (exactly, for a byte-level tokenizer)."""
+    words = []
+    while len(tokenizer.encode(" ".join(words), add_special_tokens=False)) < n:
+        words.append("".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), int(rng.integers(2, 9)))))
+    text = " ".join(words)
+    while len(tokenizer.encode(text, add_special_tokens=False)) > n:
+        text = text[:-1]
+    return text
+
+
+def write_rows(folder: Path, tokenizer, rows: int, prompt_tokens: int, completion_tokens: int, seed: int) -> Path:
+    """train.jsonl of prompt/completion rows, mlx_lm.lora's completions format, which sft reads too."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "train.jsonl", "w", encoding="utf-8") as f:
+        for _ in range(rows):
+            row = {"prompt": fixed_length_text(tokenizer, prompt_tokens, rng),
+                   "completion": fixed_length_text(tokenizer, completion_tokens, rng)}
+            f.write(json.dumps(row) + "\n")
+    return folder
+
+
+def padded_width_peer(length: int) -> int:
+    """mlx_lm.lora's iterate_batches: one plus the next multiple of 32."""
+    return 1 + 32 * ((length + 31) // 32)
+
+
+# ---------------------------------------------------------------- one side, in its own process
+
+def _process_peaks() -> dict:
+    import mlx.core as mx
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return {"peak_memory_gb": mx.get_peak_memory() / 1e9,
+            "rss_peak_gb": rss / (1e9 if sys.platform == "darwin" else 1e6)}
+
+
+def run_sft_side(spec: dict) -> dict:
+    """sft's own setup and step (run/sft.py) on the spec's workload; one record a step."""
+    import mlx.core as mx
+
+    from mlx_grpo.config import build_config
+    from mlx_grpo.models.adapters import trainable_parameter_count
+    from mlx_grpo.run.sft import batch_indices, micro_batches, pad_id_of, sft_step
+    from mlx_grpo.run.sft_setup import sft_setup
+
+    config = build_config({
+        "model": spec["model"], "data": spec["data"], "steps": spec["steps"], "batch_size": spec["batch_size"],
+        "micro_batch_size": spec["micro_batch_size"], "lora_rank": spec["lora_rank"],
+        "lora_layers": spec["lora_layers"], "lora_scale": spec["lora_scale"], "lora_dropout": 0.0, "lr": spec["lr"],
+        "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": spec["max_grad_norm"], "seed": spec["seed"],
+        "logprob_chunk_size": spec["logprob_chunk_size"]})
+    run = sft_setup(config)
+    model, pad = run.model, pad_id_of(run.tokenizer)
+    loaded = _process_peaks()
+    model.train()
+    records, end = [], time.perf_counter()
+    for step in range(1, spec["steps"] + 1):
+        batch = [run.train[i] for i in batch_indices(len(run.train), config.batch_size, step, config.seed)]
+        m = sft_step(model, run.optimizer, batch, pad, config.micro_batch_size, config.max_grad_norm,
+                     config.logprob_chunk_size)
+        now = time.perf_counter()
+        widths = [len(part) * max(len(ids) for ids, _ in part)  # each micro-batch padded to its longest
+                  for part in micro_batches(batch, config.micro_batch_size)]
+        records.append({"wall_s": now - end, "own_step_s": m["time/step_s"], "loss": m["loss"],
+                        "tokens": m["tokens"], "trained_tokens": m["trained_tokens"], "padded_tokens": sum(widths)})
+        end = now
+    mx.eval(model.parameters())
+    return {"steps": records, "row_lengths": sorted({len(ids) for ids, _ in run.train + run.valid}),
+            "trainable_parameters": trainable_parameter_count(model), "load_peak": loaded,
+            "heap": "freed memory kept (models/heap.py)", **_process_peaks()}
+
+
+def run_peer_side(spec: dict) -> dict:
+    """mlx_lm.lora's own train_model (the `mlx_lm.lora --train` path, less its reporting services)."""
+    import types
+
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm import lora
+    from mlx_lm.tuner.callbacks import TrainingCallback
+    from mlx_lm.tuner.datasets import load_dataset
+    from mlx_lm.utils import load
+
+    folder = tempfile.mkdtemp(prefix="bench-sft-peer-")
+    settings = {**lora.CONFIG_DEFAULTS, "model": spec["model"], "train": True, "data": spec["data"],
+                "fine_tune_type": "lora", "optimizer": "adamw", "optimizer_config": {"adamw": {"weight_decay": 0.0}},
+                "mask_prompt": True, "num_layers": spec["lora_layers"], "batch_size": spec["batch_size"],
+                "iters": spec["steps"], "learning_rate": spec["lr"], "steps_per_report": 1,
+                "steps_per_eval": 10**9, "save_every": 10**9, "adapter_path": folder, "seed": spec["seed"],
+                "lora_parameters": {"rank": spec["lora_rank"], "dropout": 0.0, "scale": spec["lora_scale"]},
+                "max_seq_length": max(2048, spec["row_tokens_max"] + 64), "grad_checkpoint": False}
+    args = types.SimpleNamespace(**settings)
+    np.random.seed(args.seed)  # as lora.run does
+    model, tokenizer = load(args.model)
+    train_set, _, _ = load_dataset(args, tokenizer)
+    rows = [train_set.process(train_set[i]) for i in range(len(train_set))]
+    loaded = _process_peaks()
+    reports = []
+
+    class Reports(TrainingCallback):
+        def on_train_loss_report(self, info):
+            reports.append({"at": time.perf_counter(), **info})
+
+    start = time.perf_counter()
+    lora.train_model(args, model, train_set, [], Reports())  # no validation set: none runs between steps
+    ends = [start] + [r["at"] for r in reports]
+    records = [{"wall_s": b - a, "own_step_s": 1.0 / r["iterations_per_second"], "loss": r["train_loss"],
+                "own_tokens_per_s": r["tokens_per_second"],
+                "padded_tokens": spec["batch_size"] * padded_width_peer(max(len(t) for t, _ in rows))}
+               for a, b, r in zip(ends, ends[1:], reports)]
+    from mlx_grpo.models.adapters import trainable_parameter_count
+    return {"steps": records, "row_lengths": sorted({len(t) for t, _ in rows}),
+            "prompt_offsets": sorted({o for _, o in rows}),
+            "trainable_parameters": trainable_parameter_count(model), "load_peak": loaded,
+            "heap": "malloc's defaults", **_process_peaks()}
+
+
+def side_main(args) -> None:
+    """The child: one trainer on the spec's workload, its result written as JSON."""
+    from mlx_grpo.blas import blas_description, use_openblas
+
+    if args.blas == "auto":
+        use_openblas()  # re-executes this process with OpenBLAS preloaded, when there is one
+    if args.side == "mlx_grpo":
+        from mlx_grpo.models.heap import keep_freed_memory
+        keep_freed_memory()  # as the mlx-grpo command does
+    spec = json.loads(Path(args.spec).read_text())
+    result = run_sft_side(spec) if args.side == "mlx_grpo" else run_peer_side(spec)
+    result["blas_kernels"] = blas_description()
+    Path(args.result).write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------- the parent
+
+def peer_problem() -> str | None:
+    """Why mlx_lm.lora cannot run here, or None."""
+    try:
+        import mlx_lm.lora  # noqa: F401
+        import mlx_lm.tuner.trainer  # noqa: F401
+    except Exception as e:  # not installed, or an mlx-lm too old or too new for this driver
+        return f"mlx_lm.lora cannot be imported ({type(e).__name__}: {e})"
+    return None
+
+
+def run_side(side: str, spec_path: Path, folder: Path, blas: str) -> dict:
+    result = folder / f"{side}.json"
+    command = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--spec", str(spec_path),
+               "--result", str(result), "--blas", blas]
+    load = os.getloadavg()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT))
+    if done.returncode != 0 or not result.is_file():
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise SystemExit(f"error: the {side} side failed (exit {done.returncode}):\n{tail}")
+    out = json.loads(result.read_text())
+    out["load_average"] = {"start": [round(x, 2) for x in load], "end": [round(x, 2) for x in os.getloadavg()]}
+    return out
+
+
+def summary(result: dict, warmup: int, counts: dict) -> dict:
+    """Medians over the steps after the warm-up; tokens/s on the rows' common count (`counts`)."""
+    timed = result["steps"][warmup:]
+    wall = statistics.median(s["wall_s"] for s in timed)
+    out = {
+        "steps_timed": len(timed),
+        "step_s": wall,
+        "own_step_s": statistics.median(s["own_step_s"] for s in timed),
+        "tokens_per_s": counts["tokens"] / wall,
+        "trained_tokens_per_s": counts["trained_tokens"] / wall,
+        "padded_tokens_per_step": timed[0]["padded_tokens"],
+        "padding_share": 1 - counts["tokens"] / timed[0]["padded_tokens"],
+        "peak_memory_gb": result["peak_memory_gb"],
+        "rss_peak_gb": result["rss_peak_gb"],
+        "load_peak_memory_gb": result["load_peak"]["peak_memory_gb"],
+        "load_rss_gb": result["load_peak"]["rss_peak_gb"],
+        "trainable_parameters": result["trainable_parameters"],
+        "loss_first": result["steps"][0]["loss"],
+        "loss_last": result["steps"][-1]["loss"],
+        "step_seconds": [round(s["wall_s"], 4) for s in result["steps"]],
+        "row_lengths": result["row_lengths"],
+        "blas_kernels": result["blas_kernels"],
+        "heap": result["heap"],
+        "load_average": result["load_average"],
+    }
+    if "own_tokens_per_s" in timed[0]:  # mlx_lm.lora's own count: its masked targets over its own time
+        out["own_tokens_per_s"] = statistics.median(s["own_tokens_per_s"] for s in timed)
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _command_output(command: list[str]) -> str | None:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT), timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    dirty = _command_output(["git", "status", "--porcelain", "--untracked-files=no"])
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "uptime": _command_output(["uptime"]),
+            "commit": _command_output(["git", "rev-parse", "HEAD"]), "dirty": bool(dirty),
+            "mlx": installed("mlx"), "mlx_lm": installed("mlx-lm"), "python": platform.python_version()}
+
+
+def prepare(args, folder: Path) -> tuple[dict, dict]:
+    """The model and the rows in `folder`: (spec for both sides, the workload's description)."""
+    from transformers import AutoTokenizer
+
+    if args.model:
+        from mlx_grpo.models.loading import model_folder
+        path = (bench.dequantized_copy(args.model, folder / "float32") if args.dequantize
+                else model_folder(args.model))
+        shape = bench.model_shape(path)
+    else:
+        shape = PRESETS[args.preset]
+        path = str(bench.build_random_model(folder / "model", **shape, seed=args.seed, dtype=args.dtype))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    rows = args.batch_size * max(1, min(args.steps, 8))  # fixed-length rows: a few batches are all it takes
+    data = write_rows(folder / "data", tokenizer, rows, args.prompt_tokens, args.completion_tokens, args.seed)
+    sample = json.loads((data / "train.jsonl").read_text().splitlines()[0])
+    messages = [{"role": "user", "content": sample["prompt"]}, {"role": "assistant", "content": sample["completion"]}]
+    row_tokens = len(tokenizer.apply_chat_template(messages, tokenize=True)) if tokenizer.chat_template else \
+        args.prompt_tokens + args.completion_tokens + 8
+    spec = {"model": path, "data": str(data), "steps": args.steps, "batch_size": args.batch_size,
+            "micro_batch_size": args.micro_batch_size or args.batch_size, "lora_rank": args.lora_rank,
+            "lora_layers": args.lora_layers, "lora_scale": args.lora_scale, "lr": args.lr,
+            "max_grad_norm": args.max_grad_norm, "seed": args.seed, "logprob_chunk_size": args.logprob_chunk_size,
+            "row_tokens_max": row_tokens}
+    workload = {"model": args.model or f"random {args.preset}", **shape, "dtype": args.dtype,
+                "batch_size": args.batch_size, "micro_batch_size": spec["micro_batch_size"], "steps": args.steps,
+                "warmup": args.warmup, "prompt_text_tokens": args.prompt_tokens,
+                "completion_text_tokens": args.completion_tokens, "rows": rows, "lora_rank": args.lora_rank,
+                "lora_layers": args.lora_layers, "lora_scale": args.lora_scale, "lr": args.lr,
+                "logprob_chunk_size": args.logprob_chunk_size, "mask_prompt": True}
+    return spec, workload
+
+
+def run(args) -> dict:
+    order = [s for s in args.order.split(",") if s]
+    if sorted(order) != sorted(SIDES):
+        raise SystemExit(f"error: --order names each of {', '.join(SIDES)} once, got {args.order!r}")
+    wanted = [s for s in order if args.peer != "only" or s == "mlx_lm_lora"]
+    problem = peer_problem() if args.peer != "off" else "--peer off"
+    if args.peer == "only" and problem:
+        raise SystemExit(f"error: --peer only: {problem}")
+    if problem:
+        wanted = [s for s in wanted if s != "mlx_lm_lora"]
+    out = {"machine": machine()}
+    with tempfile.TemporaryDirectory(prefix="bench-sft-") as tmp:
+        spec, out["workload"] = prepare(args, Path(tmp))
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        results = {side: run_side(side, spec_path, Path(tmp), args.blas) for side in wanted}
+    lengths = {side: r["row_lengths"] for side, r in results.items()}
+    if len({tuple(v) for v in lengths.values()}) > 1:
+        raise SystemExit(f"error: the two sides encoded different rows (token lengths {lengths}): not equal work")
+    counts = {}
+    if "mlx_grpo" in results:  # sft's count of a step's tokens; the same rows on the other side
+        first = results["mlx_grpo"]["steps"][0]
+        counts = {"tokens": first["tokens"], "trained_tokens": first["trained_tokens"]}
+    else:
+        length = results["mlx_lm_lora"]["row_lengths"][-1]
+        offset = results["mlx_lm_lora"]["prompt_offsets"][-1]
+        counts = {"tokens": args.batch_size * length, "trained_tokens": args.batch_size * (length - offset)}
+    out["workload"].update(tokens_per_step=counts["tokens"], trained_tokens_per_step=counts["trained_tokens"])
+    for side, result in results.items():
+        out[side] = summary(result, args.warmup, counts)
+    if problem:
+        out["mlx_lm_lora"] = {"skipped": problem}
+    kernels = {r["blas_kernels"] for r in results.values()}
+    out["blas_kernels"] = kernels.pop() if len(kernels) == 1 else "differ: see each side"
+    out["machine"]["uptime_end"] = _command_output(["uptime"])
+    if "tokens_per_s" in out.get("mlx_grpo", {}) and "tokens_per_s" in out.get("mlx_lm_lora", {}):
+        ours, peer = out["mlx_grpo"], out["mlx_lm_lora"]
+        out["speedup"] = ours["tokens_per_s"] / peer["tokens_per_s"]
+        out["memory_ratio"] = ours["peak_memory_gb"] / peer["peak_memory_gb"]
+        out["rss_ratio"] = ours["rss_peak_gb"] / peer["rss_peak_gb"]
+        out["goal"] = {"speedup_at_least": GOAL_SPEEDUP, "peak_memory_at_most_ratio": 1.0,
+                       "met": out["speedup"] >= GOAL_SPEEDUP and out["memory_ratio"] <= 1.0}
+    return out
+
+
+TABLE_COLUMNS = [  # (heading, key, format)
+    ("step s", "step_s", ".3f"), ("own step s", "own_step_s", ".3f"), ("tok/s", "tokens_per_s", ".0f"),
+    ("trained tok/s", "trained_tokens_per_s", ".0f"), ("padding", "padding_share", ".1%"),
+    ("peak GB", "peak_memory_gb", ".2f"), ("load peak GB", "load_peak_memory_gb", ".2f"),
+    ("RSS GB", "rss_peak_gb", ".2f"), ("loss first", "loss_first", ".3f"), ("loss last", "loss_last", ".3f"),
+]
+
+
+def table(out: dict) -> str:
+    lines = ["| trainer | " + " | ".join(h for h, _, _ in TABLE_COLUMNS) + " |",
+             "|---" * (len(TABLE_COLUMNS) + 1) + "|"]
+    for side in SIDES:
+        figures = out.get(side, {})
+        if "step_s" in figures:
+            lines.append(f"| {side} | " + " | ".join(format(figures[k], f) for _, k, f in TABLE_COLUMNS) + " |")
+    if "speedup" in out:
+        lines.append(f"\nspeedup {out['speedup']:.2f}x (goal {GOAL_SPEEDUP}x), peak memory ratio "
+                     f"{out['memory_ratio']:.2f}; BLAS: {out['blas_kernels']}; {out['machine']['cpu']}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="model folder, GGUF file or Hugging Face id (default: a random model of --preset)")
+    p.add_argument("--preset", choices=PRESETS, default="tiny", help="shape of the random model")
+    p.add_argument("--dtype", default="float32", help="random model's dtype (float32, bfloat16, float16)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="run a float32 copy of --model (quantized weights widened): the same weights for both sides")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--micro-batch-size", type=int, default=None, help="sft's micro-batch (default: the batch)")
+    p.add_argument("--prompt-tokens", type=int, default=64, help="tokens of each row's prompt text")
+    p.add_argument("--completion-tokens", type=int, default=171, help="tokens of each row's completion text")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=2,
+                   help="first steps left out of the medians (at least 1; mlx_lm.lora traces its compiled step "
+                        "again at step 2, once the optimizer has its state)")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--lora-layers", type=int, default=None,
+                   help="the last N blocks get adapters; -1: all (default: mlx_lm.lora's 16, all of a smaller model)")
+    p.add_argument("--lora-scale", type=float, default=20.0)
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="sft's clip (mlx_lm.lora has none)")
+    p.add_argument("--logprob-chunk-size", type=int, default=None, help="sft's vocabulary-projection chunk")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--order", default="mlx_grpo,mlx_lm_lora", help="which side runs first")
+    p.add_argument("--peer", choices=("auto", "off", "only"), default="auto",
+                   help="also run mlx_lm.lora (auto: when it can be imported), or only it")
+    p.add_argument("--blas", choices=("auto", "stock"), default="auto",
+                   help="auto: both sides with OpenBLAS preloaded when installed on Linux, as the mlx-grpo command "
+                        "does; stock: the BLAS MLX came with")
+    p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # the child processes'
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.side is None:
+        if args.warmup < 1 or args.steps <= args.warmup:
+            p.error("--warmup must be at least 1 and below --steps (the first step's time is its compilation)")
+        if min(args.batch_size, args.prompt_tokens, args.completion_tokens, args.lora_rank) < 1:
+            p.error("--batch-size, --prompt-tokens, --completion-tokens and --lora-rank must be at least 1")
+        layers = PRESETS[args.preset]["layers"] if not args.model else None
+        if args.lora_layers is None:
+            args.lora_layers = -1 if layers is not None and layers < 16 else 16
+        if layers and args.lora_layers > layers:
+            p.error(f"--lora-layers {args.lora_layers}: the {args.preset} model has {layers} layers")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.side:
+        side_main(args)
+        return None
+    out = run(args)
+    text = json.dumps(out, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    print(table(out), file=sys.stderr)  # stdout stays one JSON object
+    return out
+
+
+if __name__ == "__main__":
+    main()
