@@ -17,7 +17,9 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..device import on_cpu
 from ..models.heads import output_head
+from . import gradients
 from .logprobs import _logprobs_and_entropy, _project
 
 
@@ -48,11 +50,20 @@ def sft_loss(model: nn.Module, tokens: mx.array, trained: mx.array, count, chunk
 
 def sft_gradients(model: nn.Module, tokens: mx.array, trained: mx.array, count,
                   chunk_size: int | None = None) -> tuple[mx.array, dict]:
-    """(loss share, gradients of the trainable weights) of one micro-batch."""
+    """(loss share, gradients of the trainable weights) of one micro-batch, evaluated.
+
+    On a CPU compiled whole, as the GRPO update's pieces are (update/gradients.py): fused, the
+    norms, RoPE, SwiGLU and the head's softmax stop running op by op, forward and backward."""
     def loss_fn():
         return sft_loss(model, tokens, trained, count, chunk_size)
 
-    return nn.value_and_grad(model, loss_fn)()
+    def value_and_grad():
+        loss, grads = nn.value_and_grad(model, loss_fn)()
+        return loss, {}, grads
+
+    compiled = gradients.COMPILE_ON_CPU and on_cpu() and not gradients._dropout_active(model)
+    loss, _, grads = gradients._evaluated(model, value_and_grad, compiled)
+    return loss, grads
 
 
 def pad_rows(rows: list[tuple[list[int], list[float]]], pad_id: int) -> tuple[mx.array, mx.array]:
