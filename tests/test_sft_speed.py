@@ -3,6 +3,7 @@
 import warnings
 
 import mlx.core as mx
+import mlx.optimizers as optim
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map
@@ -64,3 +65,27 @@ def test_with_dropout_sft_gradients_run_traced(tiny_model_path, cpu_device, monk
     calls = _counting_compile(monkeypatch)
     sft_gradients(model, tokens, trained, count)
     assert calls == []
+
+
+def test_the_head_is_chunked_once_a_micro_batch_logits_pass_trains_threshold(tiny_model_path, monkeypatch):
+    """logprob_chunk_size None is automatic in sft as in train: 128 positions a chunk above the threshold."""
+    from mlx_grpo.run import sft, step_update
+
+    model = _lora_model(tiny_model_path)
+    tokens, _, _ = _batch()
+    logits = 3 * 10 * model.model.embed_tokens.weight.shape[0]  # 3 rows, 10 scored positions each
+    assert sft.head_chunk(model, tokens, None) is None and sft.head_chunk(model, tokens, 4) == 4
+    monkeypatch.setattr(step_update, "_CHUNK_LOGITS_ABOVE", logits)
+    assert sft.head_chunk(model, tokens, None) is None
+    monkeypatch.setattr(step_update, "_CHUNK_LOGITS_ABOVE", logits - 1)
+    assert sft.head_chunk(model, tokens, None) == 128
+
+    chunks = []
+    for name in ("sft_gradients", "sft_loss"):  # the step's and the validation loss's
+        real = getattr(sft, name)
+        monkeypatch.setattr(sft, name, lambda *a, _real=real, **kw: chunks.append(a[4]) or _real(*a, **kw))
+    examples = [(list(row), [0.0] * 4 + [1.0] * 7) for row in np.array(tokens).tolist()]
+    sft.sft_step(model, optimizer=optim.AdamW(learning_rate=1e-3), examples=examples, pad_id=0, micro_batch_size=8,
+                 max_grad_norm=1.0)
+    sft.validation_loss(model, examples, 0, 8)
+    assert chunks == [128, 128]

@@ -34,6 +34,7 @@ from ..config import TrainConfig, dump_yaml
 from ..models.adapters import save_adapters
 from ..update.sft_loss import pad_rows, sft_gradients, sft_loss
 from . import checkpoint as ckpt
+from . import step_update
 from .health import HealthMonitor, TrainingStopped, stop_run
 from .interrupt import steps_until_ctrl_c
 from .sft_setup import Example, SFTRun, sft_setup
@@ -63,6 +64,17 @@ def trained_count(examples: list[Example]) -> int:
     return int(sum(sum(flags[1:]) for _, flags in examples))
 
 
+def head_chunk(model, tokens: mx.array, setting: int | None) -> int | None:
+    """Positions per vocabulary-projection chunk for a micro-batch of `tokens`: the setting when given, else
+    train's rule, 128 once the micro-batch's logits would pass step_update's threshold (a 150k vocabulary's
+    (rows, positions, vocabulary) float32 temporaries are gigabytes each) and None below it."""
+    if setting:
+        return setting
+    vocab = model.model.embed_tokens.weight.shape[0] if hasattr(model, "model") else 0
+    logits = tokens.shape[0] * (tokens.shape[1] - 1) * vocab
+    return 128 if logits > step_update._CHUNK_LOGITS_ABOVE else None
+
+
 def sft_step(model, optimizer, examples: list[Example], pad_id: int, micro_batch_size: int,
              max_grad_norm: float, chunk: int | None = None) -> dict:
     """One optimizer step on a batch of demonstrations; its metrics."""
@@ -71,7 +83,7 @@ def sft_step(model, optimizer, examples: list[Example], pad_id: int, micro_batch
     grads, loss_sum = None, 0.0
     for part in micro_batches(examples, micro_batch_size):
         tokens, trained = pad_rows(part, pad_id)
-        loss, g = sft_gradients(model, tokens, trained, max(count, 1), chunk)
+        loss, g = sft_gradients(model, tokens, trained, max(count, 1), head_chunk(model, tokens, chunk))
         grads = g if grads is None else tree_map(mx.add, grads, g)
         mx.eval(grads, loss)
         loss_sum += loss.item()
@@ -102,7 +114,8 @@ def validation_loss(model, examples: list[Example], pad_id: int, micro_batch_siz
     total = 0.0
     for part in micro_batches(examples, micro_batch_size):
         tokens, trained = pad_rows(part, pad_id)
-        total += sft_loss(model, tokens, trained, count, chunk, differentiated=False).item()
+        total += sft_loss(model, tokens, trained, count, head_chunk(model, tokens, chunk),
+                          differentiated=False).item()
     model.train(was_training)
     return total
 
