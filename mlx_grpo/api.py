@@ -25,12 +25,13 @@ The examples in the docstrings below run as doctests (tests/test_api.py).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
-from .config import TrainConfig, build_config
+from .config import TrainConfig, build_config, with_settings
 from .models.adapters import save_adapters
 from .models.heap import keep_freed_memory  # the process-wide allocator setting `mlx-grpo` makes; only when asked
 from .models.loading import load_policy
@@ -236,8 +237,7 @@ class Trainer:
         """A group of completions of `prompt` with the run's sampling settings and system prompt."""
         c = self.config
         return sample_group(self.model, self.tokenizer, prompt, group_size or c.group_size,
-                            temperature=c.temperature, max_tokens=c.max_tokens, top_p=c.top_p, top_k=c.top_k,
-                            min_p=c.min_p, system_prompt=self.task.system_prompt,
+                            **dataclasses.asdict(c.sampling), system_prompt=self.task.system_prompt,
                             seed=c.seed + self.step_count if seed is None else seed)
 
     def score(self, row: dict, completions: list[Completion]) -> Scores:
@@ -305,6 +305,4 @@ class Trainer:
 
 
 def _with_group_size(config: TrainConfig, group_size: int) -> TrainConfig:
-    from dataclasses import replace
-
-    return replace(config, group_size=group_size)
+    return with_settings(config, group_size=group_size)

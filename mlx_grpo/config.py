@@ -1,5 +1,10 @@
 """Training configuration: one dataclass, filled in layers.
 
+TrainConfig holds the run's settings; those of one concern are a group (setting_groups.py:
+`sampling`, `task_options`, `objective`, `health`), read as config.sampling.temperature. Users
+give every setting by its flat name (--temperature, health_window: 4); from_flat puts each in its
+group, flat() gives them back, and with_settings(config, beta=0.1) is a changed copy.
+
 Precedence, lowest first: the defaults below, the task's recommended settings
 (the embedded arith task tunes lr, max_tokens, ... for its tiny model), the
 YAML file given with --config, then the flags typed on the command line. A
@@ -120,51 +125,26 @@ class TrainConfig:
             if f.name in GROUPS:
                 out.update({GROUPS[f.name][1] + k: v for k, v in dataclasses.asdict(value).items()})
             else:
-                out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+                out[f.name] = value
         return out
 
     @classmethod
     def from_flat(cls, values: dict) -> "TrainConfig":
-        """A config from flat settings, each group's (health_window, beta, ...) into its group."""
-        return cls(**values)
+        """A config from settings by their flat names, each group's (health_window, beta, ...) put in
+        its group (GROUP_KEYS); what is not given keeps its default. Not validated (build_config is)."""
+        own = {k: v for k, v in values.items() if k not in GROUP_KEYS}
+        groups = {group: kind(**{GROUP_KEYS[k][1]: v for k, v in values.items()
+                                 if k in GROUP_KEYS and GROUP_KEYS[k][0] == group})
+                  for group, (kind, _) in GROUPS.items()}
+        return cls(**own, **groups)
 
 
-class _GroupSetting:
-    """A group's setting under its flat name: config.beta is config.objective.beta (read and written),
-    config.health_window config.health.window, and TrainConfig.beta the default, as for any setting."""
-
-    def __init__(self, group: str, name: str):
-        self.group, self.name = group, name
-        self.field = {f.name: f for f in dataclasses.fields(GROUPS[group][0])}[name]
-
-    def __get__(self, obj, owner=None):
-        if obj is None:
-            f = self.field
-            return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        return getattr(getattr(obj, self.group), self.name)
-
-    def __set__(self, obj, value) -> None:
-        setattr(getattr(obj, self.group), self.name, value)
-
-
-for _flat, (_group, _name) in GROUP_KEYS.items():
-    setattr(TrainConfig, _flat, _GroupSetting(_group, _name))
-
-
-def _init_with_flat_names(init):
-    """TrainConfig(beta=0.1, health_window=4) and dataclasses.replace(config, beta=0.1) take a group's
-    settings by their flat names too; each changed group is a new object, never the one passed in."""
-    def __init__(self, *args, **kwargs):
-        flat = {k: kwargs.pop(k) for k in list(kwargs) if k in GROUP_KEYS}
-        init(self, *args, **kwargs)
-        for group in {GROUP_KEYS[k][0] for k in flat}:
-            changes = {GROUP_KEYS[k][1]: v for k, v in flat.items() if GROUP_KEYS[k][0] == group}
-            setattr(self, group, dataclasses.replace(getattr(self, group), **changes))
-    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init
-    return __init__
-
-
-TrainConfig.__init__ = _init_with_flat_names(TrainConfig.__init__)
+def with_settings(config: TrainConfig, **flat) -> TrainConfig:
+    """A copy of config with the settings given by their flat names changed (beta=0.1,
+    health_window=4, temperature=0.7, lr=1e-4): a new TrainConfig with new group objects, the
+    original untouched. An unknown name is a ConfigError; the result is not validated
+    (config_checks.validate does that)."""
+    return TrainConfig.from_flat({**config.flat(), **check_keys(flat, "with_settings")})
 
 
 def _flat_fields() -> dict[str, dataclasses.Field]:
@@ -258,16 +238,37 @@ def _normalise_key(key: str) -> str:
     return key.replace("-", "_")
 
 
+def _unknown(key: str, known, source: str) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"{source}: unknown setting {key!r}{hint}")
+
+
 def check_keys(values: dict, source: str) -> dict:
-    """Reject unknown keys with a did-you-mean; accept dashed spellings."""
-    out = {}
+    """Settings by their flat names: unknown keys rejected with a did-you-mean, dashed spellings
+    accepted. A group may come as a mapping of its own names (health: {window: 4}, sampling:
+    {temperature: 0.7}); a setting given both ways is refused."""
+    out, nested = {}, {}
     for key, value in values.items():
         name = _normalise_key(str(key))
-        if name not in FIELDS:
-            close = difflib.get_close_matches(name, FIELDS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{source}: unknown setting {key!r}{hint}")
-        out[name] = value
+        if name in GROUPS and isinstance(value, dict):
+            kind, prefix = GROUPS[name]
+            names = [f.name for f in dataclasses.fields(kind)]
+            for inner, v in value.items():
+                short = _normalise_key(str(inner))
+                if short not in names:
+                    raise _unknown(short, names, f"{source}: {name}")
+                nested[prefix + short] = (f"{name}.{short}", v)
+        elif name in GROUPS:
+            raise ConfigError(f"{source}: {name}: expected a mapping of its settings ({name}: {{name: value}})")
+        elif name not in FIELDS:
+            raise _unknown(name, FIELDS, source)
+        else:
+            out[name] = value
+    for flat, (spelled, value) in nested.items():
+        if flat in out:
+            raise ConfigError(f"{source}: {flat} is given twice, as {flat} and as {spelled}: give it once")
+        out[flat] = value
     return out
 
 

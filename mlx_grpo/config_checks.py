@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 from .errors import ConfigError
 from .models.adapters import FINE_TUNE_TYPES
@@ -19,14 +20,16 @@ SHAPING = ("always", "gated", "scaled")  # tasks/shaping.py applies them
 TOOL_STYLES = ("hermes", "llama3", "mistral")  # tools/calls.py reads them (STYLES there; a test keeps both equal)
 
 
-def validate(c) -> None:
-    """Ranges and combinations of a config.TrainConfig; the first problem found is raised."""
+def validate(config) -> None:
+    """Ranges and combinations of a config.TrainConfig; the first problem found is raised. The
+    checks read each setting by its flat name (config.flat()), the name their messages give."""
+    c = SimpleNamespace(**config.flat())
 
     def need(ok: bool, message: str):
         if not ok:
             raise ConfigError(message)
 
-    for name, value in c.flat().items():  # every setting by its flat name, a group's included
+    for name, value in vars(c).items():  # every setting by its flat name, a group's included
         for v in value if isinstance(value, list) else [value]:
             need(not isinstance(v, float) or math.isfinite(v), f"{name} must be a finite number, got {v}")
             # MLX keeps counts in 32-bit integers; the seed is the one 64-bit number.

@@ -1,13 +1,16 @@
 """Groups of settings: the dataclasses TrainConfig (config.py) holds its settings of one concern in.
 
-A group is one field of TrainConfig (`sampling`: SamplingSettings, `task_options`: TaskOptions,
-`objective`: ObjectiveSettings, `health`: HealthSettings) whose settings keep their flat names everywhere a user sees them: a flag (--health-window,
---temperature), a YAML key, a row of docs/settings.md, a line of a run's config.yaml. GROUPS
-maps the field to its dataclass and the prefix of its flat names (health_, or none);
-config.py's FIELDS, build_config and TrainConfig.flat use it, and `config.health_window` still
-reads `config.health.window`, `config.temperature` `config.sampling.temperature`. A layer that
-needs a group takes it whole (run/health.py reads `config.health`; the sampler is given
-`config.sampling`).
+Each class here is the one definition of its settings (name, default, help text): the layer that
+uses a group takes it as it is. The sampler's settings class is SamplingSettings (sampling/rollout.py
+names it SamplingConfig); the health rules read HealthSettings (run/health.py's Thresholds holds
+the group). A group is one field of TrainConfig (`sampling`, `task_options`, `objective`,
+`health`); code reads `config.sampling.temperature`, `config.health.window`.
+
+A user sees each setting by its flat name: a flag (--temperature, --health-window), a YAML key
+(a YAML file may also give a group as a mapping, `health: {window: 4}`), a row of docs/settings.md,
+a line of a run's config.yaml. GROUPS maps a group to its dataclass and the prefix of its flat
+names (health_, or none); GROUP_KEYS, made from it, routes each flat name to its group, and
+config.py's from_flat, flat and FIELDS use it.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SamplingSettings:
-    """How a rollout is sampled: the settings of the same names, flat (no prefix). The sampler's own
-    SamplingConfig (sampling/rollout.py) takes them as they are: SamplingConfig(**asdict(config.sampling))."""
+    """How a rollout is sampled; flat names, unprefixed. The sampler takes this class itself
+    (sampling/rollout.py's SamplingConfig is this class): a run gives it `config.sampling`."""
 
-    max_tokens: int = 256  # completion length limit
     temperature: float = 1.0  # sampling temperature; log-probs are taken at the same temperature
     top_p: float = 1.0  # nucleus sampling (1: off)
     top_k: int = 0  # top-k sampling (0: off)
     min_p: float = 0.0  # min-p sampling (0: off)
+    max_tokens: int = 256  # completion length limit
 
 
 @dataclass
@@ -62,8 +65,8 @@ class ObjectiveSettings:
 
 @dataclass
 class HealthSettings:
-    """When the health rules warn (docs/health.md). Each is the flat setting health_<name>: a flag,
-    a YAML key and a docs/settings.md row as before; run/health.py's rules read the group."""
+    """When the health rules warn (docs/health.md). Each is the flat setting health_<name> (a flag,
+    a YAML key, a docs/settings.md row); run/health.py's rules read this group itself."""
 
     window: int = 10  # steps each health rule looks back over
     clip_frac: float = 0.8  # grad norm at max_grad_norm on more than this fraction of the window

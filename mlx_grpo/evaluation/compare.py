@@ -17,7 +17,7 @@ What a model name means (a run folder, an adapter folder, a model) is model_name
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
@@ -87,7 +87,7 @@ def guard(task: Task, settings: Settings, specs: list[ModelSpec]) -> None:
 
     Each model is loaded for it as stored, before any answers are decoded or looked up in the cache
     (adapters change neither the tokenizer nor the context; quantized weights are left quantized)."""
-    config = settings.run_config or TrainConfig(max_tokens=settings.sampling.max_tokens)
+    config = settings.run_config or TrainConfig(sampling=settings.sampling)
     for name in dict.fromkeys(spec.model for spec in specs):
         model, tokenizer = load_model(ModelSpec(name), keep_quantized=True)
         guard_task(task, config, model, tokenizer)
@@ -355,10 +355,10 @@ def build_settings(config: TrainConfig, split: str = "test", samples: int = 1, t
     if samples < 1:
         raise CompareError(f"--samples must be at least 1, got {samples}")
     if temperature is None:
-        temperature = 0.0 if samples == 1 else config.temperature
+        temperature = 0.0 if samples == 1 else config.sampling.temperature
     if temperature < 0:
         raise CompareError(f"--temperature must be >= 0, got {temperature}")
-    sampling = SamplingConfig(**{**asdict(config.sampling), "temperature": temperature})
+    sampling = replace(config.sampling, temperature=temperature)
     return Settings(split, samples, sampling, seed, config.decode_concurrency,
                     getattr(config, "max_turns", 8), getattr(config, "max_episode_tokens", 1024), cache, config,
                     config.keep_quantized)

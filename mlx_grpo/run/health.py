@@ -13,39 +13,24 @@ is simply not evidence.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from ..files import read_run_records, training_rows
+from ..setting_groups import HealthSettings
 from .health_rewards import REWARD_RULES
 from .health_tools import TOOL_RULES
 
 
 @dataclass
 class Thresholds:
-    """When the rules fire; filled from TrainConfig's health_* settings."""
+    """What the rules compare against: the health group itself (when they fire: window, clip_frac, ...,
+    TrainConfig's health_* settings) and facts about the run."""
 
-    window: int = 10  # steps a rule looks back over
-    clip_frac: float = 0.8  # grad_at_clip: fraction of the window at the clip limit
-    spike_factor: float = 10.0  # grad_spike: grad norm over its running median
-    zero_std: float = 0.5  # zero_std: mean fraction of groups with identical rewards
-    reward_drop: float = 0.5  # reward_down: fitted fall, in units of the within-batch reward std
-    loss_spike: float = 0.5  # loss_spike: relative growth of |mean loss| from one window to the next
-    kl_max: float = 1.0  # kl_runaway: KL to the reference above this, and rising
-    entropy_drop: float = 0.1  # entropy_collapse: entropy below this fraction of its starting value
-    truncated_frac: float = 0.5  # truncated: mean fraction of rollouts cut at their token budget
-    adv_factor: float = 10.0  # advantage_blowup: max |advantage| over the batch's reward range
-    min_update: float = 1e-4  # lr_too_low: median ||delta W|| / ||W|| per step below this
-    judge_unreadable: float = 0.2  # judge_unreadable: share of the judge's answers that are not a score
-    takeover_share: float = 0.5  # reward_takeover: a side reward's share of the within-group variance
-    collapse_share: float = 0.5  # answer_collapse: one answer's share; recent/early completion length
-    tool_parse_fail: float = 0.9  # no_tool_calls_parse: share of attempted tool calls that could not be read
-    tool_call_drop: float = 0.1  # stopped_calling_tools: recent calls per episode over their earlier level
-    closed_book: float = 0.5  # answers_without_searching: share of episodes answered without any call
-    # Facts about the run the rules compare against (not thresholds).
+    health: HealthSettings = field(default_factory=HealthSettings)
     max_grad_norm: float = 1.0
     max_tokens: int | None = None  # the token budget a rollout is cut at (an episode's: max_episode_tokens)
     lr: float | None = None
@@ -53,10 +38,7 @@ class Thresholds:
 
     @classmethod
     def from_config(cls, config, budget: int | None = None, accuracy: str | None = None) -> "Thresholds":
-        facts = {"max_grad_norm": config.max_grad_norm, "max_tokens": budget or config.max_tokens, "lr": config.lr,
-                 "accuracy_reward": accuracy}
-        # every other field is a threshold: the setting of the same name in config's health group (health_<field>)
-        return cls(**facts, **{f.name: getattr(config.health, f.name) for f in fields(cls) if f.name not in facts})
+        return cls(config.health, config.max_grad_norm, budget or config.sampling.max_tokens, config.lr, accuracy)
 
 
 @dataclass
@@ -109,12 +91,12 @@ def fitted_trend(values: list[float]) -> tuple[float, float]:
 # ---- the rules: each returns a line of evidence when it fires, else None ----
 
 def grad_at_clip(h: History) -> str | None:
-    norms = h.values("grad_norm", h.t.window)
-    if len(norms) < h.t.window:
+    norms = h.values("grad_norm", h.t.health.window)
+    if len(norms) < h.t.health.window:
         return None
     limit = h.t.max_grad_norm
     at = sum(n >= 0.99 * limit for n in norms)
-    if at / len(norms) <= h.t.clip_frac:
+    if at / len(norms) <= h.t.health.clip_frac:
         return None
     return (f"grad norm at or above the clip limit ({limit:g}) on {at} of the last {len(norms)} steps "
             f"(median {np.median(norms):.3g})")
@@ -122,12 +104,12 @@ def grad_at_clip(h: History) -> str | None:
 
 def grad_spike(h: History) -> str | None:
     now = h.latest("grad_norm")
-    rows = h.steps[-2 * h.t.window - 1:-1]  # the two windows before this step
+    rows = h.steps[-2 * h.t.health.window - 1:-1]  # the two windows before this step
     before = [float(r["grad_norm"]) for r in rows if _number(r.get("grad_norm")) and r["grad_norm"] > 0]
-    if now is None or len(before) < h.t.window:
+    if now is None or len(before) < h.t.health.window:
         return None
     median = float(np.median(before))
-    if now <= h.t.spike_factor * median:
+    if now <= h.t.health.spike_factor * median:
         return None
     return (f"grad norm {_big(now)} at step {h.step} is {_big(now / median)}x its running median "
             f"{median:.3g} (last {len(before)} steps)")
@@ -138,10 +120,10 @@ def _big(x: float) -> str:
 
 
 def zero_std(h: History) -> str | None:
-    fracs = h.values("frac_zero_std", h.t.window)
-    if len(fracs) < h.t.window or np.mean(fracs) <= h.t.zero_std:
+    fracs = h.values("frac_zero_std", h.t.health.window)
+    if len(fracs) < h.t.health.window or np.mean(fracs) <= h.t.health.zero_std:
         return None
-    reward = h.values("reward/mean", h.t.window)
+    reward = h.values("reward/mean", h.t.health.window)
     at = f" (reward/mean {np.mean(reward):.3g})" if reward else ""
     return (f"{np.mean(fracs):.0%} of groups had identical rewards over the last {len(fracs)} steps{at}: "
             f"those groups give no gradient")
@@ -156,7 +138,7 @@ def _silent(row: dict) -> bool:
 
 
 def reward_collapse(h: History) -> str | None:
-    n = max(2, h.t.window // 2)
+    n = max(2, h.t.health.window // 2)
     rows = h.steps[-n:]
     if len(rows) < n or not all(_silent(r) for r in rows):
         return None
@@ -175,21 +157,21 @@ def reward_collapse(h: History) -> str | None:
 
 
 def reward_down(h: History) -> str | None:
-    n = 2 * h.t.window
+    n = 2 * h.t.health.window
     rewards = h.values("reward/mean", n)
     spread = h.values("reward/std", n)
     if len(rewards) < n or not spread or np.mean(spread) <= 0:
         return None
     slope, t = fitted_trend(rewards)
     drop = -slope * (n - 1)
-    if t > -3 or drop <= h.t.reward_drop * float(np.mean(spread)):
+    if t > -3 or drop <= h.t.health.reward_drop * float(np.mean(spread)):
         return None
     return (f"reward/mean fell by {drop:.3g} over the last {n} steps ({rewards[0]:.3g} -> {rewards[-1]:.3g}; "
             f"fitted slope {slope:.2g}/step, t={t:.1f}; within-batch std {np.mean(spread):.3g})")
 
 
 def loss_spike(h: History) -> str | None:
-    w = h.t.window
+    w = h.t.health.window
     losses = h.values("loss", 2 * w)
     if len(losses) < 2 * w:
         return None
@@ -197,7 +179,7 @@ def loss_spike(h: History) -> str | None:
     # The loss is a weighted mean of ratio x advantage: a change far below the
     # advantages' own size is noise (the GRPO loss is ~0 with one update per batch).
     floor = 0.1 * float(np.mean(h.values("advantage/abs_mean", 2 * w) or [0.0]))
-    if now <= (1 + h.t.loss_spike) * before or now - before <= floor:
+    if now <= (1 + h.t.health.loss_spike) * before or now - before <= floor:
         return None
     grown = f"up {now / before - 1:.0%}" if before > 0 else "up from 0"
     return f"|mean loss| over the last {w} steps is {now:.3g}, {grown} from {before:.3g} over the {w} before"
@@ -205,7 +187,7 @@ def loss_spike(h: History) -> str | None:
 
 def kl_runaway(h: History) -> str | None:
     measured = h.last_measured("kl", 3)
-    if not measured or measured[-1][1] <= h.t.kl_max:
+    if not measured or measured[-1][1] <= h.t.health.kl_max:
         return None
     if len(measured) >= 2 and measured[-1][1] <= measured[-2][1]:
         return None  # high but no longer rising
@@ -214,7 +196,7 @@ def kl_runaway(h: History) -> str | None:
 
 
 def entropy_collapse(h: History) -> str | None:
-    w = h.t.window
+    w = h.t.health.window
     if len(h.steps) < 2 * w:
         return None
     first = [float(r["entropy"]) for r in h.steps[:w] if _number(r.get("entropy"))]
@@ -222,18 +204,18 @@ def entropy_collapse(h: History) -> str | None:
     if len(first) < w // 2 or len(recent) < w // 2 or np.mean(first) <= 0:
         return None
     start, now = float(np.mean(first)), float(np.mean(recent))
-    if now >= h.t.entropy_drop * start:
+    if now >= h.t.health.entropy_drop * start:
         return None
     return (f"token entropy {now:.3g} over the last {w} steps, {now / start:.0%} of its {start:.3g} "
             f"over the first {w}")
 
 
 def truncated(h: History) -> str | None:
-    fracs = h.values("completion/truncated_frac", h.t.window)
-    if len(fracs) < h.t.window or np.mean(fracs) <= h.t.truncated_frac:
+    fracs = h.values("completion/truncated_frac", h.t.health.window)
+    if len(fracs) < h.t.health.window or np.mean(fracs) <= h.t.health.truncated_frac:
         return None
     limit = f" ({h.t.max_tokens} tokens)" if h.t.max_tokens else ""
-    lengths = h.values("completion/mean_length", h.t.window)
+    lengths = h.values("completion/mean_length", h.t.health.window)
     mean_len = f", mean length {np.mean(lengths):.1f}" if lengths else ""
     return (f"{np.mean(fracs):.0%} of completions were cut at the token budget{limit} over the last {len(fracs)} steps"
             f"{mean_len}")
@@ -245,20 +227,20 @@ def advantage_blowup(h: History) -> str | None:
     if None in (low, high, r_low, r_high) or r_high - r_low <= 0:
         return None
     biggest, span = max(abs(low), abs(high)), r_high - r_low
-    if biggest <= h.t.adv_factor * span:
+    if biggest <= h.t.health.adv_factor * span:
         return None
     return (f"advantages reach {biggest:.3g} at step {h.step} while rewards span only {span:.3g} "
             f"({biggest / span:.0f}x)")
 
 
 def lr_too_low(h: History) -> str | None:
-    w = h.t.window
+    w = h.t.health.window
     # Only steps at full learning rate: warmup and the end of the decay are meant to move little. Steps
     # with no gradient (every group alike) move nothing at any lr: reward_collapse and zero_std say why.
     rows = [r for r in h.steps[-w:] if (h.t.lr is None or (_number(r.get("lr")) and r["lr"] >= 0.5 * h.t.lr))
             and not _silent(r)]
     sizes = [float(r["update/rel_change"]) for r in rows if _number(r.get("update/rel_change"))]
-    if len(sizes) < w or np.median(sizes) >= h.t.min_update:
+    if len(sizes) < w or np.median(sizes) >= h.t.health.min_update:
         return None
     rewards = h.values("reward/mean", w)
     if len(rewards) >= 3 and fitted_trend(rewards)[1] >= 2:
@@ -270,8 +252,8 @@ def lr_too_low(h: History) -> str | None:
 
 
 def judge_unreadable(h: History) -> str | None:
-    fracs = h.values("judge/unreadable_frac", h.t.window)
-    if len(fracs) < 2 or np.mean(fracs) <= h.t.judge_unreadable:
+    fracs = h.values("judge/unreadable_frac", h.t.health.window)
+    if len(fracs) < 2 or np.mean(fracs) <= h.t.health.judge_unreadable:
         return None  # two steps suffice to warn early: the judge itself does not change during a run
     example = h.steps[-1].get("judge/unreadable_example")
     said = f"; it said {example[:80]!r}" if isinstance(example, str) else ""

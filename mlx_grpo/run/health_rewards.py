@@ -67,8 +67,8 @@ def answer_pattern(texts: list[str]) -> dict:
 
 def _shares(h) -> dict[str, float]:
     """Mean share of each reward over the last window, the main (first logged) reward first."""
-    rows = [r for r in h.steps[-h.t.window:] if any(k.startswith(SHARE_PREFIX) for k in r)]
-    if len(rows) < max(3, h.t.window // 2):
+    rows = [r for r in h.steps[-h.t.health.window:] if any(k.startswith(SHARE_PREFIX) for k in r)]
+    if len(rows) < max(3, h.t.health.window // 2):
         return {}
     names = [k[len(SHARE_PREFIX):] for k in rows[-1] if k.startswith(SHARE_PREFIX)]
     return {name: float(np.mean([r.get(SHARE_PREFIX + name) or 0.0 for r in rows])) for name in names}
@@ -76,27 +76,27 @@ def _shares(h) -> dict[str, float]:
 
 def reward_takeover(h) -> str | None:
     shares = _shares(h)
-    window = h.t.window
+    window = h.t.health.window
     main, side = "the main reward", "the side rewards"
     if shares:
         main, *sides = shares
         side = max(sides, key=shares.get)
-        if shares[side] > h.t.takeover_share:
+        if shares[side] > h.t.health.takeover_share:
             return (f"the side reward {side} carries {shares[side]:.0%} of the within-group reward variance over "
                     f"the last {window} steps (the main reward {main}: {shares[main]:.0%}): it, not {main}, "
                     "sets the advantages")
     flat = h.values("groups/main_flat_frac", window)
-    if len(flat) >= max(3, window // 2) and np.mean(flat) > h.t.takeover_share:
+    if len(flat) >= max(3, window // 2) and np.mean(flat) > h.t.health.takeover_share:
         return (f"in {np.mean(flat):.0%} of groups over the last {len(flat)} steps {main} was the same for every "
                 f"completion while the total still differed: those groups were trained on {side} alone")
     return None
 
 
 def answer_collapse(h) -> str | None:
-    window = h.t.window
+    window = h.t.health.window
     example = next((r["completion/top_answer"] for r in reversed(h.steps) if r.get("completion/top_answer")), "")
     shares = h.values("completion/top_share", window)
-    if len(shares) >= window and np.mean(shares) > h.t.collapse_share and len(example) <= 20:
+    if len(shares) >= window and np.mean(shares) > h.t.health.collapse_share and len(example) <= 20:
         return (f"one short answer makes up {np.mean(shares):.0%} of the completions over the last {window} steps, "
                 f"e.g. {example!r}")
     lengths = h.values("completion/mean_length")
@@ -106,7 +106,7 @@ def answer_collapse(h) -> str | None:
     main = next(iter(_shares(h)), None)
     key = f"reward/{main}/mean" if main else "reward/mean"
     rewards = h.values(key)
-    if recent < h.t.collapse_share * early and (not rewards or np.mean(rewards[-window:]) <= np.mean(rewards[:window])
+    if recent < h.t.health.collapse_share * early and (not rewards or np.mean(rewards[-window:]) <= np.mean(rewards[:window])
                                                 + 0.02):
         return (f"completions shrank from {early:.0f} to {recent:.0f} tokens while {key} did not rise "
                 f"(latest most common answer: {example!r})")

@@ -25,14 +25,14 @@ MIN_CALLS = 0.5  # stopped_calling_tools: calls per episode that show the model 
 
 def no_tool_calls_parse(h) -> str | None:
     """Over half a window (at least 3 steps), nearly every attempted call could not be read."""
-    n = max(3, h.t.window // 2)
+    n = max(3, h.t.health.window // 2)
     rows = [r for r in h.steps[-n:] if r.get("tools/calls_per_episode") is not None]
     attempted = [r for r in rows if r.get("tools/parse_fail_frac") is not None and r["tools/calls_per_episode"] > 0]
     if len(rows) < n or len(attempted) < (n + 1) // 2:  # calls written on at least half the steps
         return None
     calls = sum(r["tools/calls_per_episode"] for r in attempted)
     unreadable = sum(r["tools/parse_fail_frac"] * r["tools/calls_per_episode"] for r in attempted) / calls
-    if unreadable <= h.t.tool_parse_fail:
+    if unreadable <= h.t.health.tool_parse_fail:
         return None
     example = next((r["tools/unreadable_example"] for r in reversed(rows) if r.get("tools/unreadable_example")), None)
     said = f"; e.g. {example[:120]!r}" if example else ""
@@ -42,7 +42,7 @@ def no_tool_calls_parse(h) -> str | None:
 
 def stopped_calling_tools(h) -> str | None:
     """Calls per episode over the last window fell below `tool_call_drop` of their best earlier window."""
-    w = h.t.window
+    w = h.t.health.window
     measured = h.last_measured("tools/calls_per_episode", len(h.steps))
     if len(measured) < 2 * w:
         return None
@@ -50,7 +50,7 @@ def stopped_calling_tools(h) -> str | None:
     earlier = np.convolve(calls[:-w], np.ones(w) / w, mode="valid")  # every whole window before the last
     best = int(np.argmax(earlier))
     peak, recent = float(earlier[best]), float(calls[-w:].mean())
-    if peak < MIN_CALLS or recent >= h.t.tool_call_drop * peak:
+    if peak < MIN_CALLS or recent >= h.t.health.tool_call_drop * peak:
         return None
     rewards = h.values("reward/mean")
     trend = f"; reward/mean {np.mean(rewards[:w]):.3g} -> {np.mean(rewards[-w:]):.3g}" if len(rewards) >= 2 * w else ""
@@ -60,9 +60,9 @@ def stopped_calling_tools(h) -> str | None:
 
 def answers_without_searching(h) -> str | None:
     """Over a window, more than `closed_book` of the episodes answered without calling any tool."""
-    w = h.t.window
+    w = h.t.health.window
     shares = h.values("tools/answered_without_call_frac", w)
-    if len(shares) < w or np.mean(shares) <= h.t.closed_book:
+    if len(shares) < w or np.mean(shares) <= h.t.health.closed_book:
         return None
     if no_tool_calls_parse(h):
         return None  # the model does write calls, in a form the parser cannot read: that rule says so

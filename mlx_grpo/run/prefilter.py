@@ -23,6 +23,7 @@ gives the same prompts whatever the run's seed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -64,7 +65,7 @@ def pass_rates(model, tokenizer, task, rows: list[dict], ids: list[int], k: int,
 
 
 def cache_key(config: TrainConfig, task, tokenizer, rows: list[dict]) -> str:
-    sampling = [config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens, config.stop]
+    sampling = [*dataclasses.astuple(config.sampling), config.stop]
     reward_file = hashlib.sha256(Path(config.reward_file).read_bytes()).hexdigest() if config.reward_file else None
     parts = [FORMAT, model_fingerprint(config.model), task.name, reward_name(task.accuracy_reward), reward_file,
              config.prefilter, sampling, task_prompts(tokenizer, task, rows), rows]

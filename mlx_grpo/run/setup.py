@@ -51,7 +51,7 @@ class RunState:
 
 def make_optimizer(config: TrainConfig) -> optim.Optimizer:
     """AdamW with linear warmup then cosine decay, over every optimizer update."""
-    total = config.steps * config.num_iterations
+    total = config.steps * config.objective.num_iterations
     warmup = min(config.warmup_steps, max(total - 1, 0))
     decay = optim.cosine_decay(config.lr, max(total - warmup, 1), end=config.lr * config.min_lr_ratio)
     schedule = (optim.join_schedules([optim.linear_schedule(config.lr / warmup, config.lr, warmup), decay], [warmup])
@@ -62,7 +62,8 @@ def make_optimizer(config: TrainConfig) -> optim.Optimizer:
 def keeps_reference(config: TrainConfig) -> bool:
     """Whether the reference is a copy of the starting weights rather than the base with adapters off:
     when it is refreshed, or with full fine-tuning (no adapters to switch off) when KL is in the loss or watched."""
-    return config.ref_refresh_every > 0 or (config.fine_tune_type == "full" and (config.beta > 0 or config.kl_every > 0))
+    o = config.objective
+    return o.ref_refresh_every > 0 or (config.fine_tune_type == "full" and (o.beta > 0 or o.kl_every > 0))
 
 
 def guard_task(task: Task, config: TrainConfig, model, tokenizer) -> Task:
@@ -70,7 +71,7 @@ def guard_task(task: Task, config: TrainConfig, model, tokenizer) -> Task:
     (bad rows and prompts too long for the model left out, on_bad_data), and every reward call bounded by
     reward_timeout. `train`, `eval` and `compare` all call it, so their accuracies are over the same rows
     and none of them waits forever on a reward. Calling it again (another model) screens the rows again."""
-    screen_task(task, tokenizer, model, config.max_tokens, config.max_prompt_tokens, config.on_bad_data)
+    screen_task(task, tokenizer, model, config.sampling.max_tokens, config.max_prompt_tokens, config.on_bad_data)
     task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
     if task.accuracy_reward is not None:
         task.accuracy_reward = with_timeout(task.accuracy_reward, config.reward_timeout)

@@ -9,13 +9,13 @@ and checked before the slow model load, and every row is rendered with the loade
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.optimizers as optim
 
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, with_settings
 from ..models.loading import gguf_types_note
 from ..models.run_models import load_adapter_weights
 from ..sampling.demonstrations import task_demonstrations
@@ -107,6 +107,6 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     adapter_config = add_adapters(model, config, start)
     if start is not None:
         load_adapter_weights(model, start)
-    optimizer = make_optimizer(replace(config, num_iterations=1))  # one optimizer step a step
+    optimizer = make_optimizer(with_settings(config, num_iterations=1))  # one optimizer step a step
     notes = [n for n in (gguf_types_note(start.base if start else config.model), weights_note) if n]
     return SFTRun(config, model, tokenizer, adapter_config, optimizer, train, valid, task, source, warnings, notes)

@@ -49,7 +49,7 @@ def step_metrics(task: Task, config: TrainConfig, sampled: StepRollouts, trained
         **reward_variance_shares(sampled.parts, task.reward_weights, g, config.shaping),
         "completion/truncated_frac": float(truncated.mean()),
         "tokens_per_s": int(lengths.sum()) / max(sampled.seconds, 1e-9),
-        "train/tokens_per_s": (prompt_tokens + trained_tokens) * config.num_iterations / max(update_s, 1e-9),
+        "train/tokens_per_s": (prompt_tokens + trained_tokens) * config.objective.num_iterations / max(update_s, 1e-9),
         "time/rollout_s": sampled.seconds,
         "time/update_s": update_s,
         **reward_metrics(task.reward_functions),  # a judge's time/judge_s and judge/unreadable_frac

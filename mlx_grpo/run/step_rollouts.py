@@ -92,7 +92,7 @@ def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: Tr
                                                                          rollout_settings(config), seed, first)
     if config.guide:  # a reference answer into each group with no right one (guidance.py; single-turn tasks only)
         completions, scores = guide_groups(model, tokenizer, task, rows, completions, scores, config.group_size,
-                                           config.temperature)
+                                           config.sampling.temperature)
     return completions, scores, rollout_s
 
 

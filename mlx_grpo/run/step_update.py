@@ -90,7 +90,7 @@ def choose_trained(sampled: StepRollouts, config: TrainConfig) -> Trained:
 def group_baselines(completions: list, rewards: np.ndarray, config: TrainConfig) -> np.ndarray:
     """Each completion's advantage in its group of `config.group_size`, scaled as the run's settings say."""
     g = config.group_size
-    advantages = group_advantages(rewards, g, config.scale_rewards, config.scale_eps)
+    advantages = group_advantages(rewards, g, config.objective.scale_rewards, config.objective.scale_eps)
     if config.guide and not config.guide_negatives:
         advantages = without_guided_negatives(advantages, [getattr(c, "guided", False) for c in completions], g)
     return advantages
@@ -128,45 +128,46 @@ def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
 
 def prepare_update(model, trained: Trained, task: Task, config: TrainConfig, step: int, ref_params) -> PreparedUpdate:
     """The batch of the trained completions, cut into this rank's micro-batches, with what the loss needs."""
+    o = config.objective
     # Step 1 samples from the starting weights, the reference itself: KL 0.
-    kl = 0.0 if step == 1 and config.kl_every > 0 else None
+    kl = 0.0 if step == 1 and o.kl_every > 0 else None
     completions, g = trained.completions, config.group_size
     if not completions:  # every group was filtered out: zero gradients (the optimizer steps on them unless skip_no_signal)
-        return PreparedUpdate(BatchShape(0, 0, 0, config.max_tokens), [], None, None, [], True,
+        return PreparedUpdate(BatchShape(0, 0, 0, config.sampling.max_tokens), [], None, None, [], True,
                               config.skip_no_signal, kl, 0)
     batch = build_batch(completions, trained.advantages, g)
     if config.mask_truncated:  # cut-off completions contribute no token to the loss
         batch.mask[[c.truncated for c in completions]] = 0.0
     # bnpo normalises per micro-batch, so its size is part of the objective; the others are exact at any size.
-    size = (config.micro_batch_size if config.loss == "bnpo" else
+    size = (config.micro_batch_size if o.loss == "bnpo" else
             memory_bound_size(config.micro_batch_size, model, batch.completions.shape[1]))
     chunk = logprob_chunk(config, model, batch, size)
     # The reference costs a forward pass: every step when the loss needs it,
     # every kl_every steps when it is only watched.
-    watch_kl = config.beta == 0 and config.kl_every > 0 and step % config.kl_every == 0
+    watch_kl = o.beta == 0 and o.kl_every > 0 and step % o.kl_every == 0
     # A zero-advantage group adds nothing to the loss unless a KL or entropy term
     # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
-    skip_silent = config.beta == 0 and config.entropy_coef == 0 and config.loss != "bnpo"
-    by_length = same_at_any_cut(config.loss)  # a cut group's rows of similar length share a piece
+    skip_silent = o.beta == 0 and o.entropy_coef == 0 and o.loss != "bnpo"
+    by_length = same_at_any_cut(o.loss)  # a cut group's rows of similar length share a piece
     parts = micro_batches(groups_with_signal(batch) if skip_silent else batch, size, by_length)
     sizes = batch_shape(batch, size, token_budget(task, config), by_length)
     padded = padded_fraction(parts)  # over the step's trained micro-batches, before they are shared out
     if watch_kl:  # over every group, silent ones included
         all_parts = micro_batches(batch, size, by_length) if skip_silent else parts
         mine = [all_parts[i] for i in dist.shard(len(all_parts))]
-        kl = _kl_to_reference(mine, reference_logprobs(model, mine, ref_params, config.temperature, chunk))
+        kl = _kl_to_reference(mine, reference_logprobs(model, mine, ref_params, config.sampling.temperature, chunk))
     parts = [parts[i] for i in dist.shard(len(parts))]  # data-parallel: this rank's micro-batches
     # No signal: no token trained at all, or no advantage on a trained token and no KL or entropy term;
     # the gradient is zero either way.
-    no_signal = not batch.mask.any() or (config.beta == 0 and config.entropy_coef == 0 and not carries_signal(batch))
+    no_signal = not batch.mask.any() or (o.beta == 0 and o.entropy_coef == 0 and not carries_signal(batch))
     skip = config.skip_no_signal and no_signal
-    ref_logps = (reference_logprobs(model, parts, ref_params, config.temperature, chunk)
-                 if config.beta > 0 and not skip else None)
+    ref_logps = (reference_logprobs(model, parts, ref_params, config.sampling.temperature, chunk)
+                 if o.beta > 0 and not skip else None)
     weights = None  # entropy_top_quantile: the tokens that carry the loss, chosen over the whole step
-    if config.entropy_top_quantile < 1 and not skip:
+    if o.entropy_top_quantile < 1 and not skip:
         silent = micro_batches(groups_with_signal(batch, silent=True), size, by_length) if skip_silent else []
         weights = top_entropy_weights(model, parts, [silent[i] for i in dist.shard(len(silent))],
-                                      config.entropy_top_quantile, config.temperature, chunk,
+                                      o.entropy_top_quantile, config.sampling.temperature, chunk,
                                       dist.all_gather_objects)
     return PreparedUpdate(sizes, parts, ref_logps, chunk, weights, no_signal, skip, kl,
                           sum(map(len, batch.prompts)), padded)

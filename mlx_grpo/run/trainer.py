@@ -120,8 +120,9 @@ def run_step(run: RunState, step: int) -> tuple[dict, list]:
 def refresh_reference_if_due(run: RunState, step: int, metrics: dict) -> None:
     """After step `step`'s update: the reference's refresh every `ref_refresh_every` steps (marked in metrics)."""
     c = run.config
-    if c.ref_refresh_every and step % c.ref_refresh_every == 0:
-        run.ref_params = refreshed_reference(run.ref_params, run.model.trainable_parameters(), c.ref_refresh_alpha)
+    o = c.objective
+    if o.ref_refresh_every and step % o.ref_refresh_every == 0:
+        run.ref_params = refreshed_reference(run.ref_params, run.model.trainable_parameters(), o.ref_refresh_alpha)
         metrics["ref_refreshed"] = True
 
 
@@ -213,7 +214,7 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
             return
         weights = dict(tree_flatten(model.trainable_parameters()))
         training_state = optimizer.state
-        if config.ref_refresh_every > 0:
+        if config.objective.ref_refresh_every > 0:
             training_state = {**optimizer.state, "reference_weights": run.ref_params}
         ckpt.save_checkpoint(run_dir, step, weights, run.adapter_config, training_state,
                              {"eval_before": before, "eval_seconds": eval_seconds,

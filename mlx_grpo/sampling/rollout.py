@@ -33,6 +33,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 from ..models import cpu_math
 from ..models.adapters import adapters_merged
 from ..models.heads import output_head
+from ..setting_groups import SamplingSettings as SamplingConfig  # the sampler's settings: the run's sampling group
 from . import fixed_decode
 from .progress import PROGRESS, DecodeMeter
 from .width import decode_width
@@ -42,15 +43,6 @@ from .width import decode_width
 # that eval and compare keep (evaluation/answer_cache.py) are keyed on it, so answers an older decode
 # made are decoded again, not reused as if this code had made them.
 DECODE_FORMAT = 1
-
-
-@dataclass
-class SamplingConfig:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    max_tokens: int = 64
 
 
 @dataclass

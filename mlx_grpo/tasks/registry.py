@@ -263,7 +263,7 @@ def load_task(config: TrainConfig) -> Task:
 def token_budget(task: Task, config: TrainConfig) -> int:
     """The most tokens one rollout holds: max_tokens for a completion, max_episode_tokens for an episode
     (its model turns and observations after the first prompt). Length shaping and dr_grpo read it."""
-    return config.max_episode_tokens if task.make_env is not None else config.max_tokens
+    return config.max_episode_tokens if task.make_env is not None else config.sampling.max_tokens
 
 
 # Settings a multi-turn task's episodes never read: refused, not ignored.
@@ -280,7 +280,7 @@ def check_settings_apply(config: TrainConfig, multi_turn: bool) -> None:
         for name, why in SINGLE_TURN_ONLY.items():
             if getattr(config, name):
                 raise ConfigError(f"task {config.task!r} plays multi-turn episodes: {name} does not apply ({why})")
-    budget, what = (config.max_episode_tokens, "max_episode_tokens") if multi_turn else (config.max_tokens, "max_tokens")
+    budget, what = (config.max_episode_tokens, "max_episode_tokens") if multi_turn else (config.sampling.max_tokens, "max_tokens")
     if config.overlong_buffer >= budget:
         raise ConfigError(f"overlong_buffer must be below {what} = {budget} (the budget it shapes lengths "
                           f"against), got {config.overlong_buffer}")

@@ -67,7 +67,7 @@ def load_rows(split: str, config) -> list[dict]:
             print(f"warning: {note}", file=sys.stderr)
         return rows
     n = config.eval_num_problems if split == "test" else TRAIN_ROWS
-    hops, chains = parse_chains(config.multihop_chains, parse_hops(config.multihop_hops))
+    hops, chains = parse_chains(config.task_options.multihop_chains, parse_hops(config.task_options.multihop_hops))
     return synthetic_rows(split, hops, n, config.seed, chains)
 
 

@@ -47,7 +47,7 @@ def tasks_of(kinds, n: int, seed: int):
 
 
 def load_rows(split: str, config) -> list[dict]:
-    kinds = parse_kinds(config.web_kinds)
+    kinds = parse_kinds(config.task_options.web_kinds)
     if split == "test":
         tasks = tasks_of(kinds, config.eval_num_problems, _TEST_SEED)
         # Interleave kinds, so a short evaluation still covers each one.
