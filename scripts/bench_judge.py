@@ -31,7 +31,7 @@ from mlx_grpo.blas import blas_description, loaded_blas, use_openblas
 from mlx_grpo.models.heap import keep_freed_memory
 from mlx_grpo.tasks.data import columns_of
 from mlx_grpo.models.loading import load_policy
-from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
+from mlx_grpo.sampling.rollout import sample_completions
 from mlx_grpo.tasks.data import encode_prompt
 from rewards.judge import DEFAULT_MAX_TOKENS, JudgeReward, judge_prompts, load_rubric
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     judge = JudgeReward(judge_model, judge_tokenizer, load_rubric(args.rubric), args.judge_max_tokens,
                         config.decode_concurrency)
 
-    sampling = SamplingConfig(config.temperature, config.top_p, config.top_k, config.min_p, config.max_tokens)
+    sampling = config.sampling
     steps = []
     for step in range(args.steps):
         rows = task.train_rows[step * args.batch_size:(step + 1) * args.batch_size]
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {
         "policy": args.policy, "judge": args.judge, "bits": args.bits or None, "task": args.task,
         "keep_quantized": args.keep_quantized,
-        "batch_size": args.batch_size, "group_size": args.group_size, "max_tokens": config.max_tokens,
+        "batch_size": args.batch_size, "group_size": args.group_size, "max_tokens": config.sampling.max_tokens,
         "judge_weights_gb": weight_bytes(judge_model) / 1e9, "judge_loaded_gb": judge_loaded / 1e9,
         "policy_weights_gb": weight_bytes(policy) / 1e9,
         "rollout_s": float(np.median([s["rollout_s"] for s in timed])),

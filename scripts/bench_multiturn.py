@@ -55,7 +55,7 @@ def run_mode(args, mode: str) -> dict:
     from mlx_grpo.config import build_config
     from mlx_grpo.models.loading import load_policy
     from mlx_grpo.sampling.multiturn import make_envs, rollout_episodes
-    from mlx_grpo.sampling.rollout import SamplingConfig
+    from dataclasses import replace
     from mlx_grpo.sampling.turns import Stats
     from mlx_grpo.sampling.width import kv_bytes_per_token
     from mlx_grpo.tasks.registry import load_task, recommended_settings
@@ -75,8 +75,7 @@ def run_mode(args, mode: str) -> dict:
     stats = Stats()
     began = time.perf_counter()
     episodes = rollout_episodes(model, tokenizer, make_envs(task, rows, args.samples), args.samples,
-                                SamplingConfig(args.temperature, config.top_p, config.top_k, config.min_p,
-                                               args.max_tokens),
+                                replace(config.sampling, temperature=args.temperature, max_tokens=args.max_tokens),
                                 args.max_turns, args.max_episode_tokens, task.system_prompt, args.concurrency,
                                 seed=args.seed, reuse_cache=mode == "after", stats=stats)
     seconds = time.perf_counter() - began

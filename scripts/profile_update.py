@@ -150,7 +150,7 @@ def profile(model, config, prep, shape: dict, args) -> dict:
     head = output_head(model)
     if head is None:
         raise SystemExit(f"error: {model.model_type} has no plain output head to time apart")
-    parts, chunk, temperature = prep.parts, prep.chunk, config.temperature
+    parts, chunk, temperature = prep.parts, prep.chunk, config.sampling.temperature
     settings, optimizer = update_settings(config), make_optimizer(config)
     runs = batch.prompt_runs(parts)
     flat = lambda mb: gradients._flat_state(prompt_pass(model, mb.prompts, mb.left_padding))  # noqa: E731

@@ -27,7 +27,7 @@ from mlx_grpo.update.losses import BatchShape
 def _completion_logprobs(model, mb, config, differentiated=False):
     # differentiated: the head's gradient taken the trainer's way, so that a gradient is compared to
     # the trainer's to the last bit, not to float32 rounding (tests/test_logprobs.py checks that way)
-    return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, mb.group_size, config.temperature,
+    return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, mb.group_size, config.sampling.temperature,
                                differentiated=differentiated)
 
 
@@ -68,7 +68,7 @@ def _on_policy_parts(model, config, seed=3):
     parts = micro_batches(build_batch(comps, advantages, 3), 6)
     for mb in parts:
         mb.behaviour_logp = mx.stop_gradient(_completion_logprobs(model, mb, config)[0])
-    sizes = BatchShape(12, int(sum(mb.mask.sum().item() for mb in parts)), len(parts), config.max_tokens)
+    sizes = BatchShape(12, int(sum(mb.mask.sum().item() for mb in parts)), len(parts), config.sampling.max_tokens)
     return parts, sizes
 
 

@@ -56,7 +56,7 @@ def test_embedded_model_keeps_its_settings_and_prompt():
 def test_a_chat_model_is_told_the_answer_form_and_scored_on_it():
     config = build_config({"model": CHAT_MODEL}, task_defaults=registry.recommended_settings)
     assert config.system_prompt == arith.CHAT_SYSTEM_PROMPT  # recorded in the run's config.yaml
-    assert config.temperature < 1.0 and config.lr == 3e-5
+    assert config.sampling.temperature < 1.0 and config.lr == 3e-5
     task = registry.load_task(config)
     assert task.system_prompt == "Answer with only the final number."
     assert task.reward_functions == [arith.last_number_reward] and task.accuracy_reward is arith.last_number_reward

@@ -262,11 +262,11 @@ def test_a_training_config_file_gives_eval_its_task_and_episode_settings(tmp_pat
     config_file.write_text("model: smollm2-135m\ntask: multihop\nmultihop_hops: [2]\nmax_tokens: 64\nmax_turns: 4\n"
                            "max_episode_tokens: 512\ntool_style: llama3\nlr: 0.5\n")
     config = cmp.task_config(None, "other-model", {"task": None, "max_tokens": 32}, config_file)
-    assert (config.task, config.multihop_hops, config.max_turns, config.max_episode_tokens) == ("multihop", [2], 4, 512)
-    assert config.tool_style == "llama3" and config.max_tokens == 32  # the typed flag over the file
+    assert (config.task, config.task_options.multihop_hops, config.max_turns, config.max_episode_tokens) == ("multihop", [2], 4, 512)
+    assert config.tool_style == "llama3" and config.sampling.max_tokens == 32  # the typed flag over the file
     assert config.model == "other-model" and config.lr != 0.5  # training settings are not read
     other_task = cmp.task_config(None, None, {"task": "arith"}, config_file)
-    assert other_task.task == "arith" and other_task.multihop_hops == [] and other_task.tool_style is None
+    assert other_task.task == "arith" and other_task.task_options.multihop_hops == [] and other_task.tool_style is None
     run = tmp_path / "run"  # a run's call style is part of its task
     run.mkdir()
     (run / "config.yaml").write_text("task: multihop\ntool_style: llama3\n")

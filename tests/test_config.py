@@ -5,7 +5,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mlx_grpo.cli import app
-from mlx_grpo.config import ConfigError, TrainConfig, build_config
+from mlx_grpo.config import ConfigError, build_config
+from mlx_grpo.setting_groups import ObjectiveSettings
 from mlx_grpo.tasks.registry import recommended_settings
 
 
@@ -20,10 +21,10 @@ def test_precedence_defaults_task_file_flags(tmp_path):
     c = build_config({"group_size": 5, "beta": None}, path, task_defaults=recommended_settings)
     assert c.group_size == 5  # typed flag beats the file
     assert c.lr == 0.5  # file beats the task's recommendation
-    assert c.temperature == 0.9  # file beats the default
-    assert c.beta == TrainConfig.beta  # a flag that was not typed (None) overrides nothing
-    assert c.max_tokens == recommended_settings("arith", None)["max_tokens"]  # task beats default
-    assert c.epsilon_low == TrainConfig.epsilon_low  # nobody set it
+    assert c.sampling.temperature == 0.9  # file beats the default
+    assert c.objective.beta == ObjectiveSettings.beta  # a flag that was not typed (None) overrides nothing
+    assert c.sampling.max_tokens == recommended_settings("arith", None)["max_tokens"]  # task beats default
+    assert c.objective.epsilon_low == ObjectiveSettings.epsilon_low  # nobody set it
 
 
 def test_task_recommendations_depend_on_the_model():

@@ -55,7 +55,7 @@ def test_the_same_tokens_train_at_any_micro_batch_size(tiny_model_path):
     for size in (16, 3, 1):
         model, _ = _fresh(tiny_model_path)
         parts = micro_batches(batch, size)
-        sizes = BatchShape(12, int(batch.mask.sum()), micro_batch_count(3, 4, size), config.max_tokens)
+        sizes = BatchShape(12, int(batch.mask.sum()), micro_batch_count(3, 4, size), config.sampling.max_tokens)
         update(model, optim.SGD(learning_rate=1.0), update_settings(config), sizes, parts, None, None)
         results.append(_weights(model))
     _close(results[0], results[1])
@@ -65,7 +65,7 @@ def test_the_same_tokens_train_at_any_micro_batch_size(tiny_model_path):
 def test_the_threshold_counts_silent_groups_left_out_of_the_passes(tiny_model_path):
     batch = _batch()
     config = build_config({"group_size": 4, "entropy_top_quantile": 0.4, "steps": 5})
-    sizes = BatchShape(12, int(batch.mask.sum()), 3, config.max_tokens)
+    sizes = BatchShape(12, int(batch.mask.sum()), 3, config.sampling.max_tokens)
     model, _ = _fresh(tiny_model_path)
     every = micro_batches(batch, 4)
     chosen = top_entropy_weights(model, every, [], 0.4, 1.0, None)

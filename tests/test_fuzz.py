@@ -31,8 +31,8 @@ keys = st.one_of(st.sampled_from(sorted(FIELDS)), st.sampled_from([k.replace("_"
 
 def check_valid(c: TrainConfig):
     """What validation promises about a config it accepts."""
-    assert c.group_size >= 2 and c.steps >= 1 and c.batch_size >= 1 and c.max_tokens >= 1
-    assert c.temperature > 0 and 0 < c.top_p <= 1 and c.lr > 0 and 0 <= c.epsilon_low < 1
+    assert c.group_size >= 2 and c.steps >= 1 and c.batch_size >= 1 and c.sampling.max_tokens >= 1
+    assert c.sampling.temperature > 0 and 0 < c.sampling.top_p <= 1 and c.lr > 0 and 0 <= c.objective.epsilon_low < 1
     assert c.on_bad_data in ("skip", "error") and c.reward_timeout >= 0 and 0 <= c.seed < 2**63
     for value in vars(c).values():
         for v in value if isinstance(value, list) else [value]:

@@ -326,13 +326,13 @@ def test_cispo_config_follows_seed_000():
 
 def test_grpo_config_is_accepted():
     config = build_config({}, str(REPO / "configs" / "gsm8k_grpo.yaml"), task_defaults=tasks.recommended_settings)
-    assert (config.task, config.loss, config.model) == ("gsm8k", "grpo", "Qwen/Qwen2.5-0.5B-Instruct")
-    assert config.max_tokens == 512 and config.group_size == 8 and config.scale_rewards == "none"
+    assert (config.task, config.objective.loss, config.model) == ("gsm8k", "grpo", "Qwen/Qwen2.5-0.5B-Instruct")
+    assert config.sampling.max_tokens == 512 and config.group_size == 8 and config.objective.scale_rewards == "none"
 
 
 def test_cispo_config_builds():
     config = build_config({}, str(REPO / "configs" / "gsm8k_cispo.yaml"), task_defaults=tasks.recommended_settings)
-    assert (config.loss, config.epsilon_high, config.scale_rewards) == ("cispo", 0.28, "none")
+    assert (config.objective.loss, config.objective.epsilon_high, config.objective.scale_rewards) == ("cispo", 0.28, "none")
 
 
 @needs_data

@@ -196,7 +196,7 @@ def test_grpo_teaches_the_tiny_tool_model_to_read_both_hops(tmp_path):
         pytest.skip("the tiny tool model has not been built (scripts/build_tiny_tool_model.py)")
     config = build_config({"task": "multihop", "output": str(tmp_path / "run"), "seed": 0, **TOOL_LEARNING_RUN},
                           task_defaults=recommended_settings)
-    assert config.model == str(tiny_tool_model()) and config.multihop_chains == ["city/country"]
+    assert config.model == str(tiny_tool_model()) and config.task_options.multihop_chains == ["city/country"]
     result = train(config)
     reward = [m["reward/mean"] for m in result.history]
     calls = [m["tools/calls_per_episode"] for m in result.history]

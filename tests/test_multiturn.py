@@ -269,7 +269,7 @@ def test_grpo_on_the_multi_turn_path_raises_reward_on_easy_web_tasks(tmp_path):
         pytest.skip("the tiny web model has not been built (scripts/build_tiny_web_model.py)")
     config = build_config({"task": "web", "output": str(tmp_path / "run"), "seed": 0, **LEARNING_RUN},
                           task_defaults=recommended_settings)
-    assert config.model == str(tiny_web_model()) and config.web_kinds == ["fact/1"]
+    assert config.model == str(tiny_web_model()) and config.task_options.web_kinds == ["fact/1"]
     result = train(config)
     success = [m["reward/success/mean"] for m in result.history]
     reward = [m["reward/mean"] for m in result.history]

@@ -26,7 +26,7 @@ def test_arith_recipe_builds_with_the_chat_variant():
     config = _config("smollm2.yaml")
     assert (config.model, config.task) == ("smollm2-135m", "arith")
     assert config.system_prompt == arith.CHAT_SYSTEM_PROMPT  # from the task, recorded in the run's config.yaml
-    assert (config.temperature, config.lr, config.batch_size, config.group_size) == (0.8, 3e-5, 6, 8)
+    assert (config.sampling.temperature, config.lr, config.batch_size, config.group_size) == (0.8, 3e-5, 6, 8)
     assert not config.keep_quantized  # a float32 copy on the CPU
     task = load_task(config)
     assert task.reward_functions == [arith.last_number_reward] and len(task.eval_rows) == config.eval_num_problems
@@ -36,7 +36,7 @@ def test_gsm8k_recipe_builds():
     if not (GSM8K_DATA / "test.jsonl").is_file():
         pytest.skip("shared GSM8K data not found")
     config = _config("smollm2_gsm8k.yaml", data=str(GSM8K_DATA))
-    assert (config.model, config.task, config.max_tokens) == ("smollm2-135m", "gsm8k", 256)
+    assert (config.model, config.task, config.sampling.max_tokens) == ("smollm2-135m", "gsm8k", 256)
     task = load_task(config)
     assert task.system_prompt == gsm8k.SYSTEM_PROMPT and len(task.eval_rows) == 32
     assert set(load_yaml(CONFIGS / "smollm2_gsm8k.yaml")) >= {"steps", "lr", "temperature"}
@@ -80,7 +80,7 @@ def test_ocaml_recipe_pays_only_for_passing_every_test():
 
     config = _config("ocaml.yaml")
     assert (config.model, config.task, config.lr) == ("ollama:qwen2.5-coder:0.5b", "ocaml", 1e-5)
-    assert config.guide and config.loss == "dr_grpo"
+    assert config.guide and config.objective.loss == "dr_grpo"
     task = load_task(config)
     assert _weights(task) == {"ocaml_passes": 1.0, "ocaml_reward": 0.0, "ocaml_compiles": 0.0, "ocaml_runaway": 0.0,
                        "ocaml_constant": 0.0}
@@ -91,12 +91,12 @@ def test_gsm8k_qwen_recipe_builds():
     if not (GSM8K_DATA / "test.jsonl").is_file():
         pytest.skip("shared GSM8K data not found")
     config = _config("gsm8k_qwen05.yaml", data=str(GSM8K_DATA))
-    assert (config.model, config.task, config.max_tokens, config.time_limit_minutes) == (
+    assert (config.model, config.task, config.sampling.max_tokens, config.time_limit_minutes) == (
         "ollama:qwen2.5-coder:0.5b", "gsm8k", 384, 55)
     task = load_task(config)
     assert task.system_prompt == gsm8k.SYSTEM_PROMPT and len(task.eval_rows) == 16
     # paid for the right answer alone: v2's format part and overlong penalty paid bare `#### N` answers
     assert _weights(task) == {"correctness_reward": 1.0, "format_reward": 0.0}
-    assert config.overlong_buffer == 0 and config.loss == "dr_grpo"
+    assert config.overlong_buffer == 0 and config.objective.loss == "dr_grpo"
     # v5: every update on about 4 groups with spread (v3's one-group updates came with its significant losses)
     assert config.dynamic_sampling and config.resample_rounds == 2

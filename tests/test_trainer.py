@@ -61,7 +61,7 @@ def test_skipping_silent_groups_changes_nothing(tiny_model_path):
     config = build_config({"group_size": 3, "lr": 1e-2, "num_iterations": 2, "micro_batch_size": 3,
                            "warmup_steps": 0, "steps": 5})
     all_parts = micro_batches(batch, 3)
-    sizes = BatchShape(12, int(batch.mask.sum()), len(all_parts), config.max_tokens)
+    sizes = BatchShape(12, int(batch.mask.sum()), len(all_parts), config.sampling.max_tokens)
     results = []
     for parts in (all_parts, micro_batches(groups_with_signal(batch), 3)):
         model = _tiny_with_adapters(tiny_model_path)
@@ -104,7 +104,7 @@ def test_pieces_of_groups_train_exactly_like_whole_groups(tiny_model_path):
         results = []
         for size in (16, 3, 1):
             parts = micro_batches(batch, size)
-            sizes = BatchShape(8, int(batch.mask.sum()), micro_batch_count(2, 4, size), config.max_tokens)
+            sizes = BatchShape(8, int(batch.mask.sum()), micro_batch_count(2, 4, size), config.sampling.max_tokens)
             model = _tiny_with_adapters(tiny_model_path)
             # Plain SGD: the weights move by the (clipped) gradient itself; Adam would
             # blow rounding-level differences in near-zero gradients up to lr.
@@ -165,7 +165,7 @@ def test_compiled_gradients_equal_traced_ones(tiny_model_path, cpu_device, monke
             parts = micro_batches(batch, size)
             refs = [mx.array(rng.normal(-3, 0.5, mb.mask.shape).astype(np.float32)) for mb in parts] if beta else None
             config = build_config({"group_size": 4, "steps": 5, "loss": loss, "beta": beta})
-            sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.max_tokens)
+            sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.sampling.max_tokens)
             model = _tiny_with_adapters(tiny_model_path)
             results = {}
             for compiled in (False, True):
@@ -186,7 +186,7 @@ def test_a_failed_compile_leaves_the_weights_whole_and_runs_traced(tiny_model_pa
     batch = build_batch(_completions(rng, 2, 4), rng.normal(size=8), 4)
     parts = micro_batches(batch, 1)
     config = build_config({"group_size": 4, "steps": 5})
-    sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.max_tokens)
+    sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.sampling.max_tokens)
     model = _tiny_with_adapters(tiny_model_path)
     weights = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
     monkeypatch.setattr(gradients, "COMPILE_ON_CPU", False)
@@ -217,7 +217,7 @@ def test_pieces_run_their_prompt_once_unless_dropout_is_on(tiny_model_path, monk
     batch = build_batch(_completions(rng, 2, 4), rng.normal(size=8), 4)
     parts = micro_batches(batch, 1)  # 2 groups x 4 pieces of one row
     config = build_config({"group_size": 4, "steps": 5})
-    sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.max_tokens)
+    sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.sampling.max_tokens)
     calls = []
     counted = gradients.prompt_pass
     monkeypatch.setattr(gradients, "prompt_pass", lambda *a: calls.append(1) or counted(*a))
