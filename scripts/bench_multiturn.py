@@ -49,13 +49,14 @@ def parse_args(argv=None):
 
 def run_mode(args, mode: str) -> dict:
     """One rollout in this process: per-turn costs and totals."""
+    from dataclasses import replace
+
     import mlx.core as mx
 
     from mlx_grpo.blas import blas_description, loaded_blas
     from mlx_grpo.config import build_config
     from mlx_grpo.models.loading import load_policy
     from mlx_grpo.sampling.multiturn import make_envs, rollout_episodes
-    from dataclasses import replace
     from mlx_grpo.sampling.turns import Stats
     from mlx_grpo.sampling.width import kv_bytes_per_token
     from mlx_grpo.tasks.registry import load_task, recommended_settings

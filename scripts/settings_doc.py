@@ -2,9 +2,9 @@
 
 Every train setting is a field of the TrainConfig dataclass, with its default
 and a trailing comment that says what it does, grouped under the comment
-lines of the class; a group of settings (config.GROUPS: `health`) is its own
-dataclass, whose fields are listed where the group is, under their flat names
-(health_window). The other commands' options are typer's. This script
+lines of the class; a group of settings (config.GROUPS: `sampling`, `objective`,
+`task_options`, `health`) is its own dataclass (setting_groups.py), whose fields
+are listed where the group is, under their flat names (temperature, health_window). The other commands' options are typer's. This script
 renders both, so the reference cannot drift from the code:
 
     python scripts/settings_doc.py          # rewrite docs/settings.md
@@ -90,7 +90,10 @@ def render() -> str:
             "Generated from `mlx_grpo/config.py` and the CLI by `python scripts/settings_doc.py`; do not edit by "
             "hand.", "",
             "Every train setting is a config key and a flag (`lr` is `--lr`, `group_size` is `--group-size`). "
-            "`mlx-grpo train --help` prints the same list.", ""]
+            "`mlx-grpo train --help` prints the same list.", "",
+            "In a YAML file the settings of a group (" + ", ".join(f"`{g}`" for g in GROUPS) + ") may also be "
+            "given as a mapping of their names within the group: `health: {window: 4}` is `health_window: 4`, "
+            "`sampling: {temperature: 0.7}` is `temperature: 0.7` (not both ways in one file).", ""]
     return "\n".join(head + train_settings() + ["", "## The other commands"] + command_options()) + "\n"
 
 

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from mlx_grpo.cli import app
 from mlx_grpo.run import trainer
+from mlx_grpo.setting_groups import HealthSettings
 from mlx_grpo.update import step as update_step
 from mlx_grpo.run.display import TrainDisplay, metrics_table, trend
 from mlx_grpo.files import training_rows
@@ -38,7 +39,7 @@ def healthy(step: int, rng) -> dict:
 
 
 def run(stream, **thresholds) -> list[dict]:
-    monitor = HealthMonitor(Thresholds(lr=1e-5, max_tokens=64, accuracy_reward="correct", **thresholds))
+    monitor = HealthMonitor(Thresholds(HealthSettings(**thresholds), lr=1e-5, token_budget=64, accuracy_reward="correct"))
     return [e for m in stream for e in monitor.observe(m)]
 
 

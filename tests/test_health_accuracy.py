@@ -4,6 +4,7 @@ import pytest
 
 from mlx_grpo.run import health_rewards
 from mlx_grpo.run.health import HealthMonitor, Thresholds
+from mlx_grpo.setting_groups import HealthSettings
 
 # OCaml run 2 on Qwen2.5-Coder-0.5B (docs/real-models.md): programs passing every test per step, of 32
 PASSED = [15, 14, 5, 2, 0, 2, 0, 0, 0, 0]
@@ -17,7 +18,7 @@ def _rows(shares, rewards=None, name="ocaml_passes"):
 
 
 def _events(rows, accuracy="ocaml_passes", window=10):
-    monitor = HealthMonitor(Thresholds(window=window, accuracy_reward=accuracy))
+    monitor = HealthMonitor(Thresholds(HealthSettings(window=window), accuracy_reward=accuracy))
     return [e for row in rows for e in monitor.observe(row) if e["rule"] == "accuracy_collapse"]
 
 

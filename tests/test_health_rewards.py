@@ -9,6 +9,7 @@ import pytest
 from mlx_grpo.files import training_rows
 from mlx_grpo.run.health import HealthMonitor, Thresholds
 from mlx_grpo.run.health_rewards import answer_pattern, reward_variance_shares
+from mlx_grpo.setting_groups import HealthSettings
 from mlx_grpo.tasks.shaping import SHAPING, side_shaped_totals
 
 
@@ -75,7 +76,7 @@ def _gsm8k_like_steps(n=18, seed=0):
 
 
 def _fired(rows, thresholds=None):
-    monitor = HealthMonitor(thresholds or Thresholds(window=5))
+    monitor = HealthMonitor(thresholds or Thresholds(HealthSettings(window=5)))
     return {e["rule"]: e for row in rows for e in monitor.observe(row)}
 
 
@@ -106,7 +107,7 @@ def test_a_healthy_arith_run_fires_neither(tmp_path):
     events = [json.loads(line) for line in (tmp_path / "run" / "health.jsonl").read_text().splitlines()] \
         if (tmp_path / "run" / "health.jsonl").exists() else []
     assert not {"reward_takeover", "answer_collapse"} & {e["rule"] for e in events}
-    assert not {"reward_takeover", "answer_collapse"} & set(_fired(training_rows(rows), Thresholds(window=4)))
+    assert not {"reward_takeover", "answer_collapse"} & set(_fired(training_rows(rows), Thresholds(HealthSettings(window=4))))
 
 
 def test_shaping_is_a_checked_setting(tmp_path):

@@ -7,6 +7,7 @@ import pytest
 from mlx_grpo.run.health import HealthMonitor, Thresholds
 from mlx_grpo.run.health_tools import TOOL_RULES
 from mlx_grpo.sampling.multiturn import Episode, episode_metrics
+from mlx_grpo.setting_groups import HealthSettings
 from mlx_grpo.tools import episode as tool_env
 
 TOOL_RULE_NAMES = {rule[0] for rule in TOOL_RULES}
@@ -27,7 +28,7 @@ def tool_steps(n, calls, parse_fail=0.05, closed_book=0.1, seed=0, **extra):
 
 
 def fired(rows, window=10, **thresholds) -> dict[str, dict]:
-    monitor = HealthMonitor(Thresholds(window=window, **thresholds))
+    monitor = HealthMonitor(Thresholds(HealthSettings(window=window, **thresholds)))
     return {e["rule"]: e for row in rows for e in monitor.observe(row)}
 
 

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from mlx_grpo.config import TrainConfig
 from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import load_policy
+from mlx_grpo.run.step_update import update_settings
 from mlx_grpo.update.logprobs import token_logprobs
 from mlx_grpo.update.losses import LOSS_TYPES, BatchShape, LossSettings, kl_k3, policy_loss, top_entropy_mask
 
@@ -101,8 +103,8 @@ def mlx_loss(logp, old, adv, mask, loss_type, micro=2, **kw):
                        max_tokens=kw.pop("max_tokens", 12))
     settings = LossSettings(loss_type=loss_type, epsilon_low=kw.pop("eps_low", 0.2),
                             epsilon_high=kw.pop("eps_high", 0.28), delta=kw.pop("delta", None),
-                            beta=kw.pop("beta", 0.0), entropy_coef=kw.pop("entropy_coef", 0.0),
-                            guide_shaping=kw.pop("guide_shaping", 0.0))
+                            beta=kw.pop("beta", 0.0), sapo_tau_pos=1.0, sapo_tau_neg=1.05,
+                            entropy_coef=kw.pop("entropy_coef", 0.0), guide_shaping=kw.pop("guide_shaping", 0.0))
     ref, entropy, weight = kw.pop("ref", None), kw.pop("entropy", None), kw.pop("token_weight", None)
     guided = kw.pop("guided", None)
     assert not kw, kw
@@ -283,8 +285,8 @@ def _loss_fn(tokens, mask, behaviour, adv, chunk=None):
 
     def fn(model):
         logp, _ = token_logprobs(model, tokens, temperature=0.9, chunk_size=chunk)
-        return policy_loss(logp, behaviour, adv, mask, shape, epsilon_low=0.2, epsilon_high=0.2, beta=0.1,
-                           ref_logp=behaviour - 0.1)[0]
+        settings = update_settings(TrainConfig.from_flat({"beta": 0.1})).loss  # grpo, epsilon 0.2 both sides
+        return policy_loss(logp, behaviour, adv, mask, shape, settings, ref_logp=behaviour - 0.1)[0]
     return fn
 
 

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map
 
-from mlx_grpo.config import build_config
+from mlx_grpo.config import TrainConfig, build_config
 from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import load_policy
-from mlx_grpo.run.step_update import Trained, prepare_update
+from mlx_grpo.run.step_update import Trained, prepare_update, update_settings
 from mlx_grpo.run.trainer import make_optimizer, train_step
 from mlx_grpo.sampling.rollout import Completion
 from mlx_grpo.tasks.registry import Task
 from mlx_grpo.update.batch import batch_shape, build_batch, micro_batches, padded_fraction
 from mlx_grpo.update.gradients import _varying, lowest_trained_layer, micro_batch_gradients
 from mlx_grpo.update.logprobs import logprobs_after_prompt
-from mlx_grpo.update.losses import BatchShape, LossSettings, policy_loss, same_at_any_cut
+from mlx_grpo.update.losses import BatchShape, policy_loss, same_at_any_cut
 from tiny import build_tiny_model
 
 
@@ -73,7 +73,7 @@ def test_pieces_of_similar_length_pad_less():
 
 def _loss_and_gradients(model, parts, sizes: BatchShape, loss_type: str):
     """The summed loss and gradients of one update's micro-batches, as update/step.py's update() takes them."""
-    settings = LossSettings(loss_type=loss_type)
+    settings = update_settings(TrainConfig.from_flat({"loss": loss_type})).loss  # the defaults otherwise
 
     def after_prompt(model, state, mb):
         return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size)

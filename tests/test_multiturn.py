@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from mlx_grpo.config import TrainConfig
 from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import load_policy
+from mlx_grpo.run.step_update import update_settings
 from mlx_grpo.sampling.environment import Environment, SingleTurnEnv
 from mlx_grpo.sampling.multiturn import chat_join, episode_scores, rollout_episodes
 from mlx_grpo.sampling.rollout import SamplingConfig
@@ -169,7 +171,7 @@ def _loss_and_grads(model, batch, behaviour=None):
             logp, _ = completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, batch.group_size)
             logp = logp + logp_offset
             b = mb.behaviour_logp if behaviour is None else mx.array(behaviour)
-            loss, _ = policy_loss(logp, b, mb.advantages, mb.mask, shape)
+            loss, _ = policy_loss(logp, b, mb.advantages, mb.mask, shape, update_settings(TrainConfig()).loss)
             total = total + loss
         return total
 

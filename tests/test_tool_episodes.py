@@ -5,7 +5,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlx_grpo.config import TrainConfig
 from mlx_grpo.models.loading import load_policy
+from mlx_grpo.run.step_update import update_settings
 from mlx_grpo.tools import episode as tool_env
 from mlx_grpo.sampling.environment import Rendered
 from mlx_grpo.sampling.multiturn import rollout_episodes
@@ -13,7 +15,7 @@ from mlx_grpo.sampling.rollout import SamplingConfig
 from mlx_grpo.tools.calls import ToolCall
 from mlx_grpo.update.batch import build_batch
 from mlx_grpo.update.logprobs import token_logprobs
-from mlx_grpo.update.losses import BatchShape, LossSettings, policy_loss
+from mlx_grpo.update.losses import BatchShape, policy_loss
 
 ROW = {"prompt": "What is the capital of Norway?", "answer": "Oslo"}
 
@@ -96,7 +98,7 @@ def test_tool_results_are_masked_and_logprobs_match_a_full_forward_pass(policy, 
     shape = BatchShape(num_sequences=4, num_tokens=int(batch.mask.sum()), num_micro_batches=1,
                        max_tokens=batch.completions.shape[1])
     grad = mx.grad(lambda lp: policy_loss(lp, mx.array(batch.behaviour_logp), mx.array(batch.advantages),
-                                          mx.array(batch.mask), shape, LossSettings())[0])(logp)
+                                          mx.array(batch.mask), shape, update_settings(TrainConfig()).loss)[0])(logp)
     grad = np.array(grad)
     assert np.all(grad[batch.mask == 0] == 0) and np.abs(grad[batch.mask == 1]).max() > 0
     assert (batch.mask == 0).sum() > 0

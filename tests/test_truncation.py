@@ -101,7 +101,7 @@ def test_a_multi_turn_step_counts_and_masks_cut_episodes(policy, tiny_model_path
         # masked: not one token of a cut episode is trained on (token statistics are None); else all are
         assert (metrics["entropy"] is None) == masked
     # the truncation rule and dr_grpo measure an episode against its own budget
-    assert token_budget(task, config) == 60 and Thresholds.from_config(config, token_budget(task, config)).max_tokens == 60
+    assert token_budget(task, config) == 60 and Thresholds.from_config(config, token_budget(task, config)).token_budget == 60
 
 
 def _web(**extra):

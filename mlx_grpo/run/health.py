@@ -32,7 +32,7 @@ class Thresholds:
 
     health: HealthSettings = field(default_factory=HealthSettings)
     max_grad_norm: float = 1.0
-    max_tokens: int | None = None  # the token budget a rollout is cut at (an episode's: max_episode_tokens)
+    token_budget: int | None = None  # the tokens a rollout is cut at: max_tokens (an episode's: max_episode_tokens)
     lr: float | None = None
     accuracy_reward: str | None = None  # the task's accuracy reward (accuracy_collapse reads reward/<it>/mean)
 
@@ -214,7 +214,7 @@ def truncated(h: History) -> str | None:
     fracs = h.values("completion/truncated_frac", h.t.health.window)
     if len(fracs) < h.t.health.window or np.mean(fracs) <= h.t.health.truncated_frac:
         return None
-    limit = f" ({h.t.max_tokens} tokens)" if h.t.max_tokens else ""
+    limit = f" ({h.t.token_budget} tokens)" if h.t.token_budget else ""
     lengths = h.values("completion/mean_length", h.t.health.window)
     mean_len = f", mean length {np.mean(lengths):.1f}" if lengths else ""
     return (f"{np.mean(fracs):.0%} of completions were cut at the token budget{limit} over the last {len(fracs)} steps"

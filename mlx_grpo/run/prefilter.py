@@ -40,7 +40,6 @@ from ..sampling.rollout import SamplingConfig, sample_completions
 from ..tasks.accuracy import accuracy_values, right
 from ..tasks.data import DataError, task_prompts
 from ..tasks.rewarding import reward_name
-from .step_rollouts import training_sampling
 
 FORMAT = 1  # bump when what the cache holds, or how it is computed, changes
 SEED = 0x50F17E  # the pre-pass's own sampling seed
@@ -90,7 +89,7 @@ def prefilter_train_rows(model, tokenizer, task, config: TrainConfig) -> str:
     rates = _read(path, len(rows))
     from_cache = rates is not None
     if not from_cache:
-        rates = pass_rates(model, tokenizer, task, rows, [int(i) for i in order], k, training_sampling(config),
+        rates = pass_rates(model, tokenizer, task, rows, [int(i) for i in order], k, config.sampling,
                            config.decode_concurrency)
         try:
             atomic_write_json(path, {"k": k, "prompts": len(rows), "pass_rates": [float(r) for r in rates]})

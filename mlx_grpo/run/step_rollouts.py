@@ -14,14 +14,12 @@ whichever rank takes a prompt.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..config import TrainConfig
 from ..sampling.kinds import RolloutSettings, rollouts_for
-from ..sampling.rollout import SamplingConfig
 from ..tasks.curriculum import group_success
 from ..tasks.registry import Task, token_budget
 from ..tasks.rewarding import Scores
@@ -31,14 +29,9 @@ from . import distributed as dist
 from .guidance import guide_groups
 
 
-def training_sampling(config: TrainConfig) -> SamplingConfig:
-    """The run's sampling group as the sampler takes it (training rollouts, --prefilter's pre-pass)."""
-    return SamplingConfig(**dataclasses.asdict(config.sampling))
-
-
 def rollout_settings(config: TrainConfig) -> RolloutSettings:
     """What sampling/ takes from the run's settings to sample a step's groups and to evaluate."""
-    return RolloutSettings(config.group_size, training_sampling(config), config.decode_concurrency, config.max_turns,
+    return RolloutSettings(config.group_size, config.sampling, config.decode_concurrency, config.max_turns,
                            config.max_episode_tokens, config.eval_pass_k, config.seed)
 
 

@@ -40,7 +40,7 @@ whole batch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import numpy as np
@@ -77,15 +77,18 @@ class BatchShape:
 
 @dataclass
 class LossSettings:
-    loss_type: str = "grpo"
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    delta: float | None = None  # two-sided cap on the unclipped ratio (PPO-clip losses)
-    beta: float = 0.0
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    entropy_coef: float = 0.0
-    guide_shaping: float = 0.0  # gamma of the reference tokens' shaped term (0: trained like sampled tokens)
+    """The objective's settings, each given (run/step_update.py's update_settings builds them from the
+    config's objective group): no default here, the settings' defaults are setting_groups.py's."""
+
+    loss_type: str
+    epsilon_low: float
+    epsilon_high: float
+    delta: float | None  # two-sided cap on the unclipped ratio (PPO-clip losses)
+    beta: float
+    sapo_tau_pos: float
+    sapo_tau_neg: float
+    entropy_coef: float
+    guide_shaping: float  # gamma of the reference tokens' shaped term (0: trained like sampled tokens)
 
 
 def kl_k3(logp, ref_logp):
@@ -108,7 +111,7 @@ def _token_mean_per_sequence(x, mask):
     return (x * mask).sum(axis=1) / mx.maximum(mask.sum(axis=1), 1)
 
 
-def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, settings: LossSettings | None = None, *,
+def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, settings: LossSettings, *,
                 ref_logp=None, entropy=None, token_weight=None, guided=None, **overrides):
     """The micro-batch's share of the batch loss, and token statistics (sums).
 
@@ -121,9 +124,7 @@ def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, setti
     tokens take the shaped term. Keyword overrides (loss_type=, beta=, ...)
     replace fields of `settings`.
     """
-    s = settings or LossSettings()
-    if overrides:
-        s = LossSettings(**{**s.__dict__, **overrides})
+    s = replace(settings, **overrides) if overrides else settings
     mask = mask.astype(mx.float32)
     adv = advantages[:, None]
     log_ratio = logp - behaviour_logp

@@ -29,12 +29,15 @@ from .losses import BatchShape, LossSettings, policy_loss, top_entropy_mask, top
 
 @dataclass
 class UpdateSettings:
+    """The update's part of a run's settings, each given (run/step_update.py's update_settings builds it
+    from the config's groups): no default here, the settings' defaults are setting_groups.py's."""
+
     loss: LossSettings
-    temperature: float = 1.0  # log-probs at the sampling temperature
-    num_iterations: int = 1  # optimizer steps on one rollout batch
-    max_grad_norm: float = 1.0
-    entropy_coef: float = 0.0  # > 0: the entropy bonus is optimised, so it needs its gradient
-    entropy_top_quantile: float = 1.0  # < 1: only the highest-entropy tokens carry the loss
+    temperature: float  # log-probs at the sampling temperature
+    num_iterations: int  # optimizer steps on one rollout batch
+    max_grad_norm: float
+    entropy_coef: float  # > 0: the entropy bonus is optimised, so it needs its gradient
+    entropy_top_quantile: float  # < 1: only the highest-entropy tokens carry the loss
 
 
 def relative_change(before, after) -> float:
