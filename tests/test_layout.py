@@ -212,3 +212,36 @@ def test_the_privacy_rule_catches_a_crossing(tmp_path, monkeypatch):
 
 def test_no_private_name_crosses_a_package():
     assert _private_crossings() == []
+
+
+def _setting_copies(package: str = "mlx_grpo") -> list[str]:
+    """Dataclass fields outside setting_groups.py named as a group's setting and given a default of their own:
+    a second definition of that setting (its default can drift from the group's; they once did)."""
+    groups = ast.parse((ROOT / package / "setting_groups.py").read_text())
+    names = {node.target.id for cls in groups.body if isinstance(cls, ast.ClassDef)
+             for node in cls.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if path.name == "setting_groups.py":
+            continue
+        for cls in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(cls, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in cls.decorator_list)):
+                continue
+            found += [f"{_module_name(path)}.{cls.name}.{node.target.id}" for node in cls.body
+                      if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                      and node.target.id in names and node.value is not None]
+    return found
+
+
+def test_the_setting_copy_finder_finds_a_planted_copy(tmp_path, monkeypatch):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "setting_groups.py").write_text("@dataclass\nclass S:\n    max_tokens: int = 256\n")
+    (package / "sampler.py").write_text("@dataclass\nclass C:\n    max_tokens: int = 64\n    top: int = 1\n")
+    (package / "given.py").write_text("@dataclass\nclass G:\n    max_tokens: int\n")  # given by its caller: fine
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert _setting_copies("pkg") == ["pkg.sampler.C.max_tokens"]
+
+
+def test_each_group_setting_has_its_default_in_one_place():
+    assert _setting_copies() == []

@@ -368,7 +368,7 @@ class HealthMonitor:
             if evidence is None:
                 if rule.name in self.quiet:
                     self.quiet[rule.name] += 1
-                    if self.quiet[rule.name] >= self.thresholds.window:
+                    if self.quiet[rule.name] >= self.thresholds.health.window:
                         del self.quiet[rule.name]  # re-armed
                 continue
             if rule.name not in self.quiet:
