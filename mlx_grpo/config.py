@@ -238,8 +238,8 @@ def _normalise_key(key: str) -> str:
     return key.replace("-", "_")
 
 
-def _unknown(key: str, known, source: str) -> ConfigError:
-    close = difflib.get_close_matches(key, known, n=1)
+def _unknown(key, known, source: str) -> ConfigError:
+    close = difflib.get_close_matches(_normalise_key(str(key)), known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(f"{source}: unknown setting {key!r}{hint}")
 
@@ -257,12 +257,12 @@ def check_keys(values: dict, source: str) -> dict:
             for inner, v in value.items():
                 short = _normalise_key(str(inner))
                 if short not in names:
-                    raise _unknown(short, names, f"{source}: {name}")
+                    raise _unknown(inner, names, f"{source}: {name}")
                 nested[prefix + short] = (f"{name}.{short}", v)
         elif name in GROUPS:
             raise ConfigError(f"{source}: {name}: expected a mapping of its settings ({name}: {{name: value}})")
         elif name not in FIELDS:
-            raise _unknown(name, FIELDS, source)
+            raise _unknown(key, FIELDS, source)
         else:
             out[name] = value
     for flat, (spelled, value) in nested.items():
