@@ -41,7 +41,7 @@ def test_model_against_itself_is_a_zero_difference(tiny_model_path, tmp_path):
     assert saved["models"]["base"]["reward"] == saved["models"]["trained"]["reward"]
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and all(r["outcome"] == "tied" for r in rows)
-    assert rows[0]["prompt"] == task.eval_rows[0]["prompt"] and rows[0]["columns"]["answer"]
+    assert rows[0]["prompt"] == task.test_rows[0]["prompt"] and rows[0]["columns"]["answer"]  # the default split
     assert rows[0]["base"]["completions"] == rows[0]["trained"]["completions"]
 
 
