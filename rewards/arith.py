@@ -268,6 +268,7 @@ def last_number_reward(prompts, completions, answer, **kwargs) -> list[float]:
 # The task protocol (see mlx_grpo/tasks/registry.py)
 
 TRAIN_PROBLEMS = 20_000
+ARITH_VALIDATION_PROBLEMS = 1000  # the held-out stream's first problems: validation (load_rows)
 
 # The format reward is watched, not optimised: the tiny model already writes the format.
 REWARDS = [(correctness_reward, 1.0), (format_reward, 0.0)]
@@ -285,7 +286,11 @@ def reference_answer(row: dict) -> str | None:
 
 
 def load_rows(split: str, config) -> list[dict] | None:
-    """Generated problems: the train split follows the run's seed, the test split is fixed.
+    """Generated problems: the train split follows the run's seed; validation and test are fixed.
+
+    Held-out problems are one stream of distinct problems (seed 0, the "test" hash bucket, so
+    never a train prompt): its first ARITH_VALIDATION_PROBLEMS are validation, the ones after
+    them test; each split gives its first eval_num_problems.
 
     With --data the rows are the user's ({"prompt", "answer"}): None hands them
     to the engine's generic loader.
@@ -294,7 +299,12 @@ def load_rows(split: str, config) -> list[dict] | None:
         return None
     if split == "train":
         return generate_problems(TRAIN_PROBLEMS, seed=config.seed, split="train")
-    return generate_problems(config.eval_num_problems, seed=0, split="test")
+    if split == "validation":
+        return generate_problems(min(config.eval_num_problems, ARITH_VALIDATION_PROBLEMS), seed=0, split="test")
+    if split != "test":
+        raise ValueError(f"split must be 'train', 'validation' or 'test', not {split!r}")
+    return generate_problems(ARITH_VALIDATION_PROBLEMS + config.eval_num_problems, seed=0,
+                             split="test")[ARITH_VALIDATION_PROBLEMS:]
 
 
 def recommended_settings(model: str | None) -> dict:

@@ -155,19 +155,24 @@ def _load_hub(name: str, subset: str | None, split: str) -> list[dict]:
 
 
 def load_rows(split: str, config) -> list[dict]:
-    """Rows of `split` ("train" or "test"): {"prompt", "answer", "solution"}.
+    """Rows of `split` ("train", "validation" or "test"): {"prompt", "answer", "solution"}.
 
     config.data: None (the Hugging Face dataset openai/gsm8k, config "main"), a
-    folder holding train.jsonl and test.jsonl, or one JSONL file (its last
-    min(eval_num_problems, 10%) rows are the test split, the rest train), each
-    row with "question" and "answer". Any other text is taken as a dataset name.
+    folder holding train.jsonl, test.jsonl and maybe validation.jsonl (or valid.jsonl),
+    or one JSONL file (its last min(eval_num_problems, 10%) rows are the test split,
+    the rest train), each row with "question" and "answer". Any other text is taken
+    as a dataset name. Validation is [] unless a folder holds it: the registry then
+    carves it from train (split_held_out), so recipes are never chosen on the test split.
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"split must be 'train', 'validation' or 'test', not {split!r}")
     data = getattr(config, "data", None)
+    path = Path(data).expanduser() if data else None
+    if split == "validation":
+        files = [path / f"{name}.jsonl" for name in ("validation", "valid")] if path and path.is_dir() else []
+        return next((_read_jsonl(f) for f in files if f.is_file()), [])
     if not data:
         return _load_hub(*HUB_DATASET, split)
-    path = Path(data).expanduser()
     if path.is_dir():
         file = path / f"{split}.jsonl"
         if not file.is_file():

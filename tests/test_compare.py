@@ -21,10 +21,11 @@ needs_embedded = pytest.mark.skipif(not (embedded_model_path() / "config.json").
                                     reason="the embedded model has not been built (scripts/build_tiny_model.py)")
 
 
-def _task_and_settings(model, n=12, max_tokens=8, samples=1, temperature=None, task="arith", **overrides):
+def _task_and_settings(model, n=12, max_tokens=8, samples=1, temperature=None, task="arith", split="test",
+                       **overrides):
     config = cmp.task_config(None, model, {"task": task, "eval_num_problems": n, "max_tokens": max_tokens,
                                            **overrides})
-    return load_task(config), cmp.build_settings(config, samples=samples, temperature=temperature)
+    return load_task(config), cmp.build_settings(config, split=split, samples=samples, temperature=temperature)
 
 
 def test_model_against_itself_is_a_zero_difference(tiny_model_path, tmp_path):
@@ -41,7 +42,7 @@ def test_model_against_itself_is_a_zero_difference(tiny_model_path, tmp_path):
     assert saved["models"]["base"]["reward"] == saved["models"]["trained"]["reward"]
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and all(r["outcome"] == "tied" for r in rows)
-    assert rows[0]["prompt"] == task.eval_rows[0]["prompt"] and rows[0]["columns"]["answer"]
+    assert rows[0]["prompt"] == task.test_rows[0]["prompt"] and rows[0]["columns"]["answer"]  # the default split
     assert rows[0]["base"]["completions"] == rows[0]["trained"]["completions"]
 
 
@@ -70,8 +71,9 @@ def test_sampled_self_comparison_uses_the_same_seeds(tiny_model_path):
 
 @needs_embedded
 def test_eval_matches_the_trainers_accuracy_and_pass_at_k(tmp_path):
-    """The single-model report agrees with evaluate_accuracy; pass@1 is the mean accuracy."""
-    task, settings = _task_and_settings(None, n=40, max_tokens=48)
+    """The single-model report agrees with evaluate_accuracy (a run's check: the validation split); pass@1 is the
+    mean accuracy."""
+    task, settings = _task_and_settings(None, n=40, max_tokens=48, split="validation")
     report = cmp.evaluate(cmp.ModelSpec(None), task, settings)
     model, tokenizer = load_policy(None)
     expected = evaluate_accuracy(model, tokenizer, task, 48)
@@ -80,7 +82,7 @@ def test_eval_matches_the_trainers_accuracy_and_pass_at_k(tmp_path):
     assert [a.text for a in report.results[0].answers] == expected["completions"]
     assert summary["truncated_frac"] == pytest.approx(expected["truncated_frac"])
 
-    task, settings = _task_and_settings(None, n=20, max_tokens=48, samples=4)
+    task, settings = _task_and_settings(None, n=20, max_tokens=48, samples=4, split="validation")
     result = cmp.evaluate(cmp.ModelSpec(None), task, settings).results[0]
     s = result.summary()
     right = (result.accuracy.reshape(20, 4) >= 1).sum(axis=1)

@@ -303,8 +303,9 @@ def test_load_rows_offline_folder():
 def test_load_task_through_the_engine():
     task = tasks.load_task(build_config({"task": "gsm8k", "data": str(GSM8K_DATA)},
                                         task_defaults=tasks.recommended_settings))
-    assert task.name == "gsm8k" and len(task.train_rows) == 7473
-    assert len(task.eval_rows) == 200  # eval_num_problems from recommended_settings
+    # Validation (the run's check) is train.jsonl's last eval_num_problems rows; test is test.jsonl's first.
+    assert task.name == "gsm8k" and len(task.train_rows) == 7473 - 200
+    assert len(task.eval_rows) == len(task.test_rows) == 200  # eval_num_problems from recommended_settings
     assert task.system_prompt == gsm8k.SYSTEM_PROMPT
     row = task.eval_rows[0]
     completion = f"Let me work it out step by step.\n#### {row['answer']}"

@@ -139,7 +139,9 @@ def test_musique_rows_come_in_through_data_and_each_episode_searches_only_its_ow
                                                   for r in rows[:10]) + "\n")
     (folder / "validation.jsonl").write_text("\n".join(json.dumps(r) for r in rows[10:]) + "\n")
     task = load_task(_config(tmp_path, data=str(folder)))
-    assert len(task.train_rows) == 10 and [r["id"] for r in task.eval_rows] == [rows[10]["id"], rows[11]["id"]]
+    assert [r["id"] for r in task.eval_rows] == [rows[10]["id"], rows[11]["id"]]  # the folder's validation split
+    # No test file: the train rows' last one is held out as test.
+    assert len(task.train_rows) == 9 and [r["id"] for r in task.test_rows] == [rows[9]["id"]]
     env = task.make_env(task.eval_rows[0])
     own = {p["title"] for p in task.eval_rows[0]["paragraphs"]}
     other = next(t for t in (p["title"] for p in rows[0]["paragraphs"]) if t not in own)

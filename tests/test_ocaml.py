@@ -18,8 +18,8 @@ from rewards.sandbox import Limits, capabilities
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TRAIN, TEST = ocaml.problems("train"), ocaml.problems("test")
-ALL = TRAIN + TEST
+TRAIN, VALIDATION, TEST = ocaml.problems("train"), ocaml.problems("validation"), ocaml.problems("test")
+ALL = TRAIN + VALIDATION + TEST
 SUM_LIST = next(p for p in ALL if p["id"] == "sum_list")
 
 
@@ -293,9 +293,9 @@ def test_string_tests_through_data_and_the_trainers_reward(tmp_path):
     (folder / "train.jsonl").write_text(json.dumps(dict(record, id="seq", tests=BLOCKS["sequence"][0])) + "\n")
     (folder / "test.jsonl").write_text(json.dumps(dict(record, id="one", tests=BLOCKS["unsplittable"][0])) + "\n")
     task = tasks.load_task(build_config({"task": "ocaml", "data": str(folder)}, None, tasks.recommended_settings))
-    assert [r["tests"] for r in task.train_rows + task.eval_rows] == [BLOCKS["sequence"][0], BLOCKS["unsplittable"][0]]
+    assert [r["tests"] for r in task.train_rows + task.test_rows] == [BLOCKS["sequence"][0], BLOCKS["unsplittable"][0]]
     completions = [fenced(HAND_MADE["correct"]), fenced(FIRST_ELEMENT), fenced(HAND_MADE["type_error"])]
-    for row, first_element in [(task.train_rows[0], 0.3 + 0.7 / 2), (task.eval_rows[0], 0.3)]:
+    for row, first_element in [(task.train_rows[0], 0.3 + 0.7 / 2), (task.test_rows[0], 0.3)]:
         columns = {k: [row[k]] * 3 for k in row if k != "prompt"}
         scores = score_completions(task.reward_functions + [task.accuracy_reward], task.reward_weights + [0.0],
                                    [row["prompt"]] * 3, completions, columns)
@@ -393,9 +393,10 @@ def test_task_is_registered_and_the_config_file_validates():
     config = build_config({"task": "ocaml"}, None, tasks.recommended_settings)
     task = tasks.load_task(config)
     assert len(task.train_rows) == len(TRAIN)
-    # The run's own before/after check takes the split's first eval_num_problems (compare --n takes more).
+    # The run's own before/after check takes the validation split's first eval_num_problems (at most 109).
     assert config.eval_num_problems < len(TEST)
-    assert [r["id"] for r in task.eval_rows] == [p["id"] for p in TEST[:config.eval_num_problems]]
+    assert [r["id"] for r in task.eval_rows] == [p["id"] for p in VALIDATION[:config.eval_num_problems]]
+    assert [r["id"] for r in task.test_rows] == [p["id"] for p in TEST[:config.eval_num_problems]]
     assert task.train_rows[0]["prompt"].startswith("let ")  # the tiny model's compact prompt
     assert task.reward_weights == [1.0, 0.0, 0.0, 0.0, 0.0]  # the score; compiles, runaway, constant and passes only logged
     yaml_config = build_config({}, str(ROOT / "configs" / "ocaml.yaml"), tasks.recommended_settings)

@@ -21,7 +21,7 @@ from marks import needs_ocaml
 from rewards import ocaml
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN, TEST = ocaml.problems("train"), ocaml.problems("test")
+TRAIN, TEST = ocaml.problems("train"), ocaml.problems("validation") + ocaml.problems("test")  # the test file
 ALL = TRAIN + TEST
 NO_WRONG_ANSWER: dict[str, str] = {}  # id -> why neither a constant nor an argument can be returned
 

@@ -23,11 +23,13 @@ PROBLEMS, MAX_TOKENS = 8, 24
 
 
 def eval_answers(name: str, **settings):
-    """What `mlx-grpo eval --model NAME --n 8 --max-tokens 24` decodes and scores: (token ids, accuracy)."""
+    """What `mlx-grpo eval --model NAME --n 8 --max-tokens 24 --split validation` (the rows a run checks
+    itself on) decodes and scores: (token ids, accuracy)."""
     spec = cmp.resolve_model(name)
     config = cmp.task_config(spec.run_dir, spec.model, {"task": "arith", "eval_num_problems": PROBLEMS,
                                                         "max_tokens": MAX_TOKENS, **settings})
-    report = cmp.evaluate(spec, load_task(config), cmp.build_settings(config), config.eval_num_problems)
+    report = cmp.evaluate(spec, load_task(config), cmp.build_settings(config, split="validation"),
+                           config.eval_num_problems)
     result = report.results[0]
     return [a.tokens for a in result.answers], report.data["models"]["model"]["accuracy"]
 

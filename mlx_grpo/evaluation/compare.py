@@ -39,7 +39,7 @@ from . import answer_cache
 from .answer_stages import answer_stages, stage_shares
 from .model_names import CompareError, ModelSpec, default_base, resolve_model, task_config  # noqa: F401 (the compare API)
 
-SPLITS = ("test", "train")
+SPLITS = ("test", "validation", "train")  # what each holds: tasks/registry.py's split_held_out
 
 
 # ---------------------------------------------------------------------------
@@ -259,7 +259,7 @@ class Report:
 
 
 def select_rows(task: Task, split: str, n: int | None) -> list[dict]:
-    rows = task.eval_rows if split == "test" else task.train_rows
+    rows = {"test": task.test_rows, "validation": task.eval_rows, "train": task.train_rows}[split]
     rows = rows[:n] if n is not None else rows
     if not rows:
         raise CompareError(f"task {task.name!r} has no {split} prompts to evaluate on")

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SPLIT_FILES = {"train": ("train",), "test": ("test", "valid", "validation")}
+SPLIT_FILES = {"train": ("train",), "validation": ("valid", "validation"), "test": ("test",)}
 
 
 class DataError(ValueError):
@@ -142,11 +142,12 @@ def _read_any(path: Path, report: LoadReport) -> list[dict]:
 
 
 def load_rows(spec: str, split: str, on_bad: str = "skip") -> tuple[list[dict], str | None]:
-    """Rows of `split` ("train" or "test") and a warning about skipped rows, if any.
+    """Rows of `split` ("train", "validation" or "test") and a warning about skipped rows, if any.
 
-    spec: a file (its rows are the train split; there is no test split), a
-    folder holding train.jsonl and test.jsonl/valid.jsonl, or a Hugging Face
-    dataset name. on_bad: "skip" bad rows (counted, first few reported) or
+    spec: a file (its rows are the train split; it has no other), a folder
+    holding train.jsonl and maybe valid.jsonl (or validation.jsonl) and
+    test.jsonl, or a Hugging Face dataset name. A missing split is [] (the
+    registry's split_held_out carves it from train). on_bad: "skip" bad rows (counted, first few reported) or
     "error" (DataError at the first one).
     """
     path = Path(spec).expanduser()
@@ -355,4 +356,7 @@ def screen_task(task, tokenizer, model, max_tokens: int, max_prompt_tokens: int 
     eval_needed = required_columns([task.accuracy_reward]) if task.accuracy_reward else {}
     task.eval_rows, note = screen_rows(task.eval_rows, tokenizer, task.system_prompt, eval_needed, limit, on_bad,
                                        f"{task.name} evaluation data", getattr(task, "prompt_format", None))
+    task.warnings += [note] if note else []
+    task.test_rows, note = screen_rows(getattr(task, "test_rows", []), tokenizer, task.system_prompt, eval_needed,
+                                       limit, on_bad, f"{task.name} test data", getattr(task, "prompt_format", None))
     task.warnings += [note] if note else []

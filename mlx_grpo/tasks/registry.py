@@ -10,8 +10,8 @@ A built-in task is a module in `rewards` (registered in BUILTIN_TASKS) that defi
     SYSTEM_PROMPT: str | None
     REWARDS: list[tuple[callable, float]]      reward functions and their weights
     accuracy_reward(prompts, completions, **columns) -> list[float]   1.0 = right
-    load_rows(split: str, config: TrainConfig) -> list[dict] | None   "train" / "test";
-                                       None: read --data with the generic loader
+    load_rows(split: str, config: TrainConfig) -> list[dict] | None   "train" / "validation" / "test"
+                                       (see split_held_out); None: read --data with the generic loader
     recommended_settings(model: str | None) -> dict                   below YAML and flags
 
 A task whose environment needs the run's settings and rewards (multihop: the
@@ -59,7 +59,7 @@ JUDGE_RUBRICS = {"ocaml": "ocaml_quality"}
 class Task:
     name: str
     train_rows: list[dict]
-    eval_rows: list[dict]
+    eval_rows: list[dict]  # validation rows: a run's held-out check and `compare --split validation`
     reward_functions: list[RewardFn]
     reward_weights: list[float]
     system_prompt: str | None
@@ -76,6 +76,8 @@ class Task:
     reference_answer: Callable | None = None
     # row -> a scripted episode's actions, the model's turns in order, or None (web: the planned clicks); sft learns them.
     reference_actions: Callable | None = None
+    # Test rows (split_held_out): `compare`/`eval --split test`; a run never checks itself on them.
+    test_rows: list[dict] = field(default_factory=list)
 
 
 def is_chat_model(model: str | None) -> bool:
@@ -147,14 +149,45 @@ def _judge(config: TrainConfig, rows: list[dict], default_rubric: str | None) ->
         raise ConfigError(str(e)) from None
 
 
-def _hold_out(rows: list[dict], n: int, warnings: list[str], source: str):
-    """Split a file with no test split: its last rows become the held-out set."""
+def _hold_out(rows: list[dict], n: int, warnings: list[str], source: str, split: str):
+    """Carve a missing split out of the train rows: their last rows become it."""
     n = min(n, len(rows) // 10)
     if n == 0:
-        warnings.append(f"{source}: too few rows to hold any out; no before/after accuracy")
+        what = "no before/after accuracy" if split == "validation" else "nothing to test on"
+        warnings.append(f"{source}: too few rows to hold any out as its {split} split; {what}")
         return rows, []
-    warnings.append(f"{source} has no test split: holding out its last {n} rows for evaluation")
+    warnings.append(f"{source} has no {split} split: holding out its last {n} train rows for it")
     return rows[:-n], rows[-n:]
+
+
+def split_held_out(train: list[dict], validation: list[dict] | None, test: list[dict] | None, n: int,
+                   warnings: list[str], source: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """Every task's three disjoint splits: train, validation and test.
+
+    Validation is what recipes are chosen on: a run's held-out check (its first eval_num_problems
+    rows) and `compare --split validation`. Test is measured at the end (`compare`, `eval`, whose
+    default split it is) and a run never looks at it. The built-in tasks:
+
+    - arith: one fixed stream of distinct held-out problems (hash bucket "test", seed 0); its first
+      ARITH_VALIDATION_PROBLEMS are validation, the ones after them test.
+    - ocaml: the shipped test file's first OCAML_VALIDATION_PROBLEMS (109) problems are validation,
+      the other 300 test.
+    - web: validation and test tasks come from two fixed seeds, apart from each other and from the
+      train seeds (which follow --seed); a task file (`--data`) replaces the test tasks.
+    - multihop: validation and test worlds are seeded apart ("test/i" and "final/i"), train worlds
+      by the run's seed.
+    - gsm8k and data of one's own (a folder, a file, a dataset): the data's own validation
+      (valid.jsonl, validation.jsonl, a "validation" split) and test splits; a missing test split is
+      the train rows' last min(eval_num_problems, 10%), then a missing validation split the last
+      min(eval_num_problems, 10%) of the rest (GSM8K's validation is carved from its train split).
+    """
+    if n <= 0:  # no held-out rows asked for
+        return train, validation or [], test or []
+    if not test:
+        train, test = _hold_out(train, n, warnings, source, "test")
+    if not validation:
+        train, validation = _hold_out(train, n, warnings, source, "validation")
+    return train, validation, test
 
 
 def load_task(config: TrainConfig) -> Task:
@@ -165,7 +198,7 @@ def load_task(config: TrainConfig) -> Task:
     if config.task in BUILTIN_TASKS:
         module = importlib.import_module(BUILTIN_TASKS[config.task])
         try:
-            train, test = module.load_rows("train", config), module.load_rows("test", config)
+            train, validation, test = (module.load_rows(split, config) for split in ("train", "validation", "test"))
         except ConfigError:
             raise  # the task's own complete message (e.g. a missing toolchain and how to install it)
         except (OSError, ValueError) as e:
@@ -182,10 +215,10 @@ def load_task(config: TrainConfig) -> Task:
         reference = getattr(module, "reference_answer", None)
         actions = getattr(module, "reference_actions", None)
     else:
-        train = test = None
+        train = validation = test = None
         functions, weights, system_prompt, accuracy, make_env, factory, reads_data = [], [], None, None, None, None, False
         reference = actions = None
-    if make_env is not None and (config.data or config.reward_file or config.reward):
+    if make_env is not None and ((config.data and not reads_data) or config.reward_file or config.reward):
         raise ConfigError(f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not apply")
     if make_env is not None and not functions and config.shaping != "always":
         raise ConfigError(f"task {config.task!r} totals its episodes' rewards in its environment: --shaping "
@@ -197,15 +230,17 @@ def load_task(config: TrainConfig) -> Task:
         try:
             train, note = load_rows(config.data, "train", config.on_bad_data)
             warnings += [note] if note else []
+            validation, note = load_rows(config.data, "validation", config.on_bad_data)
+            warnings += [note] if note else []
             test, note = load_rows(config.data, "test", config.on_bad_data)
             warnings += [note] if note else []
         except DataError as e:
             raise ConfigError(str(e)) from None
-        if not test:
-            train, test = _hold_out(train, config.eval_num_problems, warnings, config.data)
     elif train is None:
         raise ConfigError("task 'custom' needs --data (a JSONL file, a folder or a dataset name)")
 
+    train, validation, test = split_held_out(train, validation, test, config.eval_num_problems, warnings,
+                                             config.data or f"task {config.task!r}")
     if config.reward_file:
         functions = _custom_rewards(config)
         weights = [1.0] * len(functions)
@@ -228,7 +263,7 @@ def load_task(config: TrainConfig) -> Task:
     if config.judge:
         if make_env is not None or factory is not None:
             raise ConfigError(f"task {config.task!r} is scored by its environment: --judge does not apply")
-        functions = [*functions, _judge(config, train + (test or []), JUDGE_RUBRICS.get(config.task))]
+        functions = [*functions, _judge(config, train + validation + test, JUDGE_RUBRICS.get(config.task))]
         weights = [*weights, config.judge_weight]
 
     system_prompt = config.system_prompt if config.system_prompt is not None else system_prompt
@@ -244,7 +279,8 @@ def load_task(config: TrainConfig) -> Task:
     return Task(
         name=config.task,
         train_rows=train,
-        eval_rows=test[: config.eval_num_problems],
+        eval_rows=validation[: config.eval_num_problems],
+        test_rows=test[: config.eval_num_problems],
         reward_functions=functions,
         reward_weights=weights,
         system_prompt=system_prompt,

@@ -79,12 +79,13 @@ def _records(spec: str, split: str, report: LoadReport) -> list[tuple[str, objec
     except Exception as e:  # offline, unknown name, ...: one clear line
         raise DataError(f"could not load dataset {spec!r}: {type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
-    names = [s for s in SPLIT_FILES[split] + ("dev",) if s in dataset]
+    names = [s for s in SPLIT_FILES[split] + (("dev",) if split == "test" else ()) if s in dataset]
     return [(f"row {i}", dict(r)) for i, r in enumerate(dataset[names[0]], start=1)] if names else []
 
 
 def load_musique(spec: str, split: str, on_bad: str = "skip") -> tuple[list[dict], str | None]:
-    """The task rows of one split ("train" or "test") and a note about skipped rows, if any."""
+    """The task rows of one split ("train", "validation" or "test"; MuSiQue's "dev" is test) and a note about
+    skipped rows, if any."""
     report = LoadReport(source=spec, on_bad=on_bad)
     rows = []
     for where, raw in _records(spec, split, report):

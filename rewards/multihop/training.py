@@ -54,9 +54,13 @@ def parse_chains(chains, hops: list[int]) -> tuple[list[int], list[str] | None]:
     return kept, list(chains)
 
 
+# The held-out splits' worlds ("test/i", "final/i"), seeded apart from each other and from train's "train/SEED/i".
+HELD_OUT_PREFIXES = {"validation": "test", "test": "final"}
+
+
 def synthetic_rows(split: str, hops: list[int], n: int, seed: int, chains: list[str] | None = None) -> list[dict]:
     """n rows, hops taken in turn; worlds seeded apart by split (and train by the run's seed)."""
-    prefix = "test" if split == "test" else f"train/{seed}"
+    prefix = HELD_OUT_PREFIXES.get(split, f"train/{seed}")
     return [make_row(f"{prefix}/{i}", hops[i % len(hops)], chains) for i in range(n)]
 
 
@@ -66,7 +70,7 @@ def load_rows(split: str, config) -> list[dict]:
         if note:
             print(f"warning: {note}", file=sys.stderr)
         return rows
-    n = config.eval_num_problems if split == "test" else TRAIN_ROWS
+    n = config.eval_num_problems if split in HELD_OUT_PREFIXES else TRAIN_ROWS
     hops, chains = parse_chains(config.task_options.multihop_chains, parse_hops(config.task_options.multihop_hops))
     return synthetic_rows(split, hops, n, config.seed, chains)
 

@@ -24,42 +24,56 @@ def read_problems(path: str | Path) -> list[dict]:
     return records
 
 
+# The shipped test file's first problems are the validation split (recipes are chosen on them), the rest test.
+OCAML_VALIDATION_PROBLEMS = 109
+SPLITS = ("train", "validation", "test")
+
+
 def problems(split: str) -> list[dict]:
-    """The shipped problems of a split ("train" or "test"), with their reference solutions."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', not {split!r}")
-    return read_problems(DATA_DIR / f"{split}.jsonl")
+    """The shipped problems of a split ("train", "validation" or "test"), with their reference solutions."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
+    if split == "train":
+        return read_problems(DATA_DIR / "train.jsonl")
+    held_out = read_problems(DATA_DIR / "test.jsonl")
+    return held_out[:OCAML_VALIDATION_PROBLEMS] if split == "validation" else held_out[OCAML_VALIDATION_PROBLEMS:]
 
 
 def load_rows(split: str, config) -> list[dict]:
     """Rows of ``split``: {"prompt", "id", "difficulty", "signature", "preamble", "tests"}, and "solution"
     where the problem gives one (the reference answer for --guide).
 
-    config.data: None (the shipped problems), a folder with train.jsonl and
-    test.jsonl, or one JSONL file (its last 10%, at most eval_num_problems, are
-    the test split), each line a problem record as in ``rewards/ocaml_data``.
+    config.data: None (the shipped problems: problems()), a folder with train.jsonl,
+    test.jsonl and maybe validation.jsonl, or one JSONL file (its last 10%, at most
+    eval_num_problems, are the test split), each line a problem record as in
+    ``rewards/ocaml_data``. A split the data lacks is [] (the registry carves it from train).
     """
     require_toolchain()
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
     data = getattr(config, "data", None)
+    first = 0  # where the split's records start in their file, so a row names its line
     if not data:
-        path, records = DATA_DIR / f"{split}.jsonl", problems(split)
+        path, records = DATA_DIR / f"{'train' if split == 'train' else 'test'}.jsonl", problems(split)
+        first = OCAML_VALIDATION_PROBLEMS if split == "test" else 0
     else:
         path = Path(data).expanduser()
         if path.is_dir():
             path = path / f"{split}.jsonl"
             if not path.is_file():
+                if split == "validation":
+                    return []
                 raise ValueError(f"{path.parent}: no {split}.jsonl in this folder")
             records = read_problems(path)
         elif path.is_file():
-            records = read_problems(path)
+            records = read_problems(path) if split != "validation" else []
             held_out = min(int(getattr(config, "eval_num_problems", 200)), len(records) // 10)
-            records = records[len(records) - held_out:] if split == "test" else records[:len(records) - held_out]
+            first = len(records) - held_out if split == "test" else 0
+            records = records[first:] if split == "test" else records[:len(records) - held_out]
         else:
             raise ValueError(f"data not found: {data}")
     compact = getattr(config, "model", None) is None  # the embedded tiny model: see format_prompt
-    return [to_row(r, f"{path}:{i + 1}", compact) for i, r in enumerate(records)]
+    return [to_row(r, f"{path}:{first + i + 1}", compact) for i, r in enumerate(records)]
 
 
 def recommended_settings(model: str | None) -> dict:

@@ -6,15 +6,20 @@ and accuracy is the fraction of held-out episodes solved.
 
 Rows are task descriptions ({"task_id", "family", "difficulty", "seed",
 "kind", "instruction", "prompt"}); `web_kinds` keeps only some kinds
-("fact/1", "shop/2", ...). Train and test tasks come from different seeds and
-never share a task (a world and what to do in it).
+("fact/1", "shop/2", ...). Train, validation and test tasks come from different
+seeds and never share a task (a world and what to do in it). `--data FILE`
+names the test tasks instead: JSONL rows {"family", "difficulty", "seed"}
+(scripts/web_tasks.py writes such a file), so held-out tasks can come from any seed.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from .actions import ACTION_HELP
 from .env import WebEnv
-from .tasks import DIFFICULTIES, FAMILIES, generate_tasks, task_from_row
+from .tasks import DIFFICULTIES, FAMILIES, generate_tasks, make_task, task_from_row
 
 SYSTEM_PROMPT = (
     "You are browsing a website to complete a task. Each message shows the current page: [n] numbers "
@@ -25,7 +30,9 @@ REWARDS: list = []
 accuracy_reward = None
 
 TRAIN_TASKS = 2400
-_TEST_SEED = 1_000_003  # any seed the train split cannot use (train seeds follow --seed)
+READS_DATA = True  # --data names the test tasks (read_task_file)
+# Seeds the train split cannot use (train seeds follow --seed).
+HELD_OUT_SEEDS = {"validation": 1_000_003, "test": 1_000_004}
 KINDS = [f"{f}/{d}" for f in FAMILIES for d in DIFFICULTIES]
 
 
@@ -46,15 +53,57 @@ def tasks_of(kinds, n: int, seed: int):
     return [t for family, level in kinds for t in generate_tasks(per, seed, difficulty=level, families=[family])]
 
 
+def read_task_file(path) -> list[dict]:
+    """Task rows from a JSONL file of {"family", "difficulty", "seed"}; ValueError names a bad line."""
+    if not Path(path).is_file():
+        raise ValueError(f"web task file not found: {path}")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{number}: malformed JSON ({e.msg})") from None
+            missing = [k for k in ("family", "difficulty", "seed") if not isinstance(record, dict) or k not in record]
+            if missing:
+                raise ValueError(f"{path}:{number}: a web task row needs 'family', 'difficulty' and 'seed' "
+                                 f"(no {missing[0]!r})")
+            if record["family"] not in FAMILIES:
+                raise ValueError(f"{path}:{number}: unknown family {record['family']!r}; choose from "
+                                 f"{', '.join(FAMILIES)}")
+            if record["difficulty"] not in DIFFICULTIES or isinstance(record["difficulty"], bool):
+                raise ValueError(f"{path}:{number}: unknown difficulty {record['difficulty']!r}; choose from "
+                                 f"{', '.join(map(str, DIFFICULTIES))}")
+            if not isinstance(record["seed"], int) or isinstance(record["seed"], bool):
+                raise ValueError(f"{path}:{number}: seed must be a whole number, got {record['seed']!r}")
+            try:
+                task = make_task(record["family"], record["difficulty"], record["seed"])
+            except ValueError as e:  # a world with no possible task of this kind
+                raise ValueError(f"{path}:{number}: no {record['family']}/{record['difficulty']} task in the "
+                                 f"world of seed {record['seed']} ({e})") from None
+            rows.append({**task.row(), "prompt": task.instruction})
+    if not rows:
+        raise ValueError(f"{path}: no web task rows")
+    return rows
+
+
 def load_rows(split: str, config) -> list[dict]:
     kinds = parse_kinds(config.task_options.web_kinds)
-    if split == "test":
-        tasks = tasks_of(kinds, config.eval_num_problems, _TEST_SEED)
+    if split == "test" and config.data:
+        return read_task_file(Path(config.data).expanduser())
+    if split in HELD_OUT_SEEDS:
+        tasks = tasks_of(kinds, config.eval_num_problems, HELD_OUT_SEEDS[split])
         # Interleave kinds, so a short evaluation still covers each one.
         by_kind = [[t for t in tasks if (t.family, t.difficulty) == k] for k in kinds]
         tasks = [group[i] for i in range(max(map(len, by_kind))) for group in by_kind if i < len(group)]
-        return [{**t.row(), "prompt": t.instruction} for t in tasks]
-    held_out = {r["task_id"] for r in load_rows("test", config)}
+        rows = [{**t.row(), "prompt": t.instruction} for t in tasks]
+        if split == "test":  # apart from validation, whatever the seeds draw
+            validation = {r["task_id"] for r in load_rows("validation", config)}
+            rows = [r for r in rows if r["task_id"] not in validation]
+        return rows
+    held_out = {r["task_id"] for r in load_rows("validation", config) + load_rows("test", config)}
     tasks = tasks_of(kinds, TRAIN_TASKS, config.seed)
     return [{**t.row(), "prompt": t.instruction} for t in tasks if t.task_id not in held_out]
 
