@@ -1,7 +1,7 @@
 """Decoding throughput of multi-turn tool episodes against single-turn completions at the same shape.
 
     python scripts/bench_tool_turns.py --model smollm2-135m --prompts 4 --samples 8 --max-tokens 64 \\
-        --max-turns 4 --repeat 2 --json docs/performance-tool-turns.json
+        --max-turns 4 --repeat 2 --json tool-turns.json
     python scripts/bench_tool_turns.py --model rewards/multihop/assets/tiny-tools   # the tiny tool model
 
 Multi-turn: `rollout_episodes` plays P x G episodes of the multihop task
