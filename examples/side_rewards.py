@@ -6,8 +6,8 @@ Used with arith's own correctness reward as the main one:
         --reward correctness_reward --reward single_digit_reward --reward-weights 1,0.1
 
 single_digit_reward pays for a one-digit final answer, a habit the model can pick
-up without solving anything (the GSM8K run of issue 27 ended answering single
-digits): right for some arith problems, wrong for every answer above 9.
+up without solving anything (SmolLM2-135M on GSM8K ended answering single
+digits; docs/health.md): right for some arith problems, wrong for every answer above 9.
 """
 
 from rewards import completion_text

@@ -255,7 +255,7 @@ def is_correct(completion, gold, last_number: bool = True, finish_reason: str | 
     its own: only an explicit one (####, \\boxed, <answer>) written before the cut
     counts, never the last number it happened to reach. SmolLM2-135M sampled on
     GSM8K at T=0.8: every one of its 3 "right" answers in 256 was a ramble cut at 256
-    tokens whose last number matched (issue 27), noise that rewarding it would teach.
+    tokens whose last number matched, noise that rewarding it would teach.
     """
     text = completion_text(completion)
     last_number = last_number and finish_reason != "length"

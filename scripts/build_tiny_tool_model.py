@@ -28,7 +28,7 @@ paragraphs copy the titles asked for, which teaches copying), in rounds of
 the right name p > 0.9 at all three copies; phase 2 sets the choices on the
 model's own turns.
 
-Status (2026-11-25): shipped, built at the defaults (seed 1) in 12 min on the 2-core CPU. The
+Built at the defaults (seed 1) in 12 min on the 2-core CPU. The
 teacher-forced probe after phase 1 gave p 0.995 / 0.988 / 0.98 (company, city, country), after
 phase 2 0.999 / 0.996 / 0.996; greedy accuracy 0 (it answers at once), sampled 0.20, pass@8 0.84.
 `mlx-grpo train --task multihop` then went 0.00 -> 1.00 on 64 held-out questions in 1 min 47 s,

@@ -1,4 +1,4 @@
-"""scripts/bench_tool_turns.py (issue 26) on the tiny random model: multi-turn tool episodes and single-turn
+"""scripts/bench_tool_turns.py on the tiny random model: multi-turn tool episodes and single-turn
 completions decode the same rows, and the JSON's counts and rates agree with each other."""
 
 import importlib.util

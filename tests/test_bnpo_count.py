@@ -1,4 +1,4 @@
-"""bnpo's normaliser counts the micro-batches that are trained, not those dropped as fully masked (issue 42)."""
+"""bnpo's normaliser counts the micro-batches that are trained, not those dropped as fully masked."""
 
 import mlx.core as mx
 import mlx.optimizers as optim

@@ -1,5 +1,5 @@
 """Data-parallel multi-turn runs: a step gives the same episodes on any number of processes, since an
-episode's draws are keyed by its place in the step, not in a rank's share (issue 42)."""
+episode's draws are keyed by its place in the step, not in a rank's share."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """entropy_top_quantile < 1: the tokens that carry the loss are the top fraction of the whole step's
-tokens by entropy, whatever the micro-batch size, silent groups skipped or not (issue 42)."""
+tokens by entropy, whatever the micro-batch size, silent groups skipped or not."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""keep_best: the final weights, evaluated after the last step, can be the best checkpoint (issue 42)."""
+"""keep_best: the final weights, evaluated after the last step, can be the best checkpoint."""
 
 import json
 

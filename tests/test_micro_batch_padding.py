@@ -1,5 +1,5 @@
 """A group cut into pieces puts its rows of similar length in the same piece, and every step logs
-update/padded_frac, the share of the update's completion slots that is padding (issue 41)."""
+update/padded_frac, the share of the update's completion slots that is padding."""
 
 import re
 

@@ -1,4 +1,4 @@
-"""The held-out OCaml problems (issue 40): enough of them, none from train, and tests that can fail.
+"""The held-out OCaml problems: enough of them, none from train, and tests that can fail.
 
 Every test-split problem's reference passes all of its asserts, and wrong answers fail at least
 one: (a) a constant of the return type and (b) an argument returned unchanged where its type

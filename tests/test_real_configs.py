@@ -95,8 +95,8 @@ def test_gsm8k_qwen_recipe_builds():
         "ollama:qwen2.5-coder:0.5b", "gsm8k", 384, 55)
     task = load_task(config)
     assert task.system_prompt == gsm8k.SYSTEM_PROMPT and len(task.eval_rows) == 16
-    # paid for the right answer alone: v2's format part and overlong penalty paid bare `#### N` answers
+    # paid for the right answer alone: a format part and an overlong penalty pay bare `#### N` answers
     assert _weights(task) == {"correctness_reward": 1.0, "format_reward": 0.0}
     assert config.overlong_buffer == 0 and config.objective.loss == "dr_grpo"
-    # v5: every update on about 4 groups with spread (v3's one-group updates came with its significant losses)
+    # every update on about 4 groups with spread (updates on a single group came with significant losses)
     assert config.dynamic_sampling and config.resample_rounds == 2

@@ -1,4 +1,4 @@
-"""The reference's log-probs are those of a fixed policy: eval mode, no LoRA dropout (issue 42)."""
+"""The reference's log-probs are those of a fixed policy: eval mode, no LoRA dropout."""
 
 import mlx.core as mx
 import numpy as np

@@ -1,4 +1,4 @@
-"""rewards/sandbox/: limits, cleanup, and the hostile programs of issue 5.
+"""rewards/sandbox/: limits, cleanup, and hostile programs.
 
 Hostile programs are written in sh (and Python where sh cannot do it), with
 tight limits so that a fork bomb cannot disturb a small shared machine.

@@ -1,5 +1,5 @@
 """One setup for the command line and the Python API (run/setup.py): the API's Trainer takes the
-same first steps as `mlx-grpo train` with the same settings and seed (issue 42)."""
+same first steps as `mlx-grpo train` with the same settings and seed."""
 
 import json
 

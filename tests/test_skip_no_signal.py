@@ -1,5 +1,5 @@
 """skip_no_signal: a step whose groups carry no signal leaves the weights, Adam's moments and the
-lr schedule as they were, and says so in the metrics and the live display (issue 42)."""
+lr schedule as they were, and says so in the metrics and the live display."""
 
 import io
 

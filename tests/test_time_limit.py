@@ -47,9 +47,9 @@ def test_a_run_past_its_limit_saves_and_evaluates_its_last_step(tmp_path, monkey
     assert all(np.array_equal(np.array(last[k]), np.array(saved[k])) for k in saved)
 
 
-def test_a_resumed_run_leaves_room_for_the_evaluation_the_first_session_measured(tmp_path, monkeypatch):
+def test_a_resumed_run_leaves_room_for_the_evaluation_measured_before_the_first_step(tmp_path, monkeypatch):
     """The evaluation before training is not run again on resume; its time, kept in the checkpoint, still
-    counts against the limit, so the resumed session stops in time for its final evaluation."""
+    counts against the limit, so the resumed run stops in time for its final evaluation."""
     monkeypatch.setattr(trainer, "evaluate", lambda *a: {"accuracy": 0.5, "n": 4, "seconds": 42.0})
     reserved = []
 
@@ -70,4 +70,4 @@ def test_a_resumed_run_leaves_room_for_the_evaluation_the_first_session_measured
         trainer.train(build_config(settings), on_event=stop_after_step_1)
     assert reserved == [42.0]
     trainer.train(build_config({**settings, "resume": str(tmp_path / "run")}))
-    assert reserved == [42.0, 42.0]  # step 2, in the resumed session
+    assert reserved == [42.0, 42.0]  # step 2, in the resumed run

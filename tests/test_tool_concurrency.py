@@ -1,4 +1,4 @@
-"""The tool calls of one turn run at once across a group's episodes (issue 26 item 4): four episodes'
+"""The tool calls of one turn run at once across a group's episodes: four episodes'
 calls meet at a barrier that only four calls in flight together can pass."""
 
 import threading

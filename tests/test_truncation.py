@@ -1,5 +1,5 @@
 """One meaning of "cut": a completion cut at max_tokens and an episode cut at max_episode_tokens are
-both `truncated`, and every setting and metric that reads it treats them alike (issue 42)."""
+both `truncated`, and every setting and metric that reads it treats them alike."""
 
 import mlx.core as mx
 import numpy as np

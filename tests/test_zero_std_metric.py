@@ -1,5 +1,5 @@
 """frac_zero_std: one name, one meaning: the fraction of the step's sampled groups whose rewards are
-all equal, filtered out or not. The advantage statistics describe the groups trained on (issue 42)."""
+all equal, filtered out or not. The advantage statistics describe the groups trained on."""
 
 import ast
 from pathlib import Path

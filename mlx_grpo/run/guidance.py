@@ -2,7 +2,7 @@
 
 GRPO learns the main reward only from groups that hold a right answer. Where the
 model almost never samples one (SmolLM2-135M on GSM8K: 3 "right" answers in 256
-samples, every one a lucky last number; issue 27), there is nothing to reinforce.
+samples, every one a lucky last number), there is nothing to reinforce.
 Off-policy guidance (LUFFY: Yan et al. 2025, arXiv:2504.14945) puts a known-good
 answer into the group: in every group whose completions are all wrong (the task's
 accuracy reward below tasks/accuracy.py's RIGHT), the last completion is replaced by the row's reference
@@ -99,12 +99,12 @@ def without_guided_negatives(advantages, guided, group_size: int) -> np.ndarray:
     advantage, and the update pushes down what the model wrote, its end of
     answer included, while it pushes up a reference the model did not write:
     on Qwen2.5-Coder-0.5B's OCaml runs the entropy rose 0.23 -> 0.4-0.7 and answers
-    cut at max_tokens grew (docs/real-models.md, run 4). With them at 0 a guided
+    cut at max_tokens grew (docs/real-models.md). With them at 0 a guided
     group is advantage-weighted supervised learning on the reference alone;
-    groups without a reference are untouched. Measured once on that model: the
+    groups without a reference are untouched. On that model, measured once, the
     entropy rose just the same, and without the negatives the overlong penalty
-    no longer reached the guided groups (greedy answers cut at max_tokens 19%,
-    against 7% with them; docs/real-models.md, the sixth run).
+    did not reach the guided groups (greedy answers cut at max_tokens 19%,
+    against 7% with them; docs/real-models.md).
     """
     advantages = np.array(advantages, dtype=np.float64).reshape(-1, group_size)
     guided = np.asarray(guided, dtype=bool).reshape(-1, group_size)

@@ -4,7 +4,7 @@ Where right answers are rare, most groups have no right answer: the first
 (main) reward is the same for every completion of the group, and whatever
 else differs, a 0.1-weight format reward say, sets every advantage. The
 SmolLM2 GSM8K recipe learned exactly that: format 0.02 -> 0.97, accuracy
-0.015 -> 0.010, answers shrunk to "#### 3" (issue 27). Two rules see it:
+0.015 -> 0.010, answers shrunk to "#### 3". Three rules see it:
 
 - reward_takeover: a side reward carries most of the within-group reward
   variance, or the main reward is flat in most groups while the total is not.
@@ -145,12 +145,12 @@ REWARD_RULES = (
      "raise group_size, or pick prompts the model sometimes solves (--curriculum ued, --prefilter K; "
      "docs/rare-rewards.md)",
      "health_takeover_share",
-     "issue 27: SmolLM2 GSM8K, format reward (weight 0.1) 0.02 -> 0.97 while accuracy fell 0.015 -> 0.010"),
+     "SmolLM2-135M on GSM8K: format reward (weight 0.1) 0.02 -> 0.97 while accuracy fell 0.015 -> 0.010"),
     ("answer_collapse", "answers collapsed to a short pattern", answer_collapse,
      "the policy found a short answer that some reward likes: read completions.jsonl, drop or gate the reward "
      "that pays for it, and lower lr",
      "health_collapse_share",
-     "issue 27: 258 of 287 GSM8K answers in steps 9-18 were a single digit; completions 201 -> 50 tokens"),
+     "SmolLM2-135M on GSM8K: 258 of 287 answers in steps 9-18 were a single digit; completions 201 -> 50 tokens"),
     ("accuracy_collapse", "right answers collapsed during training", accuracy_collapse,
      "read completions.jsonl from the steps of the fall for what the reward now pays (partial credit for trivial "
      "answers, an echo of the input); pay only for the task's own success (weight its accuracy reward, zero the "

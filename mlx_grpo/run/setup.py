@@ -9,8 +9,8 @@ is needed and makes the optimizer. A run folder as the model (`--model RUN`,
 models/run_models.py) is its original base with the run's adapters loaded into
 the trainable layers, shaped as the run's were, so training continues them; the
 reference stays the original base. The command line and the Python API both
-call it, so the two cannot set up different runs (issue 42: the API once left
-`kl_every` out of when a reference is kept and logged a KL of 0).
+call it, so the two cannot set up different runs (a copy that left `kl_every`
+out of when a reference is kept would log a KL of 0).
 """
 
 from __future__ import annotations

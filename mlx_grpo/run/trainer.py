@@ -39,6 +39,7 @@ from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer
 from .step_metrics import completion_records, reward_range, step_metrics
 from .step_rollouts import collect_rollouts, rollout_settings, step_seed
 from .step_update import apply_update, choose_trained, prepare_update, update_settings  # noqa: F401 (also trainer's)
+from .warm_start import grpo_config, no_time_after, run_warm_start, with_warm_start
 
 
 @dataclass
@@ -48,12 +49,15 @@ class RunResult:
     accuracy_after: float | None
     eval_n: int
     history: list[dict] = field(default_factory=list)
+    accuracy_after_warm_start: float | None = None  # GRPO's starting accuracy when a warm start ran first
 
     def summary_line(self) -> str:
         if self.accuracy_before is None or self.accuracy_after is None:
             return f"run saved to {self.run_dir}"
         gain = self.accuracy_after - self.accuracy_before
-        return (f"accuracy {self.accuracy_before:.2f} -> {self.accuracy_after:.2f} "
+        middle = ("" if self.accuracy_after_warm_start is None
+                  else f" -> {self.accuracy_after_warm_start:.2f} after the warm start")
+        return (f"accuracy {self.accuracy_before:.2f}{middle} -> {self.accuracy_after:.2f} "
                 f"({gain:+.2f}) on {self.eval_n} held-out problems")
 
 
@@ -128,7 +132,7 @@ def refresh_reference_if_due(run: RunState, step: int, metrics: dict) -> None:
 
 def past_time_limit(config: TrainConfig, elapsed: float, history: list[dict], eval_seconds: float) -> bool:
     """Whether one more step (at the mean step time so far) and the final evaluation (as long as the first)
-    would end past `time_limit_minutes` from the run's start. Never before the first step of a session."""
+    would end past `time_limit_minutes` from the run's start. Never before the first step this process runs."""
     if not config.time_limit_minutes or not history:
         return False
     mean_step = sum(m["time/step_s"] for m in history) / len(history)
@@ -145,7 +149,8 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     on_event(kind, data) is told about progress: "start", "eval", "step", "time_limit" (time_limit_minutes
     ended the run early: it then saves and evaluates as at the end), "rollout" (a multi-turn
     rollout's turn), "health" (a health rule fired: health.py), "checkpoint", "stopped" (too many
-    NaN/Inf steps; TrainingStopped follows), "end". The CLI draws its live display from these.
+    NaN/Inf steps; TrainingStopped follows), "end", and "warm_start" (an sft event of the warm start
+    before GRPO: {"kind", "data"}, run/warm_start.py). The CLI draws its live display from these.
     """
     main = dist.is_main()  # data-parallel (distributed.py): rank 0 alone writes and reports
     emit = with_reporters(config, on_event or (lambda kind, data: None)) if main else (lambda kind, data: None)
@@ -159,10 +164,13 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
 def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -> RunResult:
     began = time.perf_counter()  # time_limit_minutes counts from here: the model's load included
     run_dir = Path(config.resume or config.output or default_run_dir(config))
+    stage = run_warm_start(config, run_dir, emit) if main else None  # sft first, into RUN/warm_start (warm_start.py)
     # Task, policy, adapters, reference, optimizer: as the API's Trainer sets them up (setup.py); a bad
     # data file, reward or output folder is reported before the slow model load.
-    run = setup(config, writable=run_dir if main else None)
-    config = run.config  # from a run folder (--model RUN): with that run's adapter settings, as config.yaml keeps
+    run = setup(grpo_config(config, stage), writable=run_dir if main else None)
+    # from a run folder (--model RUN): with that run's adapter settings, as config.yaml keeps; the model named
+    # is the one the command was given (after a warm start, GRPO's policy starts from RUN/warm_start)
+    config = replace(run.config, model=config.model)
     task, model, tokenizer, optimizer = run.task, run.model, run.tokenizer, run.optimizer
 
     start_step, state = 0, {}
@@ -198,10 +206,10 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
                    "warnings": task.warnings, "notes": run.notes})
 
     # The held-out evaluation's time, measured before the first step and kept in each checkpoint: a resumed
-    # session leaves room for its final evaluation too (past_time_limit).
+    # run leaves room for its final evaluation too (past_time_limit).
     before, eval_seconds = state.get("eval_before"), state.get("eval_seconds", 0.0)
-    if before is None and not resumed:
-        result = evaluate(model, tokenizer, task, config)
+    if before is None and not resumed:  # after a warm start, its check after its last step is this one
+        result = (stage and stage.check) or evaluate(model, tokenizer, task, config)
         before, eval_seconds = result["accuracy"], result.get("seconds", 0.0)
         if before is not None:  # on file at once: an interrupted run keeps it too (plot, inspect)
             _append_jsonl(run_dir / "metrics.jsonl", [eval_row(0, result, config, before=True)])
@@ -236,7 +244,8 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
 
     last_step = start_step
     for step in steps_until_ctrl_c(range(start_step + 1, config.steps + 1), stop_on_ctrl_c):
-        if past_time_limit(config, time.perf_counter() - began, history, eval_seconds):
+        elapsed = time.perf_counter() - began
+        if past_time_limit(config, elapsed, history, eval_seconds) or no_time_after(config, stage, elapsed, eval_seconds):
             emit("time_limit", {"step": last_step, "total": config.steps, "minutes": config.time_limit_minutes})
             save_unless_saved(last_step)
             break
@@ -271,10 +280,11 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     if config.keep_best and result["accuracy"] is not None:  # the final weights compete for best too
         save(last_step, result["accuracy"])
     _append_jsonl(run_dir / "metrics.jsonl", [eval_row(last_step, result, config, final=True)])
-    outcome = RunResult(run_dir, before, result["accuracy"], result["n"], history)
+    outcome = with_warm_start(RunResult(run_dir, before, result["accuracy"], result["n"], history), stage)
     if main:
         ckpt.atomic_write_json(run_dir / "summary.json", {
-            "accuracy_before": before, "accuracy_after": result["accuracy"], "eval_n": result["n"],
+            "accuracy_before": outcome.accuracy_before, "accuracy_after": result["accuracy"], "eval_n": result["n"],
+            **({"accuracy_after_warm_start": outcome.accuracy_after_warm_start} if stage else {}),
             "steps": last_step, "line": outcome.summary_line(),
         })
     emit("end", {"result": outcome})

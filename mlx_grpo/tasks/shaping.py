@@ -16,8 +16,8 @@ Length penalties act on each completion's reward:
 Side rewards (`shaping`): every reward after the first is a side reward (a
 format bonus, a length term). With `always` they count everywhere. In a group
 where every completion is equally wrong, a 0.1-weight format reward then sets
-every advantage on its own (issue 27, GSM8K on SmolLM2: the model learned to
-write "#### 3" and stop). The other two modes take that away:
+every advantage on its own (GSM8K on SmolLM2-135M: the model learned to
+write "#### 3" and stop; docs/health.md, reward_takeover). The other two modes take that away:
 
 - `gated`: side rewards count only in groups where the first (main) reward
   varies; elsewhere the group's rewards are the main reward's alone (all
