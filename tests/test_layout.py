@@ -1,6 +1,7 @@
 """The package's shape: imports flow one way (no cycles) and modules stay small."""
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,7 +217,7 @@ def test_no_private_name_crosses_a_package():
 
 def _setting_copies(package: str = "mlx_grpo") -> list[str]:
     """Dataclass fields outside setting_groups.py named as a group's setting and given a default of their own:
-    a second definition of that setting (its default can drift from the group's; they once did)."""
+    a second definition of that setting, whose default can drift from the group's."""
     groups = ast.parse((ROOT / package / "setting_groups.py").read_text())
     names = {node.target.id for cls in groups.body if isinstance(cls, ast.ClassDef)
              for node in cls.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
@@ -245,3 +246,68 @@ def test_the_setting_copy_finder_finds_a_planted_copy(tmp_path, monkeypatch):
 
 def test_each_group_setting_has_its_default_in_one_place():
     assert _setting_copies() == []
+
+
+# Code, configs and data comments say what is done and why, in the present tense: never when or in which
+# issue or session it was found. These are the mechanical signs of a history; evidence is cited by where it
+# is kept (docs/, a paper, another project's issue such as "mlx-lm-lora #55").
+HISTORY_WORDS = re.compile(r"\bissues? #?\d+|\bsessions?\b|\b20\d\d-\d\d-\d\d\b|\brecipe v\d", re.IGNORECASE)
+HISTORY_FOLDERS = ("mlx_grpo", "rewards", "configs")
+PROSE_SUFFIXES = (".py", ".yaml", ".yml", ".txt", ".md")
+# (file, phrase): a line holding the phrase uses the word in another sense. POSIX: a process group in a session.
+NOT_HISTORY = {("rewards/sandbox/__init__.py", "its own session and process group")}
+
+
+def _history_words(folders=HISTORY_FOLDERS) -> list[str]:
+    found = []
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in PROSE_SUFFIXES or "__pycache__" in path.parts:
+                continue
+            name = path.relative_to(ROOT).as_posix()
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if any(name == f and phrase in line for f, phrase in NOT_HISTORY):
+                    continue
+                found += [f"{name}:{number}: {m.group(0)!r}" for m in HISTORY_WORDS.finditer(line)]
+    return found
+
+
+def test_the_history_finder_finds_planted_history(tmp_path, monkeypatch):
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "a.py").write_text("x = 1  # issue 27: the model wrote '#### 3'\n"
+                                 "y = 2  # added in the fifteenth session, 2026-11-28\n"
+                                 "z = 3  # a run of a run keeps its first run's base; issue a warning\n")
+    (folder / "b.yaml").write_text("lr: 1e-5  # Recipe v3 again\n")
+    (folder / "c.json").write_text('{"note": "issue 5"}')  # data, not prose
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert _history_words(("pkg",)) == ["pkg/a.py:1: 'issue 27'", "pkg/a.py:2: 'session'",
+                                        "pkg/a.py:2: '2026-11-28'", "pkg/b.yaml:1: 'Recipe v3'"]
+
+
+def test_code_and_configs_tell_no_history():
+    found = _history_words()
+    assert not found, "say what and why, not when it was found (CONTRIBUTING.md, How we write): " + "; ".join(found)
+
+
+MAX_DOC_LINES = 300  # a page past this is several pages, or evidence that belongs in docs/results/
+GENERATED_DOCS = {"docs/settings.md"}  # one line per setting, written by scripts/settings_doc.py
+
+
+def _long_pages(folder: Path) -> dict[str, int]:
+    return {path.relative_to(folder.parent).as_posix(): n for path in sorted(folder.rglob("*.md"))
+            if path.relative_to(folder.parent).as_posix() not in GENERATED_DOCS
+            and (n := len(path.read_text().splitlines())) > MAX_DOC_LINES}
+
+
+def test_the_page_length_check_finds_a_long_page(tmp_path):
+    (tmp_path / "docs" / "deep").mkdir(parents=True)
+    (tmp_path / "docs" / "short.md").write_text("line\n" * MAX_DOC_LINES)
+    (tmp_path / "docs" / "deep" / "long.md").write_text("line\n" * (MAX_DOC_LINES + 1))
+    (tmp_path / "docs" / "settings.md").write_text("line\n" * 1000)
+    assert _long_pages(tmp_path / "docs") == {"docs/deep/long.md": MAX_DOC_LINES + 1}
+
+
+def test_no_docs_page_passes_the_length_limit():
+    too_long = _long_pages(ROOT / "docs")
+    assert not too_long, f"cut these pages to {MAX_DOC_LINES} lines (evidence goes to docs/results/): {too_long}"
