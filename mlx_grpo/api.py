@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .config import TrainConfig, build_config, with_settings
+from .config import ConfigError, TrainConfig, build_config, with_settings
 from .models.adapters import save_adapters
 from .models.heap import keep_freed_memory  # the process-wide allocator setting `mlx-grpo` makes; only when asked
 from .models.loading import load_policy
@@ -220,6 +220,9 @@ class Trainer:
 
     def __init__(self, config: TrainConfig | None = None, **settings):
         self.config = config if config is not None else make_config(**settings)
+        if self.config.warm_start.steps > 0:  # the stage needs a run folder of its own (run/warm_start.py)
+            raise ConfigError("warm_start_steps: the warm start runs inside train(); for a Trainer, run sft() "
+                              "first and give its run folder as the model")
         self.run = setup(self.config)  # exactly train()'s setup (run/setup.py)
         self.config = self.run.config  # a run folder as the model: with that run's adapter settings
         self.task, self.model, self.tokenizer = self.run.task, self.run.model, self.run.tokenizer

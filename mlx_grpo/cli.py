@@ -82,14 +82,14 @@ def train(**flags):
 
     from .api import train as run_training  # the CLI is a thin layer over the Python API
     from .run.checkpoint import CheckpointError
-    from .run.display import TrainDisplay
+    from .run.sft_display import StagedTrainDisplay
     from .run.health import TrainingStopped
     from .tasks.registry import recommended_settings
     from .tasks.rewarding import RewardError
 
     try:
         cfg = build_config(flags, config_file, task_defaults=recommended_settings)
-        display = TrainDisplay(log_every=cfg.log_every)
+        display = StagedTrainDisplay(log_every=cfg.log_every)  # train's view, a warm start's stage drawn too
         try:
             run_training(cfg, on_event=display)
         finally:

@@ -26,7 +26,8 @@ import yaml
 
 from .config_checks import validate
 from .errors import ConfigError  # noqa: F401 (defined below every floor; public here)
-from .setting_groups import GROUP_KEYS, GROUPS, HealthSettings, ObjectiveSettings, SamplingSettings, TaskOptions
+from .setting_groups import (GROUP_KEYS, GROUPS, HealthSettings, ObjectiveSettings, SamplingSettings, TaskOptions,
+                             WarmStartSettings)
 
 
 @dataclass
@@ -116,6 +117,9 @@ class TrainConfig:
     # Training health (docs/health.md): when the health rules warn
     health: HealthSettings = field(default_factory=HealthSettings)  # the health_* settings, one group (setting_groups.py)
     max_nonfinite_steps: int = 3  # stop after this many steps in a row with a NaN/Inf loss or gradient (0: never)
+
+    # A supervised warm start before GRPO (docs/sft.md)
+    warm_start: WarmStartSettings = field(default_factory=WarmStartSettings)  # the warm_start_* settings, one group (setting_groups.py)
 
     def flat(self) -> dict:
         """Every setting by its flat name (a flag, a YAML key): what config.yaml holds."""

@@ -4,7 +4,7 @@ Each class here is the one definition of its settings (name, default, help text)
 uses a group takes it as it is. The sampler's settings class is SamplingSettings (sampling/rollout.py
 names it SamplingConfig); the health rules read HealthSettings (run/health.py's Thresholds holds
 the group). A group is one field of TrainConfig (`sampling`, `task_options`, `objective`,
-`health`); code reads `config.sampling.temperature`, `config.health.window`.
+`health`, `warm_start`); code reads `config.sampling.temperature`, `config.health.window`.
 
 A user sees each setting by its flat name: a flag (--temperature, --health-window), a YAML key
 (a YAML file may also give a group as a mapping, `health: {window: 4}`), a row of docs/settings.md,
@@ -87,6 +87,17 @@ class HealthSettings:
     closed_book: float = 0.5  # tool episodes: more than this share answered without any call
 
 
+@dataclass
+class WarmStartSettings:
+    """A supervised warm start inside `train` (docs/sft.md): sft's stage on demonstrations first, in RUN/warm_start,
+    then GRPO continues from it. Each is the flat setting warm_start_<name>; run/warm_start.py reads the group."""
+
+    steps: int = 0  # supervised steps on demonstrations before GRPO, in RUN/warm_start (0: no warm start)
+    lr: float = 1e-4  # the warm start's peak learning rate (its own schedule: warmup_steps, then cosine to lr * min_lr_ratio)
+    batch_size: int = 4  # demonstrations per warm-start step
+    data: str | None = None  # the warm start's demonstrations, as `sft --data` reads them with this task; None: the task's own (train split)
+
+
 # The setting groups: TrainConfig field -> (its dataclass, the prefix of its settings' flat names).
 # A flat name (a flag, a YAML key, a docs/settings.md row) maps to its group: health_window is health.window.
 GROUPS: dict[str, tuple[type, str]] = {
@@ -94,6 +105,7 @@ GROUPS: dict[str, tuple[type, str]] = {
     "task_options": (TaskOptions, ""),
     "objective": (ObjectiveSettings, ""),
     "health": (HealthSettings, "health_"),
+    "warm_start": (WarmStartSettings, "warm_start_"),
 }
 # flat name -> (group, field in the group)
 GROUP_KEYS = {prefix + f.name: (group, f.name) for group, (kind, prefix) in GROUPS.items()

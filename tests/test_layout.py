@@ -215,12 +215,24 @@ def test_no_private_name_crosses_a_package():
     assert _private_crossings() == []
 
 
+def _fields_of(package: str, file: str, name: str) -> set[str]:
+    path = ROOT / package / file
+    if not path.is_file():
+        return set()
+    return {node.target.id for cls in ast.parse(path.read_text()).body if isinstance(cls, ast.ClassDef)
+            and cls.name == name for node in cls.body
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+
+
 def _setting_copies(package: str = "mlx_grpo") -> list[str]:
     """Dataclass fields outside setting_groups.py named as a group's setting and given a default of their own:
     a second definition of that setting, whose default can drift from the group's."""
     groups = ast.parse((ROOT / package / "setting_groups.py").read_text())
     names = {node.target.id for cls in groups.body if isinstance(cls, ast.ClassDef)
              for node in cls.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    # A group field named as one of TrainConfig's own settings (warm_start's steps, lr) sets that setting for
+    # its stage: the name alone is no copy.
+    names -= _fields_of(package, "config.py", "TrainConfig")
     found = []
     for path in sorted((ROOT / package).rglob("*.py")):
         if path.name == "setting_groups.py":

@@ -234,8 +234,9 @@ def test_trainconfig_is_a_plain_dataclass():
 
 
 def test_each_setting_is_defined_once():
-    """No two of TrainConfig and its groups define a field of the same name, and a flat name is one field."""
-    kinds = [TrainConfig, *(kind for kind, _ in GROUPS.values())]
-    names = [f.name for kind in kinds for f in dataclasses.fields(kind) if f.name not in GROUPS]
+    """No two of TrainConfig and its groups define a setting of the same flat name (a group's with its prefix:
+    warm_start_steps is not steps), and a flat name is one field."""
+    kinds = [(TrainConfig, ""), *GROUPS.values()]
+    names = [prefix + f.name for kind, prefix in kinds for f in dataclasses.fields(kind) if f.name not in GROUPS]
     assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
     assert len(FIELDS) == len(names) and set(GROUP_KEYS) <= set(FIELDS)

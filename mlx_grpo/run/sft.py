@@ -39,7 +39,7 @@ from .health import HealthMonitor, TrainingStopped, stop_run
 from .interrupt import steps_until_ctrl_c
 from .sft_setup import Example, SFTRun, sft_setup
 from .step_rollouts import step_seed
-from .trainer import RunResult, evaluate
+from .run_result import RunResult, evaluate
 
 
 @lru_cache(maxsize=4)
@@ -218,6 +218,7 @@ def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None
     ckpt.atomic_write_json(run_dir / "summary.json", {
         "accuracy_before": before, "accuracy_after": result["accuracy"], "eval_n": result["n"],
         "val_loss_before": loss_before, "val_loss_after": loss_after, "steps": last_step,
+        "eval_seconds": result.get("seconds"),
         "line": outcome.summary_line()})
     emit("end", {"result": outcome, "val_loss_before": loss_before, "val_loss_after": loss_after})
     return outcome

@@ -2,7 +2,8 @@
 
 The progress bar with its ETA, health warnings and the log's line every `log_every` steps are
 train's; the table and the lines show the loss, the validation loss, the gradient norm (a *
-when clipped), the learning rate and tokens/s.
+when clipped), the learning rate and tokens/s. StagedTrainDisplay is train's own view with a
+warm start's stage drawn as this one.
 """
 
 from __future__ import annotations
@@ -85,3 +86,17 @@ class SFTDisplay(TrainDisplay):
         if before is not None and after is not None:
             self.console.print(f"validation loss {before:.4f} -> {after:.4f}", highlight=False)
         super().on_end(d)
+
+
+class StagedTrainDisplay(TrainDisplay):
+    """train's display, drawing a warm start's events (sft's, before GRPO: run/warm_start.py) as sft's own."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.warm_start = None
+
+    def on_warm_start(self, d):
+        if self.warm_start is None:
+            self.console.print("[bold]warm start[/]: supervised steps before GRPO", highlight=False)
+            self.warm_start = SFTDisplay(self.console, self.log_every, self.use_live)
+        self.warm_start(d["kind"], d["data"])

@@ -62,6 +62,9 @@ def _context(model) -> int | None:
 
 def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     """The demonstrations, the policy with its adapters and the optimizer of an sft run."""
+    if config.warm_start.steps > 0:
+        raise ConfigError("warm_start_steps is train's (an sft stage before GRPO); sft itself takes --steps, --lr "
+                          "and --data")
     config, start = starting_run(config, writable)  # a run folder as --model: its base, its adapters continued
     mx.random.seed(config.seed)  # the adapters' initial weights: the same seed, the same run
     warnings: list[str] = []

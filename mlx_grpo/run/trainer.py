@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
@@ -35,35 +35,12 @@ from . import distributed as dist
 from .health import HealthMonitor, TrainingStopped, stop_run
 from .interrupt import steps_until_ctrl_c
 from .reporting import with_reporters
+from .run_result import RunResult, evaluate  # noqa: F401 (also trainer's: sft.py and the API read them here too)
 from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer: also trainer's, as before)
 from .step_metrics import completion_records, reward_range, step_metrics
 from .step_rollouts import collect_rollouts, rollout_settings, step_seed
 from .step_update import apply_update, choose_trained, prepare_update, update_settings  # noqa: F401 (also trainer's)
 from .warm_start import grpo_config, no_time_after, run_warm_start, with_warm_start
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    accuracy_before: float | None
-    accuracy_after: float | None
-    eval_n: int
-    history: list[dict] = field(default_factory=list)
-    accuracy_after_warm_start: float | None = None  # GRPO's starting accuracy when a warm start ran first
-
-    def summary_line(self) -> str:
-        if self.accuracy_before is None or self.accuracy_after is None:
-            return f"run saved to {self.run_dir}"
-        gain = self.accuracy_after - self.accuracy_before
-        middle = ("" if self.accuracy_after_warm_start is None
-                  else f" -> {self.accuracy_after_warm_start:.2f} after the warm start")
-        return (f"accuracy {self.accuracy_before:.2f}{middle} -> {self.accuracy_after:.2f} "
-                f"({gain:+.2f}) on {self.eval_n} held-out problems")
-
-
-def evaluate(model, tokenizer, task: Task, config: TrainConfig) -> dict:
-    """Held-out accuracy: greedy completions, or greedy episodes for a multi-turn task."""
-    return rollouts_for(task).evaluate(model, tokenizer, rollout_settings(config))
 
 
 def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, step: int, ref_params) -> tuple[dict, list]:
