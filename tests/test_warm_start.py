@@ -235,3 +235,14 @@ def test_sft_and_the_step_by_step_trainer_refuse_a_warm_start():
         sft_setup(_config())
     with pytest.raises(ConfigError, match="the warm start runs inside train"):
         Trainer(_config())
+
+
+def test_overwrite_removes_an_earlier_warm_start(warm, tmp_path):
+    import shutil
+
+    from mlx_grpo.run.run_folder import prepare_run_folder
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(warm[0], run_dir)
+    prepare_run_folder(run_dir, resume=False, overwrite=True)
+    assert not (run_dir / "warm_start").exists() and not (run_dir / "adapters.safetensors").exists()

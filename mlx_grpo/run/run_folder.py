@@ -20,7 +20,7 @@ from . import checkpoint as ckpt
 # config.yaml is left: the new run replaces it (and it may be the --config the new run was read from).
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "health.jsonl", "summary.json", "prompt.txt",
              "adapters.safetensors", "adapter_config.json", "plot.png")
-RUN_FOLDERS = (ckpt.CHECKPOINTS, "compare", "tensorboard")
+RUN_FOLDERS = (ckpt.CHECKPOINTS, "compare", "tensorboard", "warm_start")  # warm_start: warm_start.py's stage
 
 
 def earlier_run(run_dir: Path) -> list[str]:
