@@ -13,7 +13,7 @@ OpenBLAS (Debian/Ubuntu: `apt-get install libopenblas0-pthread`); else, on
 x86-64, Intel's `libmkl_rt` from the `mkl` wheel (`pip install
 'mlx-grpo[fastblas]'`, no root needed), which exports the same CBLAS and LAPACK
 names. OpenBLAS comes first because it measured faster: on an AMD EPYC at the
-decode's output-head shape (docs/performance.md, "A BLAS from pip"), and on an
+decode's output-head shape (scripts/bench_blas.py), and on an
 Intel Xeon over a whole training step with MKL told not to spin (KMP_BLOCKTIME=0,
 as preload_command sets it): 116 s against 243 s. With Intel's spinning default
 MKL was ahead there (102 s), but a shared machine cannot afford spinning threads

@@ -41,7 +41,7 @@ def test_no_reference_solution_is_taken_for_a_constant():
 
 @needs_ocaml
 def test_constants_score_nothing_and_honest_attempts_keep_their_credit():
-    """Answers Qwen2.5-Coder-0.5B gave after 18 steps on lr 2e-5 (docs/real-models.md) would score 0.3-0.65
+    """Answers Qwen2.5-Coder-0.5B gave after 18 steps on lr 2e-5 would score 0.3-0.65
     for the tests a constant passes; they score 0. A non-constant wrong answer keeps its partial credit, a right one 1."""
     fib = {"signature": "let fib (n : int) : int =", "preamble": "",
            "tests": ["assert (fib 0 = 0)", "assert (fib 1 = 1)", "assert (fib 10 = 55)", "assert (fib 20 = 6765)"]}

@@ -9,7 +9,7 @@ tok/s kept 4-bit against 90-121 tok/s in float32 on 2 cores), so there the
 base is dequantised into a float32 copy by default, when that copy fits in
 memory. The copy holds exactly the values the quantized weights stand for
 (`mx.dequantize`), so the adapters suit the quantized model too; what the
-difference costs is measured in docs/real-models.md. `keep_quantized` keeps the
+difference costs is measured by scripts/bench_quantized.py. `keep_quantized` keeps the
 base quantized on the CPU; on Metal and CUDA it always stays quantized.
 """
 

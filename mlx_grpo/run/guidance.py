@@ -99,12 +99,12 @@ def without_guided_negatives(advantages, guided, group_size: int) -> np.ndarray:
     advantage, and the update pushes down what the model wrote, its end of
     answer included, while it pushes up a reference the model did not write:
     on Qwen2.5-Coder-0.5B's OCaml runs the entropy rose 0.23 -> 0.4-0.7 and answers
-    cut at max_tokens grew (docs/real-models.md). With them at 0 a guided
+    cut at max_tokens grew. With them at 0 a guided
     group is advantage-weighted supervised learning on the reference alone;
     groups without a reference are untouched. On that model, measured once, the
     entropy rose just the same, and without the negatives the overlong penalty
     did not reach the guided groups (greedy answers cut at max_tokens 19%,
-    against 7% with them; docs/real-models.md).
+    against 7% with them).
     """
     advantages = np.array(advantages, dtype=np.float64).reshape(-1, group_size)
     guided = np.asarray(guided, dtype=bool).reshape(-1, group_size)

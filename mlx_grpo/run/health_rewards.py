@@ -156,6 +156,6 @@ REWARD_RULES = (
      "answers, an echo of the input); pay only for the task's own success (weight its accuracy reward, zero the "
      "partial credit), lower lr, or resume from a checkpoint before the fall; see docs/health.md",
      "none (constants ACCURACY_STEPS, ACCURACY_FLOOR, ACCURACY_FALL in health_rewards.py)",
-     "docs/real-models.md: OCaml on Qwen2.5-Coder-0.5B, 15/32 programs passing at step 1, 0 from step 7, "
+     "OCaml on Qwen2.5-Coder-0.5B: 15/32 programs passing at step 1, 0 from step 7, "
      "reward 0.51 -> 0.35, no rule fired"),
 )

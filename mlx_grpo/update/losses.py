@@ -151,7 +151,7 @@ def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, setti
         raise ValueError(f"unknown loss_type {s.loss_type!r}; choose from {LOSS_TYPES}")
     if s.guide_shaping > 0 and guided is not None:
         # A reference was never sampled: its unlikely tokens would otherwise carry the largest steps
-        # (docs/real-models.md: one guided GSM8K step turned every answer into a bare "#### N").
+        # (on GSM8K one guided step turned every answer into a bare "#### N").
         p = mx.exp(logp)
         reference = guided.astype(mx.bool_)[:, None]
         per_token = mx.where(reference, -adv * p / (p + s.guide_shaping), per_token)
