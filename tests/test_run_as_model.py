@@ -62,7 +62,8 @@ def test_grpo_from_an_sft_run_moves_every_adapter_matrix(runs):
 def test_the_first_step_starts_from_the_sft_weights(runs):
     sft_run, rl_run, sft_result, rl_result = runs
     out = sft_run.parent / "eval-sft"
-    result = CliRunner().invoke(app, ["eval", "--model", str(sft_run), "--n", str(EVAL_N), "--output", str(out)])
+    result = CliRunner().invoke(app, ["eval", "--model", str(sft_run), "--split", "validation", "--n", str(EVAL_N),
+                                      "--output", str(out)])  # the rows a run checks itself on
     assert result.exit_code == 0, result.output
     evaluated = json.loads((out / "report.json").read_text())["models"]["model"]["accuracy"]
     assert sft_result.accuracy_after != sft_result.accuracy_before  # the SFT steps moved the accuracy
@@ -97,7 +98,7 @@ def test_compare_asks_whether_rl_added_anything_to_sft(runs, tmp_path):
     sft_run, rl_run, _, rl_result = runs
     out = tmp_path / "report"
     result = CliRunner().invoke(app, ["compare", "--base", str(sft_run), "--trained", str(rl_run),
-                                      "--n", str(EVAL_N), "--output", str(out)])
+                                      "--split", "validation", "--n", str(EVAL_N), "--output", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     base, trained = report["models"]["base"], report["models"]["trained"]
