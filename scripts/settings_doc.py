@@ -1,14 +1,15 @@
-"""Write docs/settings.md from the code: TrainConfig's fields (mlx_grpo/config.py) and the CLI's options.
+"""Write docs/settings.md and docs/commands.md from the code: TrainConfig's fields (mlx_grpo/config.py) and the
+other commands' options.
 
 Every train setting is a field of the TrainConfig dataclass, with its default
 and a trailing comment that says what it does, grouped under the comment
 lines of the class; a group of settings (config.GROUPS: `sampling`, `objective`,
 `task_options`, `health`) is its own dataclass (setting_groups.py), whose fields
 are listed where the group is, under their flat names (temperature, health_window). The other commands' options are typer's. This script
-renders both, so the reference cannot drift from the code:
+renders both, one page each, so the reference cannot drift from the code:
 
-    python scripts/settings_doc.py          # rewrite docs/settings.md
-    python scripts/settings_doc.py --check  # exit 1 if docs/settings.md is stale (tests/test_docs.py runs it)
+    python scripts/settings_doc.py          # rewrite docs/settings.md and docs/commands.md
+    python scripts/settings_doc.py --check  # exit 1 if either is stale (tests/test_docs.py checks the same)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from mlx_grpo.config import GROUPS, TrainConfig  # noqa: E402
 
 OUT = ROOT / "docs" / "settings.md"
+COMMANDS_OUT = ROOT / "docs" / "commands.md"
 _FIELD = re.compile(r"^    (\w+): [^=]+?=.*?(?:  # (.*))?$")
 _SECTION = re.compile(r"^    # (.+)$")
 
@@ -94,15 +96,29 @@ def render() -> str:
             "In a YAML file the settings of a group (" + ", ".join(f"`{g}`" for g in GROUPS) + ") may also be "
             "given as a mapping of their names within the group: `health: {window: 4}` is `health_window: 4`, "
             "`sampling: {temperature: 0.7}` is `temperature: 0.7` (not both ways in one file).", ""]
-    return "\n".join(head + train_settings() + ["", "## The other commands"] + command_options()) + "\n"
+    tail = ["", "The other commands' options (`eval`, `compare`, `sft`, `inspect`, ...) are in [commands.md](commands.md)."]
+    return "\n".join(head + train_settings() + tail) + "\n"
+
+
+def render_commands() -> str:
+    head = ["# Options of the other commands", "",
+            "Generated from the CLI by `python scripts/settings_doc.py`; do not edit by hand. `--help` after a "
+            "command prints the same. `train`'s settings are in [settings.md](settings.md); `sft` takes them too."]
+    return "\n".join(head + command_options()) + "\n"
+
+
+def pages() -> dict[Path, str]:
+    return {OUT: render(), COMMANDS_OUT: render_commands()}
 
 
 if __name__ == "__main__":
-    text = render()
-    if "--check" in sys.argv:
-        if not OUT.is_file() or OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python scripts/settings_doc.py")
-            sys.exit(1)
-    else:
-        OUT.write_text(text, encoding="utf-8")
-        print(f"wrote {OUT.relative_to(ROOT)}")
+    stale = False
+    for path, text in pages().items():
+        if "--check" in sys.argv:
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                print(f"{path.relative_to(ROOT)} is stale: run python scripts/settings_doc.py")
+                stale = True
+        else:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)}")
+    sys.exit(1 if stale else 0)

@@ -112,19 +112,21 @@ def test_documented_file_exists(doc, path):
 
 
 def test_the_settings_reference_is_generated_from_the_code():
-    """docs/settings.md is scripts/settings_doc.py's rendering of TrainConfig and the CLI, so it cannot drift."""
+    """docs/settings.md and docs/commands.md are scripts/settings_doc.py's rendering of TrainConfig and the CLI, so
+    they cannot drift."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("settings_doc", ROOT / "scripts" / "settings_doc.py")
     settings_doc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(settings_doc)
-    text = settings_doc.render()
+    text, commands = settings_doc.render(), settings_doc.render_commands()
     from mlx_grpo.config import FIELDS
 
     assert all(f"| `{name}` |" in text for name in FIELDS)  # every flat setting, a group's included
-    assert "**mlx-grpo export**" in text and "`--outtype`" in text
-    assert (ROOT / "docs" / "settings.md").read_text(encoding="utf-8") == text, \
-        "docs/settings.md is stale: run python scripts/settings_doc.py"
+    assert "**mlx-grpo export**" in commands and "`--outtype`" in commands
+    for name, expected in (("settings.md", text), ("commands.md", commands)):
+        assert (ROOT / "docs" / name).read_text(encoding="utf-8") == expected, \
+            f"docs/{name} is stale: run python scripts/settings_doc.py"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
