@@ -111,7 +111,8 @@ def run_with_a_prompt(tmp_path_factory):
 
 def _eval(tmp_path, name, *args):
     out = tmp_path / name
-    result = CliRunner().invoke(app, ["eval", *args, "--n", "6", "--max-tokens", "12", "--output", str(out)])
+    result = CliRunner().invoke(app, ["eval", *args, "--split", "validation", "--n", "6", "--max-tokens", "12",
+                                      "--output", str(out)])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     return json.loads((out / "report.json").read_text()), [r["model"]["completions"] for r in rows]
@@ -131,7 +132,8 @@ def test_eval_of_a_run_uses_the_prompt_it_trained_with(run_with_a_prompt, tmp_pa
 
 def test_compare_evaluates_the_base_under_the_runs_prompt(run_with_a_prompt, tmp_path):
     out = tmp_path / "compare"
-    result = CliRunner().invoke(app, ["compare", "--trained", str(run_with_a_prompt), "--n", "6",
+    result = CliRunner().invoke(app, ["compare", "--trained", str(run_with_a_prompt), "--split", "validation",
+                                      "--n", "6",
                                       "--max-tokens", "12", "--output", str(out), "--no-plot"])
     assert result.exit_code == 0, result.output
     assert json.loads((out / "report.json").read_text())["system_prompt"] == "Count the apples twice."

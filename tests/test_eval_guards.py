@@ -18,13 +18,13 @@ from mlx_grpo.sampling.heldout import evaluate_accuracy
 from mlx_grpo.tasks.registry import load_task
 
 
-def _data_folder(tmp_path, test_lines):
-    """train.jsonl of 20 "say i" rows, test.jsonl of the given lines (written as they are)."""
+def _data_folder(tmp_path, test_lines, split="test"):
+    """train.jsonl of 20 "say i" rows, and the given lines (written as they are) as the split's file."""
     folder = tmp_path / "data"
     folder.mkdir(parents=True)
     (folder / "train.jsonl").write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n"
                                                 for i in range(20)))
-    (folder / "test.jsonl").write_text("".join(line + "\n" for line in test_lines))
+    (folder / f"{split}.jsonl").write_text("".join(line + "\n" for line in test_lines))
     return folder
 
 
@@ -75,10 +75,10 @@ def test_eval_bounds_a_hanging_reward_by_the_config_files_reward_timeout(tiny_mo
 
 
 def test_eval_scores_exactly_the_rows_of_trains_held_out_check(tiny_model_path, tmp_path):
-    """A malformed line, a row without the column the reward needs and a prompt over max_prompt_tokens:
-    train leaves all three out of its held-out check, and so does eval."""
+    """A malformed line, a row without the column the reward needs and a prompt over max_prompt_tokens in the
+    validation split: train leaves all three out of its held-out check, and so does eval of that split."""
     data = _data_folder(tmp_path, [_row(0), "{not json", json.dumps({"prompt": "say 2"}), _row(3),
-                                   json.dumps({"prompt": "say " + "9" * 200, "answer": "9"}), _row(5)])
+                                   json.dumps({"prompt": "say " + "9" * 200, "answer": "9"}), _row(5)], split="valid")
     rewards = tmp_path / "rewards.py"
     rewards.write_text("def exact(prompts, completions, answer):\n"
                        "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
@@ -90,7 +90,7 @@ def test_eval_scores_exactly_the_rows_of_trains_held_out_check(tiny_model_path, 
 
     out = tmp_path / "eval"
     result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--config", str(config_file),
-                                      "--output", str(out)])
+                                      "--split", "validation", "--output", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert report["n"] == 3 and not report["models"]["model"]["reward_errors"]
@@ -98,7 +98,8 @@ def test_eval_scores_exactly_the_rows_of_trains_held_out_check(tiny_model_path, 
 
     # compare screens with each model it scores: both answer the very same rows.
     result = CliRunner().invoke(app, ["compare", "--trained", str(tiny_model_path), "--base", "embedded",
-                                      "--config", str(config_file), "--no-plot", "--output", str(tmp_path / "c")])
+                                      "--config", str(config_file), "--split", "validation", "--no-plot",
+                                      "--output", str(tmp_path / "c")])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "c" / "report.json").read_text())["n"] == 3
 

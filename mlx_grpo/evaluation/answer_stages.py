@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
+from ..sampling.kinds import rollouts_for
 from ..tasks.data import columns_of
 from ..tasks.registry import BUILTIN_TASKS, Task
 
@@ -26,7 +27,7 @@ def _task_module(task: Task):
 def stage_function(task: Task) -> Callable | None:
     """The task's answer_stages, for single completions; None for a task without one, and for episodes
     (their text is a transcript, not one answer to grade)."""
-    if task.make_env is not None:
+    if rollouts_for(task).plays_episodes:
         return None
     return getattr(_task_module(task), "answer_stages", None)
 
