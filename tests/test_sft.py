@@ -15,6 +15,7 @@ from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import embedded_model_path, load_policy
 from mlx_grpo.run.health import TrainingStopped
 from mlx_grpo.run.sft import batch_indices, sft
+from mlx_grpo.run import sft_setup as sft_setup_module
 from mlx_grpo.run.sft_setup import sft_setup
 from mlx_grpo.sampling.demonstrations import task_demonstrations
 from mlx_grpo.sampling.multiturn import chat_join
@@ -212,9 +213,9 @@ def test_task_demonstrations_come_from_the_train_split_only():
     config = build_config({"task": "arith", "steps": 2, "batch_size": 4}, task_defaults=recommended_settings)
     run = sft_setup(config)
     task = load_task(config)
-    test_prompts = {r["prompt"] for r in task.eval_rows}
+    test_prompts = {r["prompt"] for r in task.eval_rows + task.test_rows}  # validation and test alike
     shown = {run.tokenizer.decode(ids) for ids, _ in run.train + run.valid}
-    assert len(run.train) == 8 and len(run.valid) == 100
+    assert len(run.train) == 8 and len(run.valid) == sft_setup_module.MAX_HELD_OUT
     assert not any(p in text for p in test_prompts for text in shown)
 
 

@@ -25,9 +25,11 @@ from ..tasks.sft_data import encode_rows, read_demonstrations
 from .run_folder import prepare_run_folder
 from .setup import add_adapters, load_base, make_optimizer, starting_run
 
-# Held-out demonstrations for the validation loss when the data has no validation split:
-# a tenth of the training rows, at most this many.
-MAX_HELD_OUT = 100
+# Held-out demonstrations for the validation loss when the data has no validation split: a tenth
+# of the training rows, at most this many. Each validation pass runs the model over all of them
+# (before the first step, every eval_steps, at the end), and a web episode is about a thousand
+# tokens: more rows would make the passes a large share of a real model's run on a CPU.
+MAX_HELD_OUT = 32
 
 Example = tuple[list[int], list[float]]  # token ids, 1.0 on each token the model is taught to write
 
