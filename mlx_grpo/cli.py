@@ -70,8 +70,9 @@ def _train_signature() -> inspect.Signature:
     return inspect.Signature(params)
 
 
-def train(**flags):
-    """Train a model with GRPO. With no arguments: the embedded tiny model on the arith task."""
+def _run_training(flags: dict, command: str) -> None:
+    """What `train` and `sft` share: the config from flags, --config and --resume, the run with its live
+    display, and one line for each error a user can cause."""
     config_file = str(flags.pop("config")) if flags.get("config") else None
     resume = flags.get("resume")
     if resume is not None:
@@ -80,18 +81,20 @@ def train(**flags):
         config_file = config_file or str(Path(resume) / "config.yaml")
         flags["output"] = resume
 
-    from .api import train as run_training  # the CLI is a thin layer over the Python API
+    from . import api  # the CLI is a thin layer over the Python API
     from .run.checkpoint import CheckpointError
-    from .run.sft_display import StagedTrainDisplay
     from .run.health import TrainingStopped
+    from .run.sft_display import SFTDisplay, StagedTrainDisplay
     from .tasks.registry import recommended_settings
     from .tasks.rewarding import RewardError
 
+    # train's view draws a warm start's stage too; sft's is its own
+    run, view = (api.train, StagedTrainDisplay) if command == "train" else (api.sft, SFTDisplay)
     try:
         cfg = build_config(flags, config_file, task_defaults=recommended_settings)
-        display = StagedTrainDisplay(log_every=cfg.log_every)  # train's view, a warm start's stage drawn too
+        display = view(log_every=cfg.log_every)
         try:
-            run_training(cfg, on_event=display)
+            run(cfg, on_event=display)
         finally:
             display.stop()
     except (ConfigError, DataError, FileNotFoundError, GGUFError, CheckpointError, RewardError) as e:
@@ -105,42 +108,18 @@ def train(**flags):
         raise typer.Exit(1)
 
 
+def train(**flags):
+    """Train a model with GRPO. With no arguments: the embedded tiny model on the arith task."""
+    _run_training(flags, "train")
+
+
 train.__signature__ = _train_signature()
 app.command()(train)
 
 
 def sft(**flags):
     """Supervised fine-tuning on demonstrations: --data (mlx-lm's JSONL formats) or a task's own (--task)."""
-    config_file = str(flags.pop("config")) if flags.get("config") else None
-    resume = flags.get("resume")
-    if resume is not None:
-        if not (Path(resume) / "config.yaml").is_file():
-            fail(f"--resume {resume}: not a run folder (no config.yaml)")
-        config_file = config_file or str(Path(resume) / "config.yaml")
-        flags["output"] = resume
-
-    from .api import sft as run_sft
-    from .run.checkpoint import CheckpointError
-    from .run.health import TrainingStopped
-    from .run.sft_display import SFTDisplay
-    from .tasks.registry import recommended_settings
-
-    try:
-        cfg = build_config(flags, config_file, task_defaults=recommended_settings)
-        display = SFTDisplay(log_every=cfg.log_every)
-        try:
-            run_sft(cfg, on_event=display)
-        finally:
-            display.stop()
-    except (ConfigError, DataError, FileNotFoundError, GGUFError, CheckpointError) as e:
-        fail(str(e))
-    except KeyboardInterrupt as e:
-        err.print(str(e) or "interrupted at once; the newest complete checkpoint is intact", highlight=False,
-                  soft_wrap=True)
-        raise typer.Exit(130)
-    except TrainingStopped as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
+    _run_training(flags, "sft")
 
 
 sft.__signature__ = _train_signature()

@@ -89,20 +89,24 @@ def _check_records(records: list, report: LoadReport, unit: str) -> list[dict]:
     return rows
 
 
+def jsonl_records(f, report: LoadReport):
+    """(line number, decoded value) of each non-blank line of a JSONL file opened in binary mode; a line
+    that is not UTF-8 or not JSON is skipped into `report` with its reason."""
+    for number, raw in enumerate(f, start=1):
+        if not raw.strip():
+            continue
+        try:
+            yield number, json.loads(raw.decode("utf-8-sig"))  # -sig: a byte-order mark (Windows editors) is dropped
+        except UnicodeDecodeError:
+            report.skip(number, "not UTF-8")
+        except json.JSONDecodeError as e:
+            report.skip(number, f"malformed JSON at column {e.colno} ({e.msg})")
+
+
 def read_jsonl(path: Path, report: LoadReport, prompt_key: str = "prompt") -> list[dict]:
     rows = []
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw.decode("utf-8-sig"))  # -sig: a byte-order mark (Windows editors) is dropped
-            except UnicodeDecodeError:
-                report.skip(number, "not UTF-8")
-                continue
-            except json.JSONDecodeError as e:
-                report.skip(number, f"malformed JSON at column {e.colno} ({e.msg})")
-                continue
+        for number, row in jsonl_records(f, report):
             problem = _row_problem(row, prompt_key)
             if problem:
                 report.skip(number, problem)

@@ -19,10 +19,9 @@ side) and each assistant turn ends with the end token, as a sampled answer does.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from .data import DataError, LoadReport, encode_prompt
+from .data import DataError, LoadReport, encode_prompt, jsonl_records
 
 VALID_SPLITS = ("valid", "validation")
 FORMATS = "{'messages': [...]}, {'prompt', 'completion'} or {'text'} (mlx-lm's formats)"
@@ -65,17 +64,7 @@ def _read_jsonl(path: Path, report: LoadReport) -> list[tuple[int, dict]]:
     rows = []
     try:
         with open(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    row = json.loads(raw.decode("utf-8-sig"))
-                except UnicodeDecodeError:
-                    report.skip(number, "not UTF-8")
-                    continue
-                except json.JSONDecodeError as e:
-                    report.skip(number, f"malformed JSON at column {e.colno} ({e.msg})")
-                    continue
+            for number, row in jsonl_records(f, report):
                 problem = row_problem(row)
                 if problem:
                     report.skip(number, problem)
