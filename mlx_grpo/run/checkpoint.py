@@ -253,6 +253,13 @@ def load_latest(run_dir: Path):
     return None
 
 
+def append_jsonl(path: Path, records: list[dict]) -> None:
+    """One JSON line a record at the end of a run file (metrics.jsonl, health.jsonl, completions.jsonl)."""
+    with open(path, "a", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, default=str) + "\n")
+
+
 def truncate_jsonl(path: Path, last_step: int) -> None:
     """Keep only records of steps <= last_step (those the resumed checkpoint covers).
 

@@ -17,7 +17,6 @@ also measures the held-out accuracy before and after, as train does.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import replace
@@ -37,7 +36,7 @@ from . import checkpoint as ckpt
 from . import step_update
 from .health import HealthMonitor, TrainingStopped, stop_run
 from .interrupt import steps_until_ctrl_c
-from .sft_setup import Example, SFTRun, sft_setup
+from .sft_setup import Example, sft_setup
 from .step_rollouts import step_seed
 from .run_result import RunResult, evaluate
 
@@ -65,14 +64,9 @@ def trained_count(examples: list[Example]) -> int:
 
 
 def head_chunk(model, tokens: mx.array, setting: int | None) -> int | None:
-    """Positions per vocabulary-projection chunk for a micro-batch of `tokens`: the setting when given, else
-    train's rule, 128 once the micro-batch's logits would pass step_update's threshold (a 150k vocabulary's
-    (rows, positions, vocabulary) float32 temporaries are gigabytes each) and None below it."""
-    if setting:
-        return setting
-    vocab = model.model.embed_tokens.weight.shape[0] if hasattr(model, "model") else 0
-    logits = tokens.shape[0] * (tokens.shape[1] - 1) * vocab
-    return 128 if logits > step_update._CHUNK_LOGITS_ABOVE else None
+    """Positions per vocabulary-projection chunk for a micro-batch of `tokens` (train's rule,
+    step_update.head_chunk: a 150k vocabulary's float32 logits are gigabytes a micro-batch)."""
+    return step_update.head_chunk(setting, model, tokens.shape[0], tokens.shape[1] - 1)
 
 
 def sft_step(model, optimizer, examples: list[Example], pad_id: int, micro_batch_size: int,
@@ -120,12 +114,6 @@ def validation_loss(model, examples: list[Example], pad_id: int, micro_batch_siz
     return total
 
 
-def _append(path: Path, rows: list[dict]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, default=str) + "\n")
-
-
 def pad_id_of(tokenizer) -> int:
     pad = getattr(tokenizer, "pad_token_id", None)
     return int(pad if pad is not None else tokenizer.eos_token_id)
@@ -164,7 +152,7 @@ def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None
         loss_before = validation_loss(model, run.valid, pad, mb, chunk)
         result = evaluate(model, tokenizer, run.task, config) if run.task else {"accuracy": None, "n": 0}
         before = result["accuracy"]
-        _append(run_dir / "metrics.jsonl", [{"step": 0, "val_loss": loss_before, "eval/accuracy": before,
+        ckpt.append_jsonl(run_dir / "metrics.jsonl", [{"step": 0, "val_loss": loss_before, "eval/accuracy": before,
                                              "before": True}])
         emit("eval", {"when": "before", "val_loss": loss_before, **result})
 
@@ -193,11 +181,11 @@ def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None
             metrics["val_loss"] = validation_loss(model, run.valid, pad, mb, chunk)
             emit("eval", {"when": step, "val_loss": metrics["val_loss"], "accuracy": None})
         last_step = step
-        _append(run_dir / "metrics.jsonl", [metrics])
+        ckpt.append_jsonl(run_dir / "metrics.jsonl", [metrics])
         history.append(metrics)
         emit("step", {"metrics": metrics, "records": [], "total": config.steps})
         events = monitor.observe(metrics)
-        _append(run_dir / "health.jsonl", events)
+        ckpt.append_jsonl(run_dir / "health.jsonl", events)
         for event in events:
             emit("health", event)
         if monitor.stop_reason:
@@ -212,7 +200,7 @@ def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None
     loss_after = validation_loss(model, run.valid, pad, mb, chunk)
     result = evaluate(model, tokenizer, run.task, config) if run.task else {"accuracy": None, "n": 0}
     emit("eval", {"when": "after", "val_loss": loss_after, **result})
-    _append(run_dir / "metrics.jsonl", [{"step": last_step, "val_loss": loss_after,
+    ckpt.append_jsonl(run_dir / "metrics.jsonl", [{"step": last_step, "val_loss": loss_after,
                                          "eval/accuracy": result["accuracy"], "final": True}])
     outcome = RunResult(run_dir, before, result["accuracy"], result["n"], history)
     ckpt.atomic_write_json(run_dir / "summary.json", {

@@ -44,17 +44,21 @@ from .step_rollouts import StepRollouts
 _CHUNK_LOGITS_ABOVE = 2**27
 
 
-def logprob_chunk(config: TrainConfig, model, batch: RolloutBatch, size: int) -> int | None:
-    """Positions per vocabulary-projection chunk for micro-batches of `size` rows of `batch`.
+def head_chunk(setting: int | None, model, rows: int, positions: int) -> int | None:
+    """Positions per vocabulary-projection chunk for a micro-batch of `rows` x `positions` scored tokens.
 
-    The setting when given; else 128 once a micro-batch's logits would pass _CHUNK_LOGITS_ABOVE
-    floats, and None (no chunking) below that.
+    The setting when given; else 128 once the micro-batch's logits would pass _CHUNK_LOGITS_ABOVE
+    floats, and None (no chunking) below that. GRPO's update and sft's step both follow it.
     """
-    if config.logprob_chunk_size:
-        return config.logprob_chunk_size
+    if setting:
+        return setting
     vocab = model.model.embed_tokens.weight.shape[0] if hasattr(model, "model") else 0
-    floats = min(size, len(batch.advantages)) * batch.completions.shape[1] * vocab
-    return 128 if floats > _CHUNK_LOGITS_ABOVE else None
+    return 128 if rows * positions * vocab > _CHUNK_LOGITS_ABOVE else None
+
+
+def logprob_chunk(config: TrainConfig, model, batch: RolloutBatch, size: int) -> int | None:
+    """head_chunk for micro-batches of `size` rows of `batch`."""
+    return head_chunk(config.logprob_chunk_size, model, min(size, len(batch.advantages)), batch.completions.shape[1])
 
 
 def update_settings(config: TrainConfig) -> UpdateSettings:

@@ -14,7 +14,6 @@ One step (`train_step`), a call a stage:
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from datetime import datetime
@@ -38,7 +37,7 @@ from .reporting import with_reporters
 from .run_result import RunResult, evaluate  # noqa: F401 (also trainer's: sft.py and the API read them here too)
 from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer: also trainer's, as before)
 from .step_metrics import completion_records, reward_range, step_metrics
-from .step_rollouts import collect_rollouts, rollout_settings, step_seed
+from .step_rollouts import collect_rollouts, step_seed
 from .step_update import apply_update, choose_trained, prepare_update, update_settings  # noqa: F401 (also trainer's)
 from .warm_start import grpo_config, no_time_after, run_warm_start, with_warm_start
 
@@ -69,11 +68,8 @@ def eval_row(step: int, result: dict, config: TrainConfig, **mark) -> dict:
 
 
 def _append_jsonl(path: Path, records: list[dict]) -> None:
-    if not dist.is_main():  # data-parallel: rank 0 alone writes the run folder
-        return
-    with open(path, "a", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, default=str) + "\n")
+    if dist.is_main():  # data-parallel: rank 0 alone writes the run folder
+        ckpt.append_jsonl(path, records)
 
 
 def refreshed_reference(reference, policy, alpha: float):
