@@ -179,8 +179,8 @@ def run_peer_side(spec: dict) -> dict:
             "heap": "malloc's defaults", **_process_peaks()}
 
 
-def side_main(args) -> None:
-    """The child: one trainer on the spec's workload, its result written as JSON."""
+def side_main(args, runner=None) -> None:
+    """The child: one trainer on the spec's workload (or `runner(side, spec)`), its result written as JSON."""
     from mlx_grpo.blas import blas_description, use_openblas
 
     if args.blas == "auto":
@@ -189,7 +189,8 @@ def side_main(args) -> None:
         from mlx_grpo.models.heap import keep_freed_memory
         keep_freed_memory()  # as the mlx-grpo command does
     spec = json.loads(Path(args.spec).read_text())
-    result = run_sft_side(spec) if args.side == "mlx_grpo" else run_peer_side(spec)
+    runner = runner or (lambda side, spec: run_sft_side(spec) if side == "mlx_grpo" else run_peer_side(spec))
+    result = runner(args.side, spec)
     result["blas_kernels"] = blas_description()
     Path(args.result).write_text(json.dumps(result))
 
@@ -206,9 +207,9 @@ def peer_problem() -> str | None:
     return None
 
 
-def run_side(side: str, spec_path: Path, folder: Path, blas: str) -> dict:
+def run_side(side: str, spec_path: Path, folder: Path, blas: str, script: str = __file__) -> dict:
     result = folder / f"{side}.json"
-    command = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--spec", str(spec_path),
+    command = [sys.executable, str(Path(script).resolve()), "--side", side, "--spec", str(spec_path),
                "--result", str(result), "--blas", blas]
     load = os.getloadavg()
     done = subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT))
