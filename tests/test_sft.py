@@ -16,7 +16,7 @@ from mlx_grpo.models.loading import embedded_model_path, load_policy
 from mlx_grpo.run.health import TrainingStopped
 from mlx_grpo.run.sft import batch_indices, sft
 from mlx_grpo.run import sft_setup as sft_setup_module
-from mlx_grpo.run.sft_setup import sft_setup
+from mlx_grpo.run.sft_setup import sft_setup, task_rows
 from mlx_grpo.sampling.demonstrations import task_demonstrations
 from mlx_grpo.sampling.multiturn import chat_join
 from mlx_grpo.tasks.data import DataError, encode_prompt
@@ -219,6 +219,20 @@ def test_task_demonstrations_come_from_the_train_split_only():
     assert not any(p in text for p in test_prompts for text in shown)
 
 
+def test_a_run_trains_on_a_seeded_draw_of_every_kind_not_the_split_s_head():
+    # The web train split is stored kind by kind: its first 32 rows are all fact/1.
+    config = build_config({"task": "web", "steps": 16, "batch_size": 2, "seed": 0})
+    task = load_task(config)
+    kind = lambda row: (row["family"], row["difficulty"])  # noqa: E731
+    assert {kind(r) for r in task.train_rows[:32]} == {("fact", 1)}
+    train, held_out = task_rows(task, config)
+    assert len(train) == 32 and len({kind(r) for r in train}) >= 8  # 12 kinds in all
+    assert not {r["task_id"] for r in train} & {r["task_id"] for r in held_out}
+    assert task_rows(task, config) == (train, held_out)  # the seed decides
+    other, _ = task_rows(task, build_config({"task": "web", "steps": 16, "batch_size": 2, "seed": 1}))
+    assert other != train
+
+
 @needs_embedded
 def test_a_task_given_data_learns_the_rows_reference_answers(tmp_path):
     path = tmp_path / "rows.jsonl"
@@ -226,7 +240,8 @@ def test_a_task_given_data_learns_the_rows_reference_answers(tmp_path):
                             for i in range(30)))
     run = sft_setup(build_config({"task": "arith", "data": str(path), "steps": 1, "batch_size": 4},
                                  task_defaults=recommended_settings))
-    assert [_trained_text(run.tokenizer, *e) for e in run.train] == [f"R{i}\n#### 1<|im_end|>" for i in range(4)]
+    trained = [_trained_text(run.tokenizer, *e) for e in run.train]
+    assert len(set(trained)) == 4 and set(trained) <= {f"R{i}\n#### 1<|im_end|>" for i in range(30)}
 
 
 def test_sft_without_data_or_task_is_refused():

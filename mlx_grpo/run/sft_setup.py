@@ -9,6 +9,7 @@ and checked before the slow model load, and every row is rendered with the loade
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,16 @@ class SFTRun:
     notes: list[str] = field(default_factory=list)
 
 
+def task_rows(task: Task, config: TrainConfig) -> tuple[list[dict], list[dict]]:
+    """(train, held out): the task's rows a run trains on and those of its validation loss.
+
+    The train split alone, never the test split's. It is stored grouped (web's by kind, easiest
+    first), so both are a seeded draw from all of it, not its head."""
+    rows = random.Random(config.seed).sample(task.train_rows, len(task.train_rows))
+    train_rows, valid_rows = _hold_out(rows, [], f"task {task.name}")
+    return train_rows[:config.steps * config.batch_size], valid_rows  # the rows the run's steps reach
+
+
 def _hold_out(rows: list, warnings: list[str], source: str) -> tuple[list, list]:
     n = min(len(rows) // 10, MAX_HELD_OUT)
     if n == 0:
@@ -84,9 +95,7 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     elif config.task in BUILTIN_TASKS:  # with --data: the task's rows from a local copy (gsm8k), as train reads them
         task = load_task(config)
         warnings += task.warnings
-        # The train split alone: the held-out demonstrations are its last rows, never the test split's.
-        train_rows, valid_rows = _hold_out(task.train_rows, [], f"task {task.name}")
-        train_rows = train_rows[:config.steps * config.batch_size]  # the rows the run's steps reach
+        train_rows, valid_rows = task_rows(task, config)
         source = f"task {task.name} (train split)"
     else:
         raise ConfigError("sft needs --data (a JSONL file, a folder or a dataset name) or --task with its own "
