@@ -110,6 +110,7 @@ class TrainConfig:
     eval_steps: int = 0  # evaluate every N steps; 0: only before and after training
     time_limit_minutes: float = 0.0  # stop starting steps when one more (at the mean step time) and the final evaluation would end past this many minutes of the run; then save and evaluate as at the end (the lr schedule still spans `steps`); 0: no limit
     eval_num_problems: int = 200  # held-out problems for accuracy (greedy decoding)
+    eval_before: bool = True  # measure the held-out accuracy before the first step (train, sft, a warm start's base); false: that time goes to training, but the summary and metrics have no 'before' accuracy (compare still measures the base), and under time_limit_minutes GRPO reserves time for its final check only once a check is timed (the warm start's last, or one every eval_steps)
     eval_pass_k: int = 0  # also sample k completions per held-out problem, log eval/pass@k (0: off)
     log_every: int = 1  # print a line every N steps when not on a terminal
     report_to: list[str] = field(default_factory=list)  # also log metrics to wandb and/or tensorboard (if installed)

@@ -64,6 +64,8 @@ def _duration(seconds: float) -> str:
 
 # A log (no live view) gets a rollout's line at most this often.
 LOG_ROLLOUT_EVERY_S = 15.0
+# What an evaluation event marked not_checked prints: eval_before: false skipped the check before training.
+NOT_CHECKED = "accuracy before training: not checked (eval_before: false)"
 
 
 def trend(values: list[float], k: int = 5, tolerance: float = 0.05) -> str:
@@ -178,6 +180,8 @@ class TrainDisplay:
     def on_eval(self, d):
         if d["when"] == "after":
             self.stop()  # the finished view stays above the final numbers
+        if d.get("not_checked"):
+            self.console.print(NOT_CHECKED, highlight=False)
         if d.get("accuracy") is None:
             return
         label = {"before": "before training", "after": "after training"}.get(d["when"], f"at step {d['when']}")

@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .display import TrainDisplay, _fmt, trend
+from .display import NOT_CHECKED, TrainDisplay, _fmt, trend
 
 # The live table: (column title, metric key, format).
 SFT_TABLE = (
@@ -66,6 +66,8 @@ class SFTDisplay(TrainDisplay):
         label = {"before": "before training", "after": "after training"}.get(d["when"], f"at step {d['when']}")
         if d.get("val_loss") is not None:
             self.console.print(f"validation loss {label}: {d['val_loss']:.4f}", highlight=False)
+        if d.get("not_checked"):
+            self.console.print(NOT_CHECKED, highlight=False)
         if d.get("accuracy") is not None:
             self.console.print(f"accuracy {label}: {d['accuracy']:.3f} on {d['n']} held-out problems "
                                f"({d.get('seconds', 0.0):.1f}s)", highlight=False)

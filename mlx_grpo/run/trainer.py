@@ -39,7 +39,7 @@ from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer
 from .step_metrics import completion_records, reward_range, step_metrics
 from .step_rollouts import collect_rollouts, step_seed
 from .step_update import apply_update, choose_trained, prepare_update, update_settings  # noqa: F401 (also trainer's)
-from .warm_start import grpo_config, no_time_after, run_warm_start, with_warm_start
+from .warm_start import WarmStart, grpo_config, no_time_after, run_warm_start, with_warm_start
 
 
 def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, step: int, ref_params) -> tuple[dict, list]:
@@ -101,6 +101,18 @@ def refresh_reference_if_due(run: RunState, step: int, metrics: dict) -> None:
     if o.ref_refresh_every and step % o.ref_refresh_every == 0:
         run.ref_params = refreshed_reference(run.ref_params, run.model.trainable_parameters(), o.ref_refresh_alpha)
         metrics["ref_refreshed"] = True
+
+
+def before_check(model, tokenizer, task: Task, config: TrainConfig, stage: WarmStart | None) -> dict:
+    """GRPO's held-out check before its first step: a warm start's check after its last step (already
+    measured, so kept under eval_before: false too: it is the run's accuracy after the warm start), else
+    measured now, or, under eval_before: false, not checked (accuracy None, no seconds: past_time_limit
+    then reserves nothing for the final check until a check every eval_steps is timed)."""
+    if stage is not None and stage.check:
+        return stage.check
+    if config.eval_before:
+        return evaluate(model, tokenizer, task, config)
+    return {"accuracy": None, "n": 0, "seconds": 0.0, "not_checked": True}
 
 
 def past_time_limit(config: TrainConfig, elapsed: float, history: list[dict], eval_seconds: float) -> bool:
@@ -182,7 +194,7 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     # run leaves room for its final evaluation too (past_time_limit).
     before, eval_seconds = state.get("eval_before"), state.get("eval_seconds", 0.0)
     if before is None and not resumed:  # after a warm start, its check after its last step is this one
-        result = (stage and stage.check) or evaluate(model, tokenizer, task, config)
+        result = before_check(model, tokenizer, task, config, stage)
         before, eval_seconds = result["accuracy"], result.get("seconds", 0.0)
         if before is not None:  # on file at once: an interrupted run keeps it too (plot, inspect)
             _append_jsonl(run_dir / "metrics.jsonl", [eval_row(0, result, config, before=True)])
@@ -226,6 +238,8 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
         metrics, records = run_step(run, step)
         if config.eval_steps and step % config.eval_steps == 0 and step < config.steps:
             result = evaluate(model, tokenizer, task, config)
+            # with no check before the first step (eval_before: false), the first timed check is the estimate
+            eval_seconds = eval_seconds or result.get("seconds", 0.0)
             metrics["eval/accuracy"] = result["accuracy"]
             if result.get("pass_at_k") is not None:
                 metrics[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]

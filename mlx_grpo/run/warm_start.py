@@ -4,8 +4,9 @@ With warm_start_steps > 0, `train` runs sft's loop (run/sft.py) into RUN/warm_st
 sft run folder, then GRPO starts from that folder as from any run named as the model
 (setup.py's starting_run: its adapters continued, the reference the original base). The sft
 stage's held-out check before its first step is the base model's accuracy (the run's
-accuracy_before); its check after its last step is GRPO's starting accuracy, reused rather than
-measured twice.
+accuracy_before; eval_before: false skips it, the stage's config carrying the run's setting); its
+check after its last step is GRPO's starting accuracy, reused rather than measured twice, and made
+either way.
 
 Resume: a warm start with a summary.json is finished and is not run again; one with a config.yaml
 and no summary is continued (sft's exact resume); otherwise it starts.
