@@ -16,7 +16,7 @@ from mlx_grpo.models.loading import embedded_model_path, load_policy
 from mlx_grpo.run.health import TrainingStopped
 from mlx_grpo.run.sft import batch_indices, sft
 from mlx_grpo.run import sft_setup as sft_setup_module
-from mlx_grpo.run.sft_setup import sft_setup, task_rows
+from mlx_grpo.run.sft_setup import MAX_VALIDATION_TOKENS, sft_setup, task_rows, within_validation_tokens
 from mlx_grpo.sampling.demonstrations import task_demonstrations
 from mlx_grpo.sampling.multiturn import chat_join
 from mlx_grpo.tasks.data import DataError, encode_prompt
@@ -231,6 +231,16 @@ def test_a_run_trains_on_a_seeded_draw_of_every_kind_not_the_split_s_head():
     assert task_rows(task, config) == (train, held_out)  # the seed decides
     other, _ = task_rows(task, build_config({"task": "web", "steps": 16, "batch_size": 2, "seed": 1}))
     assert other != train
+
+
+def test_the_validation_loss_reads_a_bounded_number_of_tokens():
+    rows = [([1] * 3000, [0.0] * 3000) for _ in range(5)]
+    warnings = []
+    kept = within_validation_tokens(rows, warnings)
+    assert len(kept) == MAX_VALIDATION_TOKENS // 3000 and "first 2 of 5" in warnings[0]
+    short = [([1] * 10, [1.0] * 10)] * 4
+    assert within_validation_tokens(short, warnings) == short and len(warnings) == 1  # nothing left out, no note
+    assert len(within_validation_tokens([([1] * 9000, [1.0] * 9000)], [])) == 1  # one long row is still read
 
 
 @needs_embedded
