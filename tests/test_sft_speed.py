@@ -89,3 +89,17 @@ def test_the_head_is_chunked_once_a_micro_batch_logits_pass_trains_threshold(tin
                  max_grad_norm=1.0)
     sft.validation_loss(model, examples, 0, 8)
     assert chunks == [128, 128]
+
+
+def test_only_the_trained_positions_go_through_the_output_head(tiny_model_path, monkeypatch):
+    from mlx_grpo.update import sft_loss as module
+
+    model = _lora_model(tiny_model_path)
+    tokens, trained, count = _batch()
+    rows = []
+    real = module._project
+    monkeypatch.setattr(module, "_project", lambda head, hidden, *a, **kw: rows.append(hidden.shape[1]) or
+                        real(head, hidden, *a, **kw))
+    module.sft_loss(model, tokens, trained, count, differentiated=False)
+    # 3 rows x 10 scored positions, of which `count` are trained: the head scores those alone.
+    assert rows == [count] and count < 30
