@@ -2,6 +2,7 @@
 and leaves the accuracy after a warm start, the final check and resume as they were."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -11,8 +12,7 @@ from mlx_grpo.cli import app
 from mlx_grpo.config import build_config, dump_yaml
 from mlx_grpo.models.loading import embedded_model_path
 from mlx_grpo.run import checkpoint as ckpt
-from mlx_grpo.run import sft as sft_module
-from mlx_grpo.run import trainer
+from mlx_grpo.run import run_result, trainer
 from mlx_grpo.tasks.registry import recommended_settings
 
 needs_embedded = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
@@ -25,14 +25,15 @@ def _lines(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _counted(monkeypatch, module, answer=None) -> list:
-    """Replace module.evaluate by one that records each call (and answers `answer`, or runs the real check)."""
-    calls, real = [], module.evaluate
+def _counted(monkeypatch, answer=None) -> list:
+    """Replace the held-out check train and sft look up (run_result.evaluate) by one that records each call
+    (and answers `answer`, or runs the real check)."""
+    calls, real = [], run_result.evaluate
 
     def evaluate(*args):
         calls.append(args)
         return dict(answer) if answer is not None else real(*args)
-    monkeypatch.setattr(module, "evaluate", evaluate)
+    monkeypatch.setattr(run_result, "evaluate", evaluate)
     return calls
 
 
@@ -45,7 +46,7 @@ def test_the_setting_defaults_to_true_and_round_trips_through_config_yaml(tmp_pa
 
 
 def test_train_without_the_check_before_measures_only_the_end(tmp_path, monkeypatch):
-    calls = _counted(monkeypatch, trainer, {"accuracy": 0.5, "n": 4, "seconds": 3.0})
+    calls = _counted(monkeypatch, {"accuracy": 0.5, "n": 4, "seconds": 3.0})
     with_check = trainer.train(build_config({**SMALL, "output": str(tmp_path / "checked")}))
     assert len(calls) == 2 and with_check.accuracy_before == 0.5  # the counter sees the check before too
     calls.clear()
@@ -64,7 +65,7 @@ def test_train_without_the_check_before_measures_only_the_end(tmp_path, monkeypa
 
 
 def test_the_display_says_not_checked(tmp_path, monkeypatch):
-    _counted(monkeypatch, trainer, {"accuracy": 0.25, "n": 4, "seconds": 1.0})
+    _counted(monkeypatch, {"accuracy": 0.25, "n": 4, "seconds": 1.0})
     out = CliRunner().invoke(app, ["train", "--no-eval-before", "--steps", "1", "--batch-size", "2",
                                    "--group-size", "2", "--max-tokens", "8", "--output", str(tmp_path / "run")])
     assert out.exit_code == 0, out.output
@@ -75,7 +76,7 @@ def test_the_display_says_not_checked(tmp_path, monkeypatch):
 
 def test_without_the_check_before_the_first_timed_check_is_reserved(tmp_path, monkeypatch):
     """No check before: nothing is reserved for the final check until one every eval_steps is timed."""
-    _counted(monkeypatch, trainer, {"accuracy": 0.5, "n": 4, "seconds": 42.0})
+    _counted(monkeypatch, {"accuracy": 0.5, "n": 4, "seconds": 42.0})
     reserved = []
 
     def record(config, elapsed, history, eval_s):
@@ -93,7 +94,7 @@ def test_without_the_check_before_the_first_timed_check_is_reserved(tmp_path, mo
 def test_a_resumed_run_keeps_no_before_accuracy(tmp_path, monkeypatch):
     """Interrupted after step 1, `train --resume RUN` (reading RUN/config.yaml): no check before either time,
     the checkpoint's None comes back as None, and the final check runs once."""
-    calls = _counted(monkeypatch, trainer, {"accuracy": 0.5, "n": 4, "seconds": 1.0})
+    calls = _counted(monkeypatch, {"accuracy": 0.5, "n": 4, "seconds": 1.0})
     run_dir = tmp_path / "run"
 
     class Interrupt(Exception):
@@ -119,7 +120,7 @@ def test_a_resumed_run_keeps_no_before_accuracy(tmp_path, monkeypatch):
 
 @needs_embedded
 def test_sft_without_the_check_before_keeps_its_validation_loss(tmp_path, monkeypatch):
-    calls = _counted(monkeypatch, sft_module, {"accuracy": 0.75, "n": 4, "seconds": 1.0})
+    calls = _counted(monkeypatch, {"accuracy": 0.75, "n": 4, "seconds": 1.0})
     run_dir = tmp_path / "run"
     out = CliRunner().invoke(app, ["sft", "--task", "arith", "--no-eval-before", "--steps", "2", "--batch-size", "4",
                                    "--eval-num-problems", "4", "--output", str(run_dir)])
@@ -139,12 +140,13 @@ def test_sft_without_the_check_before_keeps_its_validation_loss(tmp_path, monkey
 def test_a_warm_start_without_the_base_check_still_reports_its_accuracy_after(tmp_path, monkeypatch):
     """The sft stage skips the base's check; its check after its last step (GRPO's starting accuracy) is made,
     and GRPO measures only its final check."""
-    stage_calls, grpo_calls = _counted(monkeypatch, sft_module), _counted(monkeypatch, trainer)
+    calls = _counted(monkeypatch)
     config = build_config({"task": "arith", "steps": 1, "batch_size": 2, "group_size": 2, "eval_num_problems": 4,
                            "lora_rank": 4, "warm_start_steps": 2, "warm_start_batch_size": 2, "eval_before": False,
                            "output": str(tmp_path / "run")}, task_defaults=recommended_settings)
     result = trainer.train(config)
-    assert len(stage_calls) == 1 and len(grpo_calls) == 1
+    # the stage's check after its last step (its config writes to run/warm_start), then GRPO's final check
+    assert [Path(args[3].output).name for args in calls] == ["warm_start", "run"]
     stage = json.loads((tmp_path / "run" / "warm_start" / "summary.json").read_text())
     assert stage["accuracy_before"] is None and stage["accuracy_after"] is not None
     assert result.accuracy_before is None

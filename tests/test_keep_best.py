@@ -7,7 +7,7 @@ import pytest
 
 from mlx_grpo.config import build_config
 from mlx_grpo.run import checkpoint as ckpt
-from mlx_grpo.run import trainer
+from mlx_grpo.run import run_result, trainer
 
 
 @pytest.mark.parametrize("final, best", [(0.9, "step_000003"), (0.05, "step_000002")])
@@ -15,7 +15,7 @@ def test_keep_best_compares_the_final_evaluation_too(tmp_path, monkeypatch, fina
     """Accuracy 0.1 before, 0.2 and 0.3 at steps 1 and 2 (eval_steps 1), then `final` after step 3:
     the best checkpoint is the one whose evaluation is highest, the final weights included."""
     accuracies = iter([0.1, 0.2, 0.3, final])
-    monkeypatch.setattr(trainer, "evaluate", lambda *a: {"accuracy": next(accuracies), "n": 4, "seconds": 0.0})
+    monkeypatch.setattr(run_result, "evaluate", lambda *a: {"accuracy": next(accuracies), "n": 4, "seconds": 0.0})
     config = build_config({"steps": 3, "batch_size": 2, "group_size": 2, "max_tokens": 8, "eval_steps": 1,
                            "keep_best": True, "keep_checkpoints": 1, "output": str(tmp_path / "run")})
     result = trainer.train(config)

@@ -8,7 +8,7 @@ import pytest
 
 from mlx_grpo.config import build_config
 from mlx_grpo.run import checkpoint as ckpt
-from mlx_grpo.run import trainer
+from mlx_grpo.run import run_result, trainer
 
 
 def test_one_more_step_and_the_evaluation_must_fit():
@@ -32,7 +32,7 @@ def test_a_run_past_its_limit_saves_and_evaluates_its_last_step(tmp_path, monkey
     evaluation saw, metrics and summary name step 2, and the display heard why."""
     monkeypatch.setattr(trainer, "past_time_limit", lambda config, elapsed, history, eval_s: len(history) >= 2)
     seen = []
-    monkeypatch.setattr(trainer, "evaluate", lambda *a: {"accuracy": 0.5, "n": 4, "seconds": 0.0})
+    monkeypatch.setattr(run_result, "evaluate", lambda *a: {"accuracy": 0.5, "n": 4, "seconds": 0.0})
     config = build_config({"steps": 6, "batch_size": 2, "group_size": 2, "max_tokens": 8, "save_every": 5,
                            "time_limit_minutes": 1, "output": str(tmp_path / "run")})
     result = trainer.train(config, on_event=lambda kind, data: seen.append((kind, data)))
@@ -50,7 +50,7 @@ def test_a_run_past_its_limit_saves_and_evaluates_its_last_step(tmp_path, monkey
 def test_a_resumed_run_leaves_room_for_the_evaluation_measured_before_the_first_step(tmp_path, monkeypatch):
     """The evaluation before training is not run again on resume; its time, kept in the checkpoint, still
     counts against the limit, so the resumed run stops in time for its final evaluation."""
-    monkeypatch.setattr(trainer, "evaluate", lambda *a: {"accuracy": 0.5, "n": 4, "seconds": 42.0})
+    monkeypatch.setattr(run_result, "evaluate", lambda *a: {"accuracy": 0.5, "n": 4, "seconds": 42.0})
     reserved = []
 
     def record(config, elapsed, history, eval_s):

@@ -1,4 +1,4 @@
-"""What a run ends with (RunResult: the accuracies and the summary line) and the held-out check that measures them,
+"""What a run ends with (RunResult: the accuracies and the summary line) and the held-out checks that measure them,
 shared by `train` (trainer.py), `sft` (sft.py) and the warm start between them (warm_start.py)."""
 
 from __future__ import annotations
@@ -41,3 +41,12 @@ class RunResult:
 def evaluate(model, tokenizer, task: Task, config: TrainConfig) -> dict:
     """Held-out accuracy: greedy completions, or greedy episodes for a multi-turn task."""
     return rollouts_for(task).evaluate(model, tokenizer, rollout_settings(config))
+
+
+def check_before(model, tokenizer, task: Task, config: TrainConfig) -> dict:
+    """The held-out check before a run's first step: measured now, or, under eval_before: false, not checked
+    (accuracy None, no seconds: train's time limit then reserves nothing for the final check until a check
+    every eval_steps is timed)."""
+    if config.eval_before:
+        return evaluate(model, tokenizer, task, config)
+    return {"accuracy": None, "n": 0, "seconds": 0.0, "not_checked": True}

@@ -33,12 +33,12 @@ from ..config import TrainConfig, dump_yaml
 from ..models.adapters import save_adapters
 from ..update.sft_loss import pad_rows, sft_gradients, sft_loss
 from . import checkpoint as ckpt
-from . import step_update
+from . import run_result, step_update
 from .health import HealthMonitor, TrainingStopped, stop_run
 from .interrupt import steps_until_ctrl_c
 from .sft_setup import Example, sft_setup
 from .step_rollouts import step_seed
-from .run_result import RunResult, evaluate
+from .run_result import RunResult, check_before
 
 
 @lru_cache(maxsize=4)
@@ -150,11 +150,7 @@ def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None
     before, loss_before = state.get("eval_before"), state.get("val_loss_before")
     if loaded is None:  # the validation loss is cheap and always measured; the accuracy is a decode of each problem
         loss_before = validation_loss(model, run.valid, pad, mb, chunk)
-        result = {"accuracy": None, "n": 0}
-        if run.task and config.eval_before:
-            result = evaluate(model, tokenizer, run.task, config)
-        elif run.task:
-            result["not_checked"] = True
+        result = check_before(model, tokenizer, run.task, config) if run.task else {"accuracy": None, "n": 0}
         before = result["accuracy"]
         ckpt.append_jsonl(run_dir / "metrics.jsonl", [{"step": 0, "val_loss": loss_before, "eval/accuracy": before,
                                              "before": True}])
@@ -202,7 +198,7 @@ def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None
     if start_step >= config.steps and ckpt.latest_checkpoint(run_dir) is None:
         save(config.steps)
     loss_after = validation_loss(model, run.valid, pad, mb, chunk)
-    result = evaluate(model, tokenizer, run.task, config) if run.task else {"accuracy": None, "n": 0}
+    result = run_result.evaluate(model, tokenizer, run.task, config) if run.task else {"accuracy": None, "n": 0}
     emit("eval", {"when": "after", "val_loss": loss_after, **result})
     ckpt.append_jsonl(run_dir / "metrics.jsonl", [{"step": last_step, "val_loss": loss_after,
                                          "eval/accuracy": result["accuracy"], "final": True}])

@@ -31,10 +31,12 @@ from ..tasks.registry import Task, token_budget
 from ..tasks.rewarding import reward_name
 from . import checkpoint as ckpt
 from . import distributed as dist
+from . import run_result
 from .health import HealthMonitor, TrainingStopped, stop_run
 from .interrupt import steps_until_ctrl_c
 from .reporting import with_reporters
-from .run_result import RunResult, evaluate  # noqa: F401 (also trainer's: sft.py and the API read them here too)
+# evaluate: the API reads it here; the run looks it up in run_result, the one place a test replaces it
+from .run_result import RunResult, check_before, evaluate  # noqa: F401
 from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer: also trainer's, as before)
 from .step_metrics import completion_records, reward_range, step_metrics
 from .step_rollouts import collect_rollouts, step_seed
@@ -106,13 +108,10 @@ def refresh_reference_if_due(run: RunState, step: int, metrics: dict) -> None:
 def before_check(model, tokenizer, task: Task, config: TrainConfig, stage: WarmStart | None) -> dict:
     """GRPO's held-out check before its first step: a warm start's check after its last step (already
     measured, so kept under eval_before: false too: it is the run's accuracy after the warm start), else
-    measured now, or, under eval_before: false, not checked (accuracy None, no seconds: past_time_limit
-    then reserves nothing for the final check until a check every eval_steps is timed)."""
+    check_before's, as sft's."""
     if stage is not None and stage.check:
         return stage.check
-    if config.eval_before:
-        return evaluate(model, tokenizer, task, config)
-    return {"accuracy": None, "n": 0, "seconds": 0.0, "not_checked": True}
+    return check_before(model, tokenizer, task, config)
 
 
 def past_time_limit(config: TrainConfig, elapsed: float, history: list[dict], eval_seconds: float) -> bool:
@@ -237,7 +236,7 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
         last_step = step
         metrics, records = run_step(run, step)
         if config.eval_steps and step % config.eval_steps == 0 and step < config.steps:
-            result = evaluate(model, tokenizer, task, config)
+            result = run_result.evaluate(model, tokenizer, task, config)
             # with no check before the first step (eval_before: false), the first timed check is the estimate
             eval_seconds = eval_seconds or result.get("seconds", 0.0)
             metrics["eval/accuracy"] = result["accuracy"]
@@ -262,7 +261,7 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
 
     if start_step >= config.steps and ckpt.latest_checkpoint(run_dir) is None:
         save(config.steps)
-    result = evaluate(model, tokenizer, task, config)
+    result = run_result.evaluate(model, tokenizer, task, config)
     emit("eval", {"when": "after", **result})
     if config.keep_best and result["accuracy"] is not None:  # the final weights compete for best too
         save(last_step, result["accuracy"])
