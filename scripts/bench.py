@@ -42,6 +42,7 @@ from mlx_grpo.device import on_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
 from bench_blas import gflops  # noqa: E402 (the one matmul timing loop)
+from script_output import emit_result  # noqa: E402
 
 PRESETS = {
     # The baseline workload.
@@ -676,11 +677,7 @@ def main(argv=None):
         use_openblas()  # re-executes this script with OpenBLAS preloaded, when there is one
         keep_freed_memory()  # as the mlx-grpo command does (models/heap.py)
     out = run(args)
-    text = json.dumps(out, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
-    print(table(out), file=sys.stderr)  # stdout stays one JSON object
+    emit_result(out, args.out, table(out))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
 import bench  # noqa: E402 (the random model and its presets)
+from script_output import emit_result  # noqa: E402
 
 PRESETS = {
     "tiny": bench.PRESETS["tiny"],
@@ -436,11 +437,7 @@ def main(argv=None):
         side_main(args)
         return None
     out = run(args)
-    text = json.dumps(out, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
-    print(table(out), file=sys.stderr)  # stdout stays one JSON object
+    emit_result(out, args.out, table(out))
     return out
 
 

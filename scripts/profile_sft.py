@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts,
 import bench  # noqa: E402 (forward_flops, _replaced)
 import bench_sft  # noqa: E402 (the workload, the two sides' set-up, the child processes)
 from bench_blas import gflops as sgemm_gflops  # noqa: E402
+from script_output import emit_result  # noqa: E402
 
 MEASURED = ("batch", "forward", "forward_backward", "optimizer", "step")
 PHASES = ("batch", "forward", "forward_backward", "backward", "optimizer", "step", "other")
@@ -369,11 +370,7 @@ def main(argv=None):
         bench_sft.side_main(args, runner=profile_side)
         return None
     out = run(args, workload)
-    text = json.dumps(out, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
-    print(table(out), file=sys.stderr)  # stdout stays one JSON object
+    emit_result(out, args.out, table(out))
     return out
 
 

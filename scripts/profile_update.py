@@ -41,7 +41,6 @@ A table on stderr, one JSON object on stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -57,6 +56,7 @@ import numpy as np  # noqa: E402
 
 from bench import PRESETS, _replaced, build_random_model, dequantized_copy, model_shape, step_flops  # noqa: E402
 from bench_blas import gflops as sgemm_gflops  # noqa: E402 (float32 GFLOP/s, as bench.py --limits measures it)
+from script_output import emit_result  # noqa: E402
 
 from mlx_lm.tuner.lora import LoRALinear  # noqa: E402
 
@@ -354,11 +354,7 @@ def main(argv=None) -> dict:
                "device": str(mx.default_device()), "blas_kernels": blas_description(),
                **profile(model, config, prep, shape, args)}
     out["load_average"] = {"start": [round(x, 2) for x in load_start], "end": [round(x, 2) for x in os.getloadavg()]}
-    text = json.dumps(out, indent=1)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
-    print(table(out), file=sys.stderr)  # stdout stays one JSON object
+    emit_result(out, args.json, table(out), indent=1)
     return out
 
 
