@@ -25,7 +25,6 @@ object on stdout (and in --out).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import PRESETS, build_random_model  # noqa: E402
 from bench_blas import gflops as sgemm_gflops  # noqa: E402
+from script_output import emit_result  # noqa: E402
 
 from mlx_grpo.blas import blas_description, loaded_blas, use_openblas  # noqa: E402
 
@@ -149,11 +149,7 @@ def main(argv=None):
     if args.blas == "auto" and argv is None:
         use_openblas()  # re-executes this script with OpenBLAS preloaded, when there is one
     out = run(args)
-    text = json.dumps(out, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
-    print(table(out), file=sys.stderr)
+    emit_result(out, args.out, table(out), indent=1)
     return out
 
 
