@@ -123,7 +123,7 @@ def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
     """
     sums = {"total": 0.0, "count": 0.0}
     for mb, ref in zip(parts, ref_logps):
-        log_ratio = ref - mb.behaviour_logp
+        log_ratio = mx.where(mb.mask > 0, ref - mb.behaviour_logp, 0.0)  # ref reads 0 off the mask (step._passes)
         sums["total"] += ((mx.exp(log_ratio) - log_ratio - 1) * mb.mask).sum().item()
         sums["count"] += mb.mask.sum().item()
     sums = dist.sum_across_ranks(sums)  # each rank passes its share of the micro-batches

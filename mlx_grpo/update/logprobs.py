@@ -20,12 +20,19 @@ backward pass: with a 150k vocabulary that tensor alone is gigabytes. Through a
 frozen head (LoRA) a differentiated call does better still: each position's
 gradient with respect to its hidden state is worked out while the softmax is
 at hand (`_through_frozen_head`), so the backward pass runs no head at all.
+
+Given `positions` (`scored_positions` of the completion mask), only those positions' hidden
+states go through the head: in a multi-turn episode most completion tokens are observations
+the environment wrote (mask 0), and the head (a 150k-word matmul, its softmax and gradient)
+costs per position about a third of a 0.5B model's whole body. Their log-probs and entropies
+are put back in the (B, K) layout with 0 at every other position.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from ..models.heads import output_head
@@ -214,12 +221,40 @@ def prompt_pass(model: nn.Module, prompts: mx.array, left_padding: mx.array):
     return [c.keys for c in cache], [c.values for c in cache], last
 
 
+def scored_positions(mask: mx.array) -> mx.array:
+    """Flat indices into a (B, K) completion layout where `mask` > 0: the positions worth scoring.
+
+    Worked out outside any compiled function: how many there are sets the shapes of what follows."""
+    return mx.array(np.flatnonzero(np.array(mask).reshape(-1) > 0).astype(np.int32))
+
+
+def _placed(values: mx.array, positions: mx.array, shape: tuple) -> mx.array:
+    """(N,) values at flat `positions` of a zero array of `shape`; the gradient reaches them alone."""
+    return mx.zeros((shape[0] * shape[1],), values.dtype).at[positions].add(values).reshape(shape)
+
+
+def _at_positions(score, first, completions, positions, chunk_size):
+    """score(rows, targets, chunk) of the gathered `positions` only, placed back in the (B, K) layout.
+
+    The gathered rows are one row of N positions; a chunk keeps the positions it held across the
+    micro-batch's B rows (chunk_size x B), so each chunk is no larger than before."""
+    rows, width = completions.shape
+    picked = first.reshape(rows * width, first.shape[-1])[positions][None]
+    targets = completions.reshape(-1)[positions][None]
+    logp, entropy = score(picked, targets, chunk_size * rows if chunk_size else chunk_size)
+    return _placed(logp[0], positions, completions.shape), _placed(entropy[0], positions, completions.shape)
+
+
 def logprobs_after_prompt(model: nn.Module, state, left_padding: mx.array, completions: mx.array, group_size: int,
                           temperature: float = 1.0, chunk_size: int | None = None, entropy_grad: bool = False,
-                          differentiated: bool = False):
+                          differentiated: bool = False, positions: mx.array | None = None):
     """Log-prob and entropy of every completion token, given its prompt's `prompt_pass` state.
 
-    `differentiated`: the caller takes their gradient (`_project`)."""
+    `differentiated`: the caller takes their gradient (`_project`). `positions` (scored_positions of
+    the mask): only these go through the head; every other position reads 0."""
+    if positions is not None and positions.size == 0:  # nothing scored: no pass at all, a gradient of 0
+        zeros = mx.zeros(completions.shape, mx.float32)
+        return zeros, zeros
     keys, values, last = state
     head = output_head(model)
     cache = []
@@ -233,8 +268,14 @@ def logprobs_after_prompt(model: nn.Module, state, left_padding: mx.array, compl
         rest = forward(completions[:, :-1], cache=cache)
         first = mx.concatenate([first, rest], axis=1)
     if head is not None:
-        return _project(head, first, completions, temperature, chunk_size, entropy_grad, differentiated)
-    return _logprobs_and_entropy(first, completions, temperature, entropy_grad)
+        def score(rows, targets, chunk):
+            return _project(head, rows, targets, temperature, chunk, entropy_grad, differentiated)
+    else:
+        def score(rows, targets, chunk):
+            return _logprobs_and_entropy(rows, targets, temperature, entropy_grad)
+    if positions is None:
+        return score(first, completions, chunk_size)
+    return _at_positions(score, first, completions, positions, chunk_size)
 
 
 def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.array, completions: mx.array,

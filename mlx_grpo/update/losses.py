@@ -127,7 +127,9 @@ def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, setti
     s = replace(settings, **overrides) if overrides else settings
     mask = mask.astype(mx.float32)
     adv = advantages[:, None]
-    log_ratio = logp - behaviour_logp
+    # A token out of the loss reads logp 0 (the update scores only masked-in tokens, logprobs.py): its
+    # ratio to an unlikely behaviour log-prob could overflow, and inf * 0 is NaN in every masked sum.
+    log_ratio = mx.where(mask > 0, logp - behaviour_logp, 0.0)
     ratio = mx.exp(log_ratio)
 
     if s.loss_type == "gspo":

@@ -23,7 +23,7 @@ from mlx.utils import tree_flatten, tree_map
 from ..models.adapters import adapters_disabled, weights_swapped
 from .batch import MicroBatch, prompt_runs
 from .gradients import micro_batch_gradients
-from .logprobs import logprobs_after_prompt, prompt_pass
+from .logprobs import logprobs_after_prompt, prompt_pass, scored_positions
 from .losses import BatchShape, LossSettings, policy_loss, top_entropy_mask, top_entropy_threshold
 
 
@@ -86,12 +86,14 @@ def _eval_mode(model):
 
 
 def _passes(model, parts: list[MicroBatch], temperature: float, chunk):
-    """(log-probs, entropy) of each micro-batch's completion tokens, no gradient; each prompt run once."""
+    """(log-probs, entropy) of each micro-batch's completion tokens, no gradient; each prompt run once.
+
+    Only the masked-in tokens are scored; the others read 0, and every reader weighs them by the mask."""
     for run in prompt_runs(parts):  # the pieces of a group share its prompt pass
         state = prompt_pass(model, parts[run[0]].prompts, parts[run[0]].left_padding)
         for mb in (parts[i] for i in run):
             logp, entropy = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
-                                                  temperature, chunk)
+                                                  temperature, chunk, positions=scored_positions(mb.mask))
             mx.eval(logp, entropy)
             yield mx.stop_gradient(logp), mx.stop_gradient(entropy)
 
@@ -123,11 +125,14 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
                 "clip_fraction": None, "ratio/mean": None, "entropy": None, "update/rel_change": 0.0,
                 **_skipped(config.num_iterations, nonfinite=0)}
     settings = config.loss
+    # Only the tokens in the loss go through the output head. Worked out here, outside the compiled
+    # pieces (gradients._evaluated): their number is a shape, a constant of each piece's trace.
+    positions = {id(mb): scored_positions(mb.mask) for mb in parts}
 
     def after_prompt(model, state, mb: MicroBatch):
         return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
                                      config.temperature, chunk, entropy_grad=config.entropy_coef > 0,
-                                     differentiated=True)
+                                     differentiated=True, positions=positions[id(mb)])
 
     if config.entropy_top_quantile < 1 and token_weights is None:
         token_weights = top_entropy_weights(model, parts, [], config.entropy_top_quantile, config.temperature, chunk)
