@@ -129,10 +129,14 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
     # pieces (gradients._evaluated): their number is a shape, a constant of each piece's trace.
     positions = {id(mb): scored_positions(mb.mask) for mb in parts}
 
+    def _positions_of(mb: MicroBatch):
+        # A piece cut from a micro-batch (a long group split for memory) is a new object: its own mask's.
+        return positions[id(mb)] if id(mb) in positions else scored_positions(mb.mask)
+
     def after_prompt(model, state, mb: MicroBatch):
         return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
                                      config.temperature, chunk, entropy_grad=config.entropy_coef > 0,
-                                     differentiated=True, positions=positions[id(mb)])
+                                     differentiated=True, positions=_positions_of(mb))
 
     if config.entropy_top_quantile < 1 and token_weights is None:
         token_weights = top_entropy_weights(model, parts, [], config.entropy_top_quantile, config.temperature, chunk)
