@@ -112,3 +112,20 @@ def test_web_qwen_recipe_warm_starts_then_selects_tasks():
     assert config.batch_size * config.group_size <= 8 and config.max_episode_tokens <= 2048
     task = load_task(config)
     assert task.curriculum is not None and len({row["kind"] for row in task.eval_rows}) == 12
+
+
+def test_multihop_qwen_recipe_warm_starts_on_scripted_tool_episodes():
+    """configs/multihop_qwen05.yaml: scripted tool episodes first (read each hop, then answer), then GRPO on
+    two-hop questions, the whole command within its time limit."""
+    from rewards import multihop
+
+    config = _config("multihop_qwen05.yaml")
+    assert (config.model, config.task, config.time_limit_minutes) == ("ollama:qwen2.5-coder:0.5b", "multihop", 35)
+    assert config.warm_start.steps > 0 and config.warm_start.data is None  # the task's own demonstrations
+    task = load_task(config)
+    assert _weights(task) == {"exact_match_reward": 1.0, "f1_reward": 0.0, "support_reward": 0.0}
+    row = task.eval_rows[0]
+    assert len(row["question_decomposition"]) == 2 and len(task.eval_rows) == config.eval_num_problems
+    # the scripted episode reads both supporting paragraphs, then answers
+    actions = multihop.reference_actions(row)
+    assert len(actions) == 3 and actions[-1] == row["answer"] and all("<tool_call>" in a for a in actions[:2])

@@ -19,7 +19,9 @@ import mlx.optimizers as optim
 from ..config import ConfigError, TrainConfig, with_settings
 from ..models.loading import gguf_types_note
 from ..models.run_models import load_adapter_weights
+from ..models.untrained_tokens import indistinct_tokens
 from ..sampling.demonstrations import task_demonstrations
+from ..sampling.kinds import rollouts_for
 from ..tasks.data import DataError
 from ..tasks.registry import BUILTIN_TASKS, Task, load_task
 from ..tasks.sft_data import encode_rows, read_demonstrations
@@ -129,10 +131,11 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
             valid, valid_note = encode_rows(tokenizer, valid_rows, f"{config.data} (validation)", config.on_bad_data,
                                             _context(model), config.system_prompt, config.prompt_format, config.stop)
         else:
+            spelled = _indistinct(model, tokenizer, warnings) if rollouts_for(task).plays_episodes else {}
             train, note = task_demonstrations(task, tokenizer, train_rows, config.max_episode_tokens,
-                                              config.on_bad_data, source)
+                                              config.on_bad_data, source, spelled)
             valid, valid_note = task_demonstrations(task, tokenizer, valid_rows, config.max_episode_tokens,
-                                                    config.on_bad_data, f"{source}, held out")
+                                                    config.on_bad_data, f"{source}, held out", spelled)
     except DataError as e:
         raise ConfigError(str(e)) from None
     warnings += [n for n in (note, valid_note) if n]
@@ -143,3 +146,13 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     optimizer = make_optimizer(with_settings(config, num_iterations=1))  # one optimizer step a step
     notes = [n for n in (gguf_types_note(start.base if start else config.model), weights_note) if n]
     return SFTRun(config, model, tokenizer, adapter_config, optimizer, train, valid, task, source, warnings, notes)
+
+
+def _indistinct(model, tokenizer, warnings: list[str]) -> dict[int, str]:
+    """The tokens a scripted episode spells out, said once in the run's warnings."""
+    spelled = indistinct_tokens(model, tokenizer)
+    if spelled:
+        names = ", ".join(sorted(set(spelled.values())))
+        warnings.append(f"the model's output head cannot tell {names} apart from other rarely seen tokens "
+                        "(one shared row): the scripted episodes write them in ordinary tokens, the same text")
+    return spelled

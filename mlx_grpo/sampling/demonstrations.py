@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..tasks.data import DataError, LoadReport, encode_prompt
 from ..tasks.sft_data import encode_demonstration
+from ..models.untrained_tokens import encode_spelled
 from .environment import Rendered
 from .kinds import rollouts_for
 from .multiturn import Episode, _encode, _play, _Progress, chat_join, make_envs
@@ -20,12 +21,14 @@ from .rollout import Completion, SamplingConfig
 
 
 class ScriptedTurns:
-    """A player (turns.py's protocol) whose turns are a script's actions, each ended by the end token."""
+    """A player (turns.py's protocol) whose turns are a script's actions, each ended by the end token.
+
+    `spelled`: tokens the model cannot write apart from others (models/untrained_tokens.py), written out."""
 
     reuses_cache = False
 
-    def __init__(self, tokenizer, scripts: list[list[str]]):
-        self.tokenizer, self.scripts = tokenizer, scripts
+    def __init__(self, tokenizer, scripts: list[list[str]], spelled: dict[int, str] | None = None):
+        self.tokenizer, self.scripts, self.spelled = tokenizer, scripts, spelled or {}
         self.end = [tokenizer.eos_token_id]
 
     def play(self, turn, episodes, chunks, contexts, sampling):
@@ -33,13 +36,13 @@ class ScriptedTurns:
         for e, context in zip(episodes, contexts):
             script = self.scripts[e]
             text = script[turn] if turn < len(script) else ""
-            tokens = _encode(self.tokenizer, text) + self.end
+            tokens = encode_spelled(self.tokenizer, text, self.spelled) + self.end
             outs.append(Completion(e, list(context), tokens, [0.0] * len(tokens), "stop", text))
         return outs, {"prefilled": 0}
 
 
 def scripted_episodes(tokenizer, envs: list, scripts: list[list[str]], system_prompt: str | None,
-                      max_episode_tokens: int) -> list[Episode]:
+                      max_episode_tokens: int, spelled: dict[int, str] | None = None) -> list[Episode]:
     """Each environment played with its script's actions as the model's turns, as rollout_episodes plays them."""
     join = chat_join(tokenizer, system_prompt)
     episodes = []
@@ -52,7 +55,7 @@ def scripted_episodes(tokenizer, envs: list, scripts: list[list[str]], system_pr
         episodes.append(Episode(i, prompt))
     turns = max((len(s) for s in scripts), default=0)
     wave = list(range(len(episodes)))
-    _play(ScriptedTurns(tokenizer, scripts), tokenizer, episodes, envs, wave, join, SamplingConfig(temperature=0.0),
+    _play(ScriptedTurns(tokenizer, scripts, spelled), tokenizer, episodes, envs, wave, join, SamplingConfig(temperature=0.0),
           turns, max_episode_tokens, _Progress(len(episodes), turns, None), None)
     return episodes
 
@@ -63,9 +66,10 @@ def episode_example(episode: Episode) -> tuple[list[int], list[float]]:
 
 
 def task_demonstrations(task, tokenizer, rows: list[dict], max_episode_tokens: int, on_bad: str,
-                        source: str) -> tuple[list[tuple[list[int], list[float]]], str]:
+                        source: str, spelled: dict[int, str] | None = None) -> tuple[list[tuple[list[int], list[float]]], str]:
     """(examples, note): the rows' demonstrations; a row without one, or whose scripted episode does not
-    end solved within max_episode_tokens, is skipped and counted (on_bad="error": DataError)."""
+    end solved within max_episode_tokens, is skipped and counted (on_bad="error": DataError). `spelled`:
+    tokens a scripted action writes out in ordinary tokens (models/untrained_tokens.py)."""
     report = LoadReport(source=source, on_bad=on_bad)
     examples = []
     if rollouts_for(task).plays_episodes:
@@ -73,7 +77,7 @@ def task_demonstrations(task, tokenizer, rows: list[dict], max_episode_tokens: i
             raise DataError(f"task {task.name!r} has no scripted episodes to learn from")
         scripts = [task.reference_actions(row) or [] for row in rows]
         episodes = scripted_episodes(tokenizer, make_envs(task, rows, 1), scripts, task.system_prompt,
-                                     max_episode_tokens)
+                                     max_episode_tokens, spelled)
         for number, (episode, script) in enumerate(zip(episodes, scripts), start=1):
             if not script:
                 report.skip(number, "no scripted episode", "row")

@@ -125,18 +125,12 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
                 "clip_fraction": None, "ratio/mean": None, "entropy": None, "update/rel_change": 0.0,
                 **_skipped(config.num_iterations, nonfinite=0)}
     settings = config.loss
-    # Only the tokens in the loss go through the output head. Worked out here, outside the compiled
-    # pieces (gradients._evaluated): their number is a shape, a constant of each piece's trace.
-    positions = {id(mb): scored_positions(mb.mask) for mb in parts}
-
-    def _positions_of(mb: MicroBatch):
-        # A piece cut from a micro-batch (a long group split for memory) is a new object: its own mask's.
-        return positions[id(mb)] if id(mb) in positions else scored_positions(mb.mask)
-
     def after_prompt(model, state, mb: MicroBatch):
+        # Only the tokens in the loss go through the output head. The mask is an evaluated constant
+        # (gradients.micro_batch_gradients), so inside a compiled piece their count is a fixed shape.
         return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
                                      config.temperature, chunk, entropy_grad=config.entropy_coef > 0,
-                                     differentiated=True, positions=_positions_of(mb))
+                                     differentiated=True, positions=scored_positions(mb.mask))
 
     if config.entropy_top_quantile < 1 and token_weights is None:
         token_weights = top_entropy_weights(model, parts, [], config.entropy_top_quantile, config.temperature, chunk)
