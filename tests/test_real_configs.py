@@ -120,7 +120,7 @@ def test_multihop_qwen_recipe_warm_starts_on_scripted_tool_episodes():
     from rewards import multihop
 
     config = _config("multihop_qwen05.yaml")
-    assert (config.model, config.task, config.time_limit_minutes) == ("ollama:qwen2.5-coder:0.5b", "multihop", 35)
+    assert (config.model, config.task, config.time_limit_minutes) == ("ollama:qwen2.5-coder:0.5b", "multihop", 30)
     assert config.warm_start.steps > 0 and config.warm_start.data is None  # the task's own demonstrations
     task = load_task(config)
     assert _weights(task) == {"exact_match_reward": 1.0, "f1_reward": 0.0, "support_reward": 0.0}
