@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from mlx_grpo.models.untrained_tokens import encode_spelled, indistinct_tokens
 from mlx_grpo.models.loading import embedded_model_path
+from mlx_grpo.models.untrained_tokens import encode_spelled, indistinct_tokens
 
 WIDTH = 16
 

@@ -10,6 +10,8 @@ text out in ordinary tokens: the same text, which the parser reads the same and 
 
 from __future__ import annotations
 
+import re
+
 import mlx.core as mx
 import numpy as np
 
@@ -50,25 +52,15 @@ def indistinct_tokens(model, tokenizer) -> dict[int, str]:
 def encode_spelled(tokenizer, text: str, spelled: dict[int, str]) -> list[int]:
     """`text` as token ids, each `spelled` token's text written in ordinary tokens rather than as that token.
 
-    The text is cut at every occurrence and each occurrence encoded as its first character, then the
-    rest: neither piece holds the whole added token, so the tokenizer spells it; decoding gives `text`."""
-    pieces = [text]
-    for word in sorted(set(spelled.values()), key=len, reverse=True):
-        pieces = [part for piece in pieces for part in _split_keeping(piece, word)]
+    Each occurrence is encoded as its first character, then the rest: neither piece holds the whole
+    added token, so the tokenizer spells it; decoding gives `text` back."""
     words = set(spelled.values())
+    if not words:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    cut = "(" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + ")"
     ids: list[int] = []
-    for piece in pieces:
-        if piece in words:
-            ids += tokenizer.encode(piece[0], add_special_tokens=False)
-            ids += tokenizer.encode(piece[1:], add_special_tokens=False)
-        elif piece:
-            ids += tokenizer.encode(piece, add_special_tokens=False)
-    return list(ids)
-
-
-def _split_keeping(text: str, word: str) -> list[str]:
-    parts = text.split(word)
-    out = [parts[0]]
-    for part in parts[1:]:
-        out += [word, part]
-    return out
+    for piece in re.split(cut, text):  # the words themselves are kept, between the text around them
+        parts = [piece[0], piece[1:]] if piece in words else [piece]
+        for part in filter(None, parts):
+            ids += tokenizer.encode(part, add_special_tokens=False)
+    return ids

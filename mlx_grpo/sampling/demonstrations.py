@@ -11,9 +11,9 @@ masked exactly as the RL update masks observations.
 
 from __future__ import annotations
 
+from ..models.untrained_tokens import encode_spelled
 from ..tasks.data import DataError, LoadReport, encode_prompt
 from ..tasks.sft_data import encode_demonstration
-from ..models.untrained_tokens import encode_spelled
 from .environment import Rendered
 from .kinds import rollouts_for
 from .multiturn import Episode, _encode, _play, _Progress, chat_join, make_envs
@@ -55,8 +55,8 @@ def scripted_episodes(tokenizer, envs: list, scripts: list[list[str]], system_pr
         episodes.append(Episode(i, prompt))
     turns = max((len(s) for s in scripts), default=0)
     wave = list(range(len(episodes)))
-    _play(ScriptedTurns(tokenizer, scripts, spelled), tokenizer, episodes, envs, wave, join, SamplingConfig(temperature=0.0),
-          turns, max_episode_tokens, _Progress(len(episodes), turns, None), None)
+    _play(ScriptedTurns(tokenizer, scripts, spelled), tokenizer, episodes, envs, wave, join,
+          SamplingConfig(temperature=0.0), turns, max_episode_tokens, _Progress(len(episodes), turns, None), None)
     return episodes
 
 
@@ -66,7 +66,8 @@ def episode_example(episode: Episode) -> tuple[list[int], list[float]]:
 
 
 def task_demonstrations(task, tokenizer, rows: list[dict], max_episode_tokens: int, on_bad: str,
-                        source: str, spelled: dict[int, str] | None = None) -> tuple[list[tuple[list[int], list[float]]], str]:
+                        source: str, spelled: dict[int, str] | None = None
+                        ) -> tuple[list[tuple[list[int], list[float]]], str]:
     """(examples, note): the rows' demonstrations; a row without one, or whose scripted episode does not
     end solved within max_episode_tokens, is skipped and counted (on_bad="error": DataError). `spelled`:
     tokens a scripted action writes out in ordinary tokens (models/untrained_tokens.py)."""
