@@ -71,6 +71,14 @@ def test_the_first_step_starts_from_the_sft_weights(runs):
     assert rl_result.accuracy_before == pytest.approx(sft_result.accuracy_after)
 
 
+def test_the_first_step_measures_the_start_s_distance_from_the_base(runs):
+    """The reference is the original base: a run continuing SFT adapters does not start at KL 0."""
+    _, _, _, rl_result = runs
+    kls = [m["kl"] for m in rl_result.history]
+    assert kls[0] is not None and kls[0] > 1e-4, kls  # measured, though kl_every (10) is past the run's 3 steps
+    assert kls[1:] == [None, None]
+
+
 def test_the_new_run_records_its_start_and_names_the_original_base(runs):
     sft_run, rl_run, _, _ = runs
     settings = yaml.safe_load((rl_run / "config.yaml").read_text())

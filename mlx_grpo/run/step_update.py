@@ -30,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import TrainConfig
+from ..models.run_models import is_run_folder
 from ..tasks.registry import Task, token_budget
 from ..update.advantages import group_advantages
 from ..update.batch import (MicroBatch, RolloutBatch, batch_shape, build_batch, carries_signal, groups_with_signal,
@@ -133,8 +134,10 @@ def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float:
 def prepare_update(model, trained: Trained, task: Task, config: TrainConfig, step: int, ref_params) -> PreparedUpdate:
     """The batch of the trained completions, cut into this rank's micro-batches, with what the loss needs."""
     o = config.objective
-    # Step 1 samples from the starting weights, the reference itself: KL 0.
-    kl = 0.0 if step == 1 and o.kl_every > 0 else None
+    # Step 1 samples from the starting weights: the reference itself (KL 0) unless the run continues
+    # another run's adapters (a warm start, a run folder as the model), whose distance is measured then.
+    at_reference = not is_run_folder(config.model)
+    kl = 0.0 if step == 1 and o.kl_every > 0 and at_reference else None
     completions, g = trained.completions, config.group_size
     if not completions:  # every group was filtered out: zero gradients (the optimizer steps on them unless skip_no_signal)
         return PreparedUpdate(BatchShape(0, 0, 0, config.sampling.max_tokens), [], None, None, [], True,
@@ -148,7 +151,7 @@ def prepare_update(model, trained: Trained, task: Task, config: TrainConfig, ste
     chunk = logprob_chunk(config, model, batch, size)
     # The reference costs a forward pass: every step when the loss needs it,
     # every kl_every steps when it is only watched.
-    watch_kl = o.beta == 0 and o.kl_every > 0 and step % o.kl_every == 0
+    watch_kl = o.beta == 0 and o.kl_every > 0 and (step % o.kl_every == 0 or (step == 1 and not at_reference))
     # A zero-advantage group adds nothing to the loss unless a KL or entropy term
     # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
     skip_silent = o.beta == 0 and o.entropy_coef == 0 and o.loss != "bnpo"
