@@ -251,6 +251,18 @@ def test_ratio_one_gives_reinforce_with_a_baseline(loss_type):
     np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.parametrize("loss_type, shared_push", [("grpo", 0.1875), ("dr_grpo", 0.0), ("dapo", 0.0)])
+def test_a_token_every_member_writes_nets_zero_only_without_a_per_sequence_mean(loss_type, shared_push):
+    """Two episodes of one group open with the same call token, then one answers right after three more
+    tokens (A = +0.5) and the other wrongly at once (A = -0.5). The shared token's net push is the sum of
+    d loss / d logp over its two copies: grpo's per-sequence mean weighs the short wrong episode's copy
+    4x, so the call both wrote is pushed down (-(0.5/4 - 0.5/1)/2); one divisor for all nets it to 0."""
+    logp = np.log(np.full((2, 4), 0.5))
+    mask = np.array([[1, 1, 1, 1], [1, 0, 0, 0]], dtype=float)
+    _, _, grad = mlx_loss(logp, logp, np.array([0.5, -0.5]), mask, loss_type, micro=1, max_tokens=4)
+    assert grad[0, 0] + grad[1, 0] == pytest.approx(shared_push, abs=1e-7)
+
+
 def test_k3_is_nonnegative_and_zero_at_equality():
     logp = mx.array([-1.0, -2.0, -3.0])
     assert np.allclose(np.array(kl_k3(logp, logp)), 0.0)

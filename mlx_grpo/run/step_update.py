@@ -112,7 +112,7 @@ class PreparedUpdate:
     token_weights: list | None  # entropy_top_quantile's chosen tokens
     no_signal: bool  # no token trained, or no advantage on one and no KL or entropy term
     skip: bool  # skip_no_signal on a step without signal: the optimizer does not step
-    kl: float | None  # KL to the reference, when watched this step (0 at step 1); None: not measured
+    kl: float | None  # KL to the reference, when watched this step (0 at step 1 from the base itself); None: not measured
     prompt_tokens: int  # prompt tokens in the update, for train/tokens_per_s
     padded_frac: float | None = None  # update/padded_frac: padding's share of every rank's micro-batches' slots
 
