@@ -112,7 +112,7 @@ class PreparedUpdate:
     token_weights: list | None  # entropy_top_quantile's chosen tokens
     no_signal: bool  # no token trained, or no advantage on one and no KL or entropy term
     skip: bool  # skip_no_signal on a step without signal: the optimizer does not step
-    kl: float | None  # KL to the reference, when watched this step (0 at step 1 from the base itself); None: not measured
+    kl: float | None  # KL to the reference, when watched this step (0 at step 1 from the base); None: not measured
     prompt_tokens: int  # prompt tokens in the update, for train/tokens_per_s
     padded_frac: float | None = None  # update/padded_frac: padding's share of every rank's micro-batches' slots
 
@@ -136,8 +136,8 @@ def prepare_update(model, trained: Trained, task: Task, config: TrainConfig, ste
     o = config.objective
     # Step 1 samples from the starting weights: the reference itself (KL 0) unless the run continues
     # another run's adapters (a warm start, a run folder as the model), whose distance is measured then.
-    at_reference = not is_run_folder(config.model)
-    kl = 0.0 if step == 1 and o.kl_every > 0 and at_reference else None
+    continued_start = step == 1 and is_run_folder(config.model)
+    kl = 0.0 if step == 1 and o.kl_every > 0 and not continued_start else None
     completions, g = trained.completions, config.group_size
     if not completions:  # every group was filtered out: zero gradients (the optimizer steps on them unless skip_no_signal)
         return PreparedUpdate(BatchShape(0, 0, 0, config.sampling.max_tokens), [], None, None, [], True,
@@ -151,7 +151,7 @@ def prepare_update(model, trained: Trained, task: Task, config: TrainConfig, ste
     chunk = logprob_chunk(config, model, batch, size)
     # The reference costs a forward pass: every step when the loss needs it,
     # every kl_every steps when it is only watched.
-    watch_kl = o.beta == 0 and o.kl_every > 0 and (step % o.kl_every == 0 or (step == 1 and not at_reference))
+    watch_kl = o.beta == 0 and o.kl_every > 0 and (step % o.kl_every == 0 or continued_start)
     # A zero-advantage group adds nothing to the loss unless a KL or entropy term
     # does; bnpo divides by each micro-batch's own token count, so its micro-batches stay whole.
     skip_silent = o.beta == 0 and o.entropy_coef == 0 and o.loss != "bnpo"
