@@ -1,7 +1,9 @@
 """Answers kept between eval and compare runs (evaluation/answer_cache.py) belong to the code that made them:
-another mlx-grpo version or decode format decodes again, and a reuse says which version made the answers."""
+another mlx-grpo version or decode format decodes again, and a reuse says which version made the answers.
+A multi-turn task's episodes are kept under everything that played them, and reused as they were played."""
 
 import json
+from dataclasses import replace
 
 from typer.testing import CliRunner
 
@@ -88,3 +90,134 @@ def test_compare_gives_back_the_callers_progress_listener(tiny_model_path, tmp_p
         assert progress.PROGRESS.get() is listener
     finally:
         progress.PROGRESS.reset(token)
+
+
+def _web(model, n=3, **overrides):
+    config = cmp.task_config(None, model, {"task": "web", "eval_num_problems": n, "max_tokens": 4, "max_turns": 2,
+                                           **overrides})
+    return load_task(config), cmp.build_settings(config, cache=True)
+
+
+def _written(report, folder):
+    cmp_report.write_report(report, folder)
+    return (json.loads((folder / "report.json").read_text()), (folder / "rows.jsonl").read_text(),
+            (folder / "report.md").read_text())
+
+
+def test_episodes_are_kept_and_a_reuse_reports_what_the_decode_did(tiny_model_path, tmp_path, monkeypatch):
+    """A multi-turn task's second eval reads its episodes back instead of playing them, and its report
+    (scores, parts, accuracies, finish reasons, transcripts, episode metrics) is the decoded one's."""
+    spec = cmp.ModelSpec(str(tiny_model_path))
+    task, settings = _web(str(tiny_model_path))
+    first = cmp.evaluate(spec, task, settings)
+    assert first.results[0].cached is None
+    decoded = []
+    real_generate = cmp.generate
+    monkeypatch.setattr(cmp, "generate", lambda *a, **k: decoded.append(1) or real_generate(*a, **k))
+    again = cmp.evaluate(spec, task, settings)
+    assert decoded == [] and again.results[0].cached is not None and again.results[0].cached.is_file()
+
+    (data, rows, md), (data2, rows2, md2) = _written(first, tmp_path / "a"), _written(again, tmp_path / "b")
+    model, reused = data["models"]["model"], data2["models"]["model"]
+    assert reused.pop("answers_from_cache") and reused.pop("answers_made_by")
+    assert reused == model and model["episode"]["episode/turns"] >= 1 and model["reward_parts"]
+    assert rows2 == rows and "> " in rows  # the transcripts, turn by turn
+    differ = [(a, b) for a, b in zip(md.splitlines(), md2.splitlines()) if a != b]
+    assert [a for a, _ in differ] == [f"- **model**: `{spec.label}`", f"{data['seconds']:.1f} s in all."], differ
+    assert [a.tokens for a in again.results[0].answers] == [a.tokens for a in first.results[0].answers]
+
+
+def test_what_an_episode_depends_on_is_in_its_key(tiny_model_path, tmp_path, monkeypatch):
+    """The whole row (a web row's seed makes its environment), the episode limits, the task's settings and the
+    environment's code each change the key: no episode played under other conditions is reused."""
+    from mlx_grpo.tasks import registry
+
+    spec = cmp.ModelSpec(str(tiny_model_path))
+    task, settings = _web(str(tiny_model_path))
+    rows = cmp.select_rows(task, "test", 3)
+    key = answer_cache.cache_key(spec, task, rows, settings)
+    assert answer_cache.cache_key(spec, task, [dict(r) for r in rows], settings) == key
+    other_seed = [{**rows[0], "seed": rows[0]["seed"] + 1}, *rows[1:]]  # the same prompt, another environment
+    assert other_seed[0]["prompt"] == rows[0]["prompt"]
+    keys = {key, answer_cache.cache_key(spec, task, other_seed, settings)}
+    for name, value in (("max_turns", 3), ("max_episode_tokens", 100)):
+        keys.add(answer_cache.cache_key(spec, task, rows, replace(settings, **{name: value})))
+    other_kinds = replace(settings.run_config, task_options=replace(settings.run_config.task_options,
+                                                                            web_kinds=["form/2"]))
+    keys.add(answer_cache.cache_key(spec, task, rows, replace(settings, run_config=other_kinds)))
+    keys.add(answer_cache.cache_key(spec, task, rows, replace(settings, run_config=replace(
+        settings.run_config, tool_timeout=1.0))))
+    assert len(keys) == 6
+
+    package = tmp_path / "envcode" / "web_env_copy"  # the task's own package, as a copy that can be edited
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "env.py").write_text("STEP_LIMIT = 3\n")
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.setitem(registry.BUILTIN_TASKS, "web", "web_env_copy")
+    before = answer_cache.cache_key(spec, task, rows, settings)
+    assert before != key  # another package's code
+    (package / "env.py").write_text("STEP_LIMIT = 4\n")
+    assert answer_cache.cache_key(spec, task, rows, settings) != before
+
+    monkeypatch.setattr(answer_cache, "EPISODE_CODE", answer_cache.EPISODE_CODE[1:])  # mlx-grpo's turn loop
+    assert answer_cache.cache_key(spec, task, rows, settings) not in (key, before)
+
+
+def test_a_tools_files_code_is_in_its_episodes_key(tiny_model_path, tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "Capital of Norway?", "answer": "Oslo"}\n' * 4)
+    (tmp_path / "rewards.py").write_text("def exact(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    tools = tmp_path / "tools.py"
+    tools.write_text("def lookup(title: str) -> str:\n    '''Read a page.'''\n    return 'Oslo'\n")
+    config = cmp.task_config(None, str(tiny_model_path), {"task": "custom", "data": str(data), "reward": ["exact"],
+                                                         "reward_file": str(tmp_path / "rewards.py"),
+                                                         "tools": str(tools), "eval_num_problems": 2})
+    task, settings = load_task(config), cmp.build_settings(config, cache=True)
+    spec, rows = cmp.ModelSpec(str(tiny_model_path)), task.train_rows[:2]
+    key = answer_cache.cache_key(spec, task, rows, settings)
+    tools.write_text("def lookup(title: str) -> str:\n    '''Read a page.'''\n    return 'Bergen'\n")
+    changed_tools = answer_cache.cache_key(spec, task, rows, settings)
+    (tmp_path / "rewards.py").write_text("def exact(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    assert len({key, changed_tools, answer_cache.cache_key(spec, task, rows, settings)}) == 3
+
+
+def test_episodes_without_the_runs_settings_are_not_kept(tiny_model_path):
+    """Settings without the run's config cannot say what made the environments: nothing is kept or read."""
+    task, settings = _web(str(tiny_model_path))
+    assert answer_cache.cacheable(task, settings)
+    assert not answer_cache.cacheable(task, replace(settings, run_config=None))
+    arith, arith_settings = _task_and_settings(str(tiny_model_path))
+    assert answer_cache.cacheable(arith, replace(arith_settings, run_config=None))  # a completion needs none
+
+
+def test_damaged_kept_episodes_are_played_again(tiny_model_path, monkeypatch):
+    spec = cmp.ModelSpec(str(tiny_model_path))
+    task, settings = _web(str(tiny_model_path), n=2)
+    first = cmp.evaluate(spec, task, settings).results[0]
+    path = next(answer_cache.folder().glob("*.json"))
+    decoded = []
+    real_generate = cmp.generate
+    monkeypatch.setattr(cmp, "generate", lambda *a, **k: decoded.append(1) or real_generate(*a, **k))
+    path.write_text("{not json")
+    assert cmp.evaluate(spec, task, settings).results[0].cached is None and decoded == [1]
+    kept = json.loads(path.read_text())  # written anew; now an episode without its turns
+    del kept["answers"][0]["turns"]
+    path.write_text(json.dumps(kept))
+    again = cmp.evaluate(spec, task, settings).results[0]
+    assert again.cached is None and decoded == [1, 1] and again.summary()["reward"] == first.summary()["reward"]
+    assert cmp.evaluate(spec, task, settings).results[0].cached == path and decoded == [1, 1]
+
+
+def test_tool_episodes_are_kept_with_their_tool_metrics(tiny_model_path, tmp_path):
+    """multihop: a reused eval reports the same tool calls, recall and answers as the one that played them."""
+    config = cmp.task_config(None, str(tiny_model_path), {"task": "multihop", "eval_num_problems": 2,
+                                                          "multihop_hops": [2], "max_tokens": 4, "max_turns": 2})
+    task, settings = load_task(config), cmp.build_settings(config, cache=True)
+    spec = cmp.ModelSpec(str(tiny_model_path))
+    first, again = cmp.evaluate(spec, task, settings), cmp.evaluate(spec, task, settings)
+    assert first.results[0].cached is None and again.results[0].cached is not None
+    (data, rows, _), (data2, rows2, _) = _written(first, tmp_path / "a"), _written(again, tmp_path / "b")
+    decoded, reused = data["models"]["model"], data2["models"]["model"]
+    assert reused.pop("answers_from_cache") and reused.pop("answers_made_by")
+    assert reused == decoded and "tools/calls_per_episode" in decoded["episode"] and rows2 == rows

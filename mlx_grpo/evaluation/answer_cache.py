@@ -17,7 +17,18 @@ answers changes). Each entry also records which mlx-grpo made it, and a reuse
 says so. Scores are not cached: the rewards run again on the kept text, so a
 changed reward function scores old answers anew.
 
-Multi-turn tasks are never cached: their answers depend on an environment.
+A multi-turn task's episodes are kept too, with their environments' scores (an
+episode is scored as it is played, so nothing scores it anew). Their key adds
+everything an episode depends on: the whole rows (a web row's family, level and
+seed make its environment), the episode limits (max_turns, max_episode_tokens),
+the run's task settings (model_names.py's task_settings: web_kinds, multihop_*,
+tools, tool_timeout, tool_style, rewards and their weights, reward_timeout, ...),
+and a hash of the code that plays and scores episodes: the task's own module or
+package (rewards/web_browsing/, rewards/multihop/), the file its make_env is
+written in, a --tools or --reward-file file, and mlx-grpo's turn loop and tool
+calling (EPISODE_CODE). Without the run's settings (Settings.run_config None) what
+made the environments is unknown, and episodes are not kept.
+
 `MLX_GRPO_ANSWER_CACHE` names another folder for the answers alone (the tests
 give each test its own).
 """
@@ -25,6 +36,8 @@ give each test its own).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import inspect
 import json
 import os
 from pathlib import Path
@@ -36,10 +49,24 @@ from ..files import CheckpointError, atomic_write_json
 from ..models.gguf import CONVERTER_VERSION, cache_root
 from ..models.loading import model_fingerprint
 from ..sampling import rollout as decoding
+from ..sampling.kinds import rollouts_for
+from ..sampling.multiturn import Episode
+from ..tasks.registry import BUILTIN_TASKS
+from ..tasks.rewarding import reward_name
 from ..version import package_version
+from .model_names import task_settings
 
 FORMAT = 2  # bump when what a cache file keeps changes (how answers are decoded is DECODE_FORMAT's)
 ENV = "MLX_GRPO_ANSWER_CACHE"
+# mlx-grpo's code an episode is played by, besides the decoding DECODE_FORMAT covers: the turn loop, the
+# environment protocol, the wave width, and tool calling (the tool episodes' environment).
+EPISODE_CODE = ("mlx_grpo.sampling.multiturn", "mlx_grpo.sampling.turns", "mlx_grpo.sampling.turn_cache",
+                "mlx_grpo.sampling.environment", "mlx_grpo.sampling.width", "mlx_grpo.tools")
+# What the scores, episode metrics and report read of an episode (multiturn.episode_scores and
+# episode_metrics, accuracy.solved, compare.Answer.of). Its prompt tokens and log-probs are left out:
+# nothing after the rollout reads them, and the log-probs alone would double the file.
+EPISODE_FIELDS = ("prompt_index", "tokens", "mask", "finish_reason", "turns", "observations", "reward",
+                  "reward_parts", "info", "error")
 
 
 class Kept(NamedTuple):
@@ -69,7 +96,69 @@ def cache_key(spec, task, rows: list[dict], settings) -> str:
         [sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.max_tokens],
         settings.samples, settings.seed, settings.concurrency, getattr(settings, "keep_quantized", False),
     ]
+    if rollouts_for(task).plays_episodes:
+        parts.append(episode_parts(task, rows, settings))
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def cacheable(task, settings) -> bool:
+    """Whether answers are kept: asked for, and for a multi-turn task only with the run's settings its
+    environments were made with (without them, what shaped an environment is unknown)."""
+    return settings.cache and (not rollouts_for(task).plays_episodes or settings.run_config is not None)
+
+
+def episode_parts(task, rows: list[dict], settings) -> list:
+    """What a multi-turn task's episodes depend on beyond the single-turn key: the whole rows, the episode
+    limits, the run's task settings, the rewards the environments score with, and the code that plays them."""
+    config = settings.run_config
+    return [rows, settings.max_turns, settings.max_episode_tokens, task_settings(config),
+            [reward_name(f) for f in task.reward_functions], list(task.reward_weights), environment_code(task, config)]
+
+
+def environment_code(task, config) -> str:
+    """A hash of the code the task's episodes are played and scored by: mlx-grpo's (EPISODE_CODE), the task's
+    module or package, the file its make_env is written in, and a --tools and --reward-file file."""
+    files = [path for name in (*EPISODE_CODE, BUILTIN_TASKS.get(task.name)) if name for path in module_files(name)]
+    files += [Path(p) for p in (defined_in(task.make_env), config.tools, config.reward_file) if p]
+    digest = hashlib.sha256()
+    for path in files:
+        try:
+            content = path.read_bytes()
+        except OSError:
+            content = b"(missing)"
+        # The name, not the path: an installed copy and the source tree of the same code agree.
+        digest.update(json.dumps([path.name, hashlib.sha256(content).hexdigest()]).encode())
+    return digest.hexdigest()
+
+
+def module_files(name: str) -> list[Path]:
+    """A module's source file, or every .py file of a package."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return []
+    if spec.submodule_search_locations:
+        return sorted(p for folder in spec.submodule_search_locations for p in Path(folder).rglob("*.py"))
+    return [Path(spec.origin)]
+
+
+def defined_in(function) -> str | None:
+    try:
+        return inspect.getsourcefile(inspect.unwrap(function))
+    except TypeError:  # a builtin or a callable object without source of its own: its task's files still count
+        return None
+
+
+def episode_dict(episode: Episode) -> dict:
+    """An episode as a cache file keeps it (EPISODE_FIELDS). Its reward parts are (name, value) pairs: the
+    file's keys are sorted, and the parts' order is the order of the report's columns."""
+    kept = {name: getattr(episode, name) for name in EPISODE_FIELDS}
+    return {**kept, "reward_parts": list(episode.reward_parts.items())}
+
+
+def episode_of(kept: dict) -> Episode:
+    """An episode read back; KeyError, TypeError or ValueError when the entry is not one."""
+    fields = {name: kept[name] for name in EPISODE_FIELDS}
+    return Episode(prompt_tokens=[], logprobs=[], **{**fields, "reward_parts": dict(fields["reward_parts"])})
 
 
 def read(key: str, count: int) -> Kept | None:
@@ -91,6 +180,6 @@ def write(key: str, answers: list[dict], seconds: float) -> Path | None:
     try:
         maker = {"mlx_grpo": package_version(), "decode_format": decoding.DECODE_FORMAT}
         atomic_write_json(path, {"format": FORMAT, "made_by": maker, "seconds": seconds, "answers": answers})
-    except CheckpointError:
+    except (CheckpointError, TypeError, ValueError):  # TypeError: an environment's info that JSON cannot hold
         return None
     return path

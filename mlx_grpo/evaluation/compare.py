@@ -213,16 +213,16 @@ def score(task: Task, rows: list[dict], answers: list, samples: int) -> tuple:
 def generate_or_reuse(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
                       on_progress: Callable[[str, int, int], None] | None = None):
     """(answers, rollouts, decode seconds, where the answers were kept or None, which code made them or None):
-    decoded, or from the cache (single-turn answers only: an episode's score is in the episode)."""
+    decoded, or from the cache (a multi-turn task's episodes with their environments' scores)."""
     progress = (lambda done: on_progress(name, done, len(rows))) if on_progress else None
-    cacheable = settings.cache and not rollouts_for(task).plays_episodes
-    key = answer_cache.cache_key(spec, task, rows, settings) if cacheable else None
+    episodes = rollouts_for(task).plays_episodes
+    key = answer_cache.cache_key(spec, task, rows, settings) if answer_cache.cacheable(task, settings) else None
     kept = answer_cache.read(key, len(rows) * settings.samples) if key else None
-    if kept is not None:
+    reused = kept_answers(kept.answers, episodes) if kept is not None else None
+    if reused is not None:
         if progress:
             progress(len(rows))
-        answers = [Answer(**a) for a in kept.answers]
-        return answers, answers, kept.seconds, answer_cache.folder() / f"{key}.json", kept.made_by
+        return *reused, kept.seconds, answer_cache.folder() / f"{key}.json", kept.made_by
     model, tokenizer = load_model(spec, settings.keep_quantized)
     if progress:
         progress(0)
@@ -230,8 +230,21 @@ def generate_or_reuse(name: str, spec: ModelSpec, task: Task, rows: list[dict], 
     del model
     mx.clear_cache()  # the next model gets the memory
     if key:
-        answer_cache.write(key, [asdict(a) for a in answers], seconds)
+        kept_as = [answer_cache.episode_dict(r) for r in rollouts] if episodes else [asdict(a) for a in answers]
+        answer_cache.write(key, kept_as, seconds)
     return answers, rollouts, seconds, None, None
+
+
+def kept_answers(kept: list[dict], episodes: bool) -> tuple[list, list] | None:
+    """(answers, rollouts) read back from a cache file's entries; None when an entry is not one (decode again)."""
+    try:
+        if episodes:
+            played = [answer_cache.episode_of(a) for a in kept]
+            return [Answer.of(ep) for ep in played], played
+        answers = [Answer(**a) for a in kept]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return answers, answers
 
 
 def evaluate_model(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,

@@ -114,6 +114,13 @@ def _task_settings(settings: dict) -> dict:
     return {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS, *_GUARD_KEYS, *_WEIGHT_KEYS) if k in settings}
 
 
+def task_settings(config: TrainConfig) -> dict:
+    """The settings of `config` that make and guard its task, by flat name (how it is sampled is compare's
+    Settings' to say)."""
+    flat = config.flat()
+    return {k: flat[k] for k in (*_TASK_KEYS, *_GUARD_KEYS)}
+
+
 def _layered(values: dict, over: dict) -> dict:
     """`values` with `over` on top; a different task in `over` first drops the task settings below it."""
     if over.get("task") not in (None, values.get("task")):
