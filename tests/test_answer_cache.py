@@ -221,3 +221,28 @@ def test_tool_episodes_are_kept_with_their_tool_metrics(tiny_model_path, tmp_pat
     decoded, reused = data["models"]["model"], data2["models"]["model"]
     assert reused.pop("answers_from_cache") and reused.pop("answers_made_by")
     assert reused == decoded and "tools/calls_per_episode" in decoded["episode"] and rows2 == rows
+
+
+def test_an_adapters_key_is_its_weights_not_the_files_beside_them(tiny_model_path, tmp_path):
+    """A run folder gains logs and compare reports after training: the same adapter keeps its key; new weights
+    or another adapter config get another."""
+    import os
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "adapter_config.json").write_text('{"fine_tune_type": "lora"}')
+    (run / "adapters.safetensors").write_bytes(b"weights")
+    spec = cmp.ModelSpec(str(tiny_model_path), adapter=str(run), run_dir=run)
+    task, settings = _task_and_settings(str(tiny_model_path))
+    rows = cmp.select_rows(task, "test", 4)
+    key = answer_cache.cache_key(spec, task, rows, settings)
+
+    (run / "compare.log").write_text("a log written beside the adapter")
+    (run / "metrics.jsonl").write_text("{}\n")
+    assert answer_cache.cache_key(spec, task, rows, settings) == key
+
+    (run / "adapters.safetensors").write_bytes(b"new weights")
+    retrained = answer_cache.cache_key(spec, task, rows, settings)
+    assert retrained != key
+    os.utime(run / "adapter_config.json", ns=(1, 1))
+    assert answer_cache.cache_key(spec, task, rows, settings) not in (key, retrained)

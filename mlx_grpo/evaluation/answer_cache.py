@@ -7,8 +7,9 @@ same, so each model's answers are written to the cache folder (models/gguf.py:
 $MLX_GRPO_CACHE, else ~/.cache/mlx-grpo) as answers/<key>.json, and read back
 instead of decoding.
 
-The key hashes everything the answers depend on: the model's and the adapter's
-files (path, and each file's name, size and modification time), the prompts as
+The key hashes everything the answers depend on: the model's files and the
+adapter's weights and config (path, and each file's name, size and modification
+time; a run folder's logs and reports are not the adapter), the prompts as
 the task frames them (the rows' prompts, system prompt, plain-text frame, stop
 strings), the sampling settings, samples per prompt, seed and decode width,
 MLX's version and device, and the code that decodes: mlx-grpo's version and the
@@ -58,6 +59,8 @@ from .model_names import task_settings
 
 FORMAT = 2  # bump when what a cache file keeps changes (how answers are decoded is DECODE_FORMAT's)
 ENV = "MLX_GRPO_ANSWER_CACHE"
+# What loading an adapter folder reads of it (mlx-lm's format, models/adapters.py save_adapters).
+ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
 # mlx-grpo's code an episode is played by, besides the decoding DECODE_FORMAT covers: the turn loop, the
 # environment protocol, the wave width, and tool calling (the tool episodes' environment).
 EPISODE_CODE = ("mlx_grpo.sampling.multiturn", "mlx_grpo.sampling.turns", "mlx_grpo.sampling.turn_cache",
@@ -90,7 +93,7 @@ def cache_key(spec, task, rows: list[dict], settings) -> str:
     sampling = settings.sampling
     parts = [
         FORMAT, package_version(), decoding.DECODE_FORMAT, CONVERTER_VERSION, mx.__version__, str(mx.default_device()),
-        model_fingerprint(spec.model), model_fingerprint(spec.adapter) if spec.adapter else None,
+        model_fingerprint(spec.model), adapter_fingerprint(spec.adapter) if spec.adapter else None,
         task.system_prompt, getattr(task, "prompt_format", None), list(getattr(task, "stop", []) or []),
         [r["prompt"] for r in rows],
         [sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.max_tokens],
@@ -99,6 +102,15 @@ def cache_key(spec, task, rows: list[dict], settings) -> str:
     if rollouts_for(task).plays_episodes:
         parts.append(episode_parts(task, rows, settings))
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def adapter_fingerprint(adapter: str) -> list:
+    """The adapter folder's path and the name, size and modification time of the files a load reads
+    (ADAPTER_FILES): a run folder also holds logs, metrics and reports that grow after training (a compare
+    written into it, a log beside it), and they must not make its answers look new."""
+    folder = Path(adapter).expanduser()
+    files = [folder / name for name in ADAPTER_FILES]
+    return [str(adapter), *[(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]]
 
 
 def cacheable(task, settings) -> bool:
