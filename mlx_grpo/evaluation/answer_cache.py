@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import inspect
 import json
 import os
 from pathlib import Path
@@ -50,7 +49,7 @@ from ..files import CheckpointError, atomic_write_json
 from ..models.gguf import CONVERTER_VERSION, cache_root
 from ..models.loading import model_fingerprint
 from ..sampling import rollout as decoding
-from ..sampling.kinds import rollouts_for
+from ..sampling.kinds import environment_source, rollouts_for
 from ..sampling.multiturn import Episode
 from ..tasks.registry import BUILTIN_TASKS
 from ..tasks.rewarding import reward_name
@@ -131,7 +130,7 @@ def environment_code(task, config) -> str:
     """A hash of the code the task's episodes are played and scored by: mlx-grpo's (EPISODE_CODE), the task's
     module or package, the file its make_env is written in, and a --tools and --reward-file file."""
     files = [path for name in (*EPISODE_CODE, BUILTIN_TASKS.get(task.name)) if name for path in module_files(name)]
-    files += [Path(p) for p in (defined_in(task.make_env), config.tools, config.reward_file) if p]
+    files += [Path(p) for p in (environment_source(task), config.tools, config.reward_file) if p]
     digest = hashlib.sha256()
     for path in files:
         try:
@@ -153,11 +152,6 @@ def module_files(name: str) -> list[Path]:
     return [Path(spec.origin)]
 
 
-def defined_in(function) -> str | None:
-    try:
-        return inspect.getsourcefile(inspect.unwrap(function))
-    except TypeError:  # a builtin or a callable object without source of its own: its task's files still count
-        return None
 
 
 def episode_dict(episode: Episode) -> dict:

@@ -187,3 +187,14 @@ class MultiTurn:
 def rollouts_for(task) -> SingleTurn | MultiTurn:
     """The task's kind of rollout: episodes when it makes environments, else single completions."""
     return MultiTurn(task) if task.make_env is not None else SingleTurn(task)
+
+
+def environment_source(task) -> str | None:
+    """The file a multi-turn task's environments are made in (what an episode cache hashes); None when it has
+    no source of its own (a builtin or a callable object: its task's files still count)."""
+    import inspect
+
+    try:
+        return inspect.getsourcefile(inspect.unwrap(task.make_env)) if task.make_env else None
+    except TypeError:
+        return None
