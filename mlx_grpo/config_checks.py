@@ -52,6 +52,8 @@ def validate(config) -> None:
     need(c.warm_start_steps >= 0, f"warm_start_steps must be >= 0 (0: no warm start), got {c.warm_start_steps}")
     need(c.warm_start_lr > 0 and c.warm_start_batch_size >= 1,
          "warm_start_lr must be > 0 and warm_start_batch_size at least 1")
+    need(not c.warm_start_web_kinds or c.task == "web",
+         f"warm_start_web_kinds chooses the web task's demonstrations; task is {c.task!r}")
     need(0 <= c.curriculum_explore <= 1, f"curriculum_explore must be in [0, 1], got {c.curriculum_explore}")
     for name in ("steps", "batch_size", "group_size", "max_tokens", "num_iterations",
                  "micro_batch_size", "decode_concurrency", "save_every", "eval_num_problems",

@@ -96,6 +96,7 @@ class WarmStartSettings:
     lr: float = 1e-4  # the warm start's peak learning rate (its own schedule: warmup_steps, then cosine to lr * min_lr_ratio)
     batch_size: int = 4  # demonstrations per warm-start step
     data: str | None = None  # the warm start's demonstrations, as `sft --data` reads them with this task; None: the task's own (train split)
+    web_kinds: list[str] = field(default_factory=list)  # web task: the warm start's demonstrations from these kinds only (fact/1 ...); empty: the run's web_kinds
 
 
 # The setting groups: TrainConfig field -> (its dataclass, the prefix of its settings' flat names).

@@ -233,6 +233,8 @@ def test_sft_and_the_step_by_step_trainer_refuse_a_warm_start():
 
     with pytest.raises(ConfigError, match="warm_start_steps is train's"):
         sft_setup(_config())
+    with pytest.raises(ConfigError, match="warm_start_web_kinds is train's"):
+        sft_setup(build_config({"task": "web", "warm_start_web_kinds": ["fact/1"]}))
     with pytest.raises(ConfigError, match="the warm start runs inside train"):
         Trainer(_config())
 
@@ -246,3 +248,35 @@ def test_overwrite_removes_an_earlier_warm_start(warm, tmp_path):
     shutil.copytree(warm[0], run_dir)
     prepare_run_folder(run_dir, resume=False, overwrite=True)
     assert not (run_dir / "warm_start").exists() and not (run_dir / "adapters.safetensors").exists()
+
+
+def test_warm_start_web_kinds_chooses_the_stage_s_demonstrations_only(tmp_path):
+    from rewards.web_browsing.training import load_rows
+    config = build_config({"task": "web", "web_kinds": [], "warm_start_steps": 4,
+                           "warm_start_web_kinds": ["fact/1", "shop/1"]})
+    stage = ws.warm_start_config(config, tmp_path / "warm_start", resume=False)
+    assert stage.task_options.web_kinds == ["fact/1", "shop/1"] and config.task_options.web_kinds == []
+    assert stage.warm_start.web_kinds == [] and stage.warm_start.steps == 0  # the stage is a plain sft run
+    assert {row["kind"] for row in load_rows("train", stage)} == {"fact/1", "shop/1"}
+    assert len({row["kind"] for row in load_rows("train", config)}) == 12  # GRPO still draws every kind
+    unset = build_config({"task": "web", "web_kinds": ["travel/2"], "warm_start_steps": 4})
+    assert ws.warm_start_config(unset, tmp_path / "w", resume=False).task_options.web_kinds == ["travel/2"]
+    with pytest.raises(ConfigError, match="warm_start_web_kinds chooses the web task's demonstrations"):
+        build_config({"task": "arith", "warm_start_web_kinds": ["fact/1"]})
+
+
+@pytest.mark.parametrize("stage_kinds, reused", [([], True), (["fact/1"], False)])
+def test_a_stage_on_other_kinds_is_not_the_run_s_check(tmp_path, stage_kinds, reused):
+    """The stage's checks before and after are on its own kinds' tasks: the run reuses them only when those are its own."""
+    folder = tmp_path / "run" / ws.WARM_START_DIR
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"accuracy_before": 0.25, "accuracy_after": 0.5, "eval_n": 12,
+                                                     "eval_seconds": 3.0}))
+    config = build_config({"task": "web", "warm_start_steps": 4, "warm_start_web_kinds": stage_kinds,
+                           "resume": str(tmp_path / "run")})
+    stage = ws.run_warm_start(config, tmp_path / "run", emit=lambda kind, data: None)
+    assert not stage.ran_now
+    if reused:
+        assert stage.accuracy_before == 0.25 and stage.check == {"accuracy": 0.5, "n": 12, "seconds": 3.0}
+    else:
+        assert stage.accuracy_before is None and stage.check is None

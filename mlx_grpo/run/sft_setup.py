@@ -98,6 +98,8 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     if config.warm_start.steps > 0:
         raise ConfigError("warm_start_steps is train's (an sft stage before GRPO); sft itself takes --steps, --lr "
                           "and --data")
+    if config.warm_start.web_kinds:
+        raise ConfigError("warm_start_web_kinds is train's (the kinds of its warm start); sft itself takes --web-kinds")
     config, start = starting_run(config, writable)  # a run folder as --model: its base, its adapters continued
     mx.random.seed(config.seed)  # the adapters' initial weights: the same seed, the same run
     warnings: list[str] = []

@@ -6,7 +6,8 @@ sft run folder, then GRPO starts from that folder as from any run named as the m
 stage's held-out check before its first step is the base model's accuracy (the run's
 accuracy_before; eval_before: false skips it, the stage's config carrying the run's setting); its
 check after its last step is GRPO's starting accuracy, reused rather than measured twice, and made
-either way.
+either way; a stage on other web kinds (warm_start_web_kinds) checked other tasks, so GRPO then makes its
+own check (under eval_before).
 
 Resume: a warm start with a summary.json is finished and is not run again; one with a config.yaml
 and no summary is continued (sft's exact resume); otherwise it starts.
@@ -48,9 +49,16 @@ def warm_start_config(config: TrainConfig, folder: Path, resume: bool) -> TrainC
     """The sft stage's config: the warm_start group's values over the run's shared settings (model, task,
     the adapters' settings, seed, micro_batch_size, max_grad_norm, eval_num_problems, save_every ...)."""
     w = config.warm_start
-    return with_settings(config, steps=w.steps, lr=w.lr, batch_size=w.batch_size, data=w.data or config.data,
-                         output=str(folder), resume=str(folder) if resume else None,
-                         overwrite=config.overwrite and not resume, warm_start_steps=0)
+    stage = with_settings(config, steps=w.steps, lr=w.lr, batch_size=w.batch_size, data=w.data or config.data,
+                          output=str(folder), resume=str(folder) if resume else None,
+                          overwrite=config.overwrite and not resume, warm_start_steps=0,
+                          warm_start_web_kinds=[])
+    return replace(stage, task_options=replace(stage.task_options, web_kinds=stage_web_kinds(config)))
+
+
+def stage_web_kinds(config: TrainConfig) -> list[str]:
+    """The web kinds the warm start learns from (and checks on): warm_start_web_kinds, else the run's."""
+    return list(config.warm_start.web_kinds or config.task_options.web_kinds)
 
 
 def check_demonstrations(config: TrainConfig) -> None:
@@ -82,10 +90,12 @@ def run_warm_start(config: TrainConfig, run_dir: Path, emit: Callable[[str, dict
                                                    f"mlx-grpo train --resume {run_dir}")) from None
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     check = None
-    if summary.get("accuracy_after") is not None:
+    # A stage on other kinds checked other tasks: neither of its checks is the run's (GRPO makes its own).
+    same_tasks = stage_web_kinds(config) == list(config.task_options.web_kinds)
+    if summary.get("accuracy_after") is not None and same_tasks:
         check = {"accuracy": summary["accuracy_after"], "n": summary["eval_n"],
                  "seconds": summary.get("eval_seconds") or 0.0}
-    return WarmStart(folder, summary.get("accuracy_before"), check, ran_now=not finished)
+    return WarmStart(folder, summary.get("accuracy_before") if same_tasks else None, check, ran_now=not finished)
 
 
 def grpo_config(config: TrainConfig, stage: WarmStart | None) -> TrainConfig:
