@@ -49,11 +49,10 @@ def warm_start_config(config: TrainConfig, folder: Path, resume: bool) -> TrainC
     """The sft stage's config: the warm_start group's values over the run's shared settings (model, task,
     the adapters' settings, seed, micro_batch_size, max_grad_norm, eval_num_problems, save_every ...)."""
     w = config.warm_start
-    stage = with_settings(config, steps=w.steps, lr=w.lr, batch_size=w.batch_size, data=w.data or config.data,
-                          output=str(folder), resume=str(folder) if resume else None,
-                          overwrite=config.overwrite and not resume, warm_start_steps=0,
-                          warm_start_web_kinds=[])
-    return replace(stage, task_options=replace(stage.task_options, web_kinds=stage_web_kinds(config)))
+    return with_settings(config, steps=w.steps, lr=w.lr, batch_size=w.batch_size, data=w.data or config.data,
+                         web_kinds=stage_web_kinds(config), output=str(folder),
+                         resume=str(folder) if resume else None, overwrite=config.overwrite and not resume,
+                         warm_start_steps=0, warm_start_web_kinds=[])
 
 
 def stage_web_kinds(config: TrainConfig) -> list[str]:
