@@ -145,6 +145,8 @@ _EVALUATION_OPTIONS = {
                                                        "reward_timeout, ...) are used as a run folder's are; typed "
                                                        "flags override it")),
     "data": (Optional[str], typer.Option(None, help="prompts (as for train --data)")),
+    "web_kinds": (Optional[str], typer.Option(None, help="web task: the kinds to score, comma-separated (fact/1,shop/2); "
+                                                         "\"all\" for all 12; default: the run's web_kinds")),
     "reward_file": (Optional[Path], typer.Option(None, help="Python file defining reward functions")),
     "reward": (Optional[List[str]], typer.Option(None, help="reward function name(s)")),
     "judge": (Optional[str], typer.Option(None, help="a model that grades the answers too (as for train --judge); "
@@ -168,6 +170,11 @@ def _with_evaluation_options(command):
     return command
 
 
+def _web_kinds(typed: str | None) -> str | list | None:
+    """--web-kinds as typed; "all" is the empty list that means every kind (a run's own list would stand)."""
+    return [] if typed is not None and typed.strip().lower() == "all" else typed
+
+
 def _evaluation(options: dict, run_dir, model):
     """(task, settings, n) from a run's config and the typed shared options."""
     from .evaluation.compare import build_settings, task_config
@@ -177,6 +184,7 @@ def _evaluation(options: dict, run_dir, model):
                                           "reward_file": str(options["reward_file"]) if options["reward_file"]
                                           else None,
                                           "reward": options["reward"] or None, "max_tokens": options["max_tokens"],
+                                          "web_kinds": _web_kinds(options["web_kinds"]),
                                           "decode_concurrency": options["decode_concurrency"],
                                           **{k: options[k] for k in JUDGE_KEYS},
                                           "eval_num_problems": options["n"],

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mlx_grpo.cli import app
+from mlx_grpo.cli import _web_kinds, app
 from mlx_grpo.config import build_config
 from mlx_grpo.evaluation import compare as cmp
 from mlx_grpo.evaluation import compare_report as cmp_report
@@ -250,7 +250,7 @@ def test_the_settings_line_shows_a_system_prompt_with_brackets_as_written(tiny_m
     """A system prompt's "[n]" or "search[query]" is text, not rich markup (it vanished from the line)."""
     from typer.testing import CliRunner
 
-    from mlx_grpo.cli import app
+    from mlx_grpo.cli import _web_kinds, app
 
     result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--n", "2", "--max-tokens", "4",
                                       "--system-prompt", "Reply with search[query] or [n]."])
@@ -277,6 +277,23 @@ def test_a_training_config_file_gives_eval_its_task_and_episode_settings(tmp_pat
         cmp.task_config(None, None, {}, tmp_path / "missing.yaml")
     result = CliRunner().invoke(app, ["eval", "--model", "embedded", "--config", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2 and "config file not found" in result.output
+
+
+def test_web_kinds_flag_scores_other_kinds_than_the_run_trained_on(tmp_path):
+    """--web-kinds over a run's own web_kinds: "all" gives every kind, a list those kinds, a typo one line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("task: web\nweb_kinds: [fact/1, shop/1]\neval_num_problems: 24\n")
+
+    def kinds(typed):
+        config = cmp.task_config(run, None, {"web_kinds": _web_kinds(typed)})
+        return sorted({row["kind"] for row in load_task(config).test_rows})
+
+    assert kinds(None) == ["fact/1", "shop/1"]
+    assert len(kinds("all")) == 12 and "account/3" in kinds("ALL")
+    assert kinds("travel/2,account/3") == ["account/3", "travel/2"]
+    result = CliRunner().invoke(app, ["eval", "--model", "embedded", "--task", "web", "--web-kinds", "fact/9"])
+    assert result.exit_code == 2 and "fact/9" in result.output
 
 
 def test_answers_are_reused_only_while_nothing_that_decides_them_changed(tiny_model_path, tmp_path, monkeypatch):
