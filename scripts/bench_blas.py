@@ -4,9 +4,10 @@
     python scripts/bench_blas.py --seconds 2 --rounds 3 --json blas.json
 
 Candidates, each measured in a fresh process (the BLAS is chosen when a process starts):
-the system OpenBLAS with the kernels it picks itself, the same library with
-OPENBLAS_CORETYPE forced to each of --cores, MKL from pip (the `fastblas` extra) when
-installed, and the mlx wheel's reference BLAS (--reference; slow, so off by default).
+the system OpenBLAS with the kernels it picks itself (an OPENBLAS_CORETYPE set in the
+environment is taken out), the same library with OPENBLAS_CORETYPE forced to each of
+--cores, MKL from pip (the `fastblas` extra) when installed, and the mlx wheel's
+reference BLAS (--reference; slow, so off by default).
 The shapes are those of a Qwen2.5-0.5B step (hidden 896, intermediate 4864, vocabulary
 151,936) and one large square. --rounds > 1 runs the candidates round-robin and reports
 each figure's median, so a change in the machine's load hits every candidate alike.
@@ -62,11 +63,22 @@ def child(seconds: float) -> dict:
             "gflops": {name: gflops(m, k, n, seconds) for name, m, k, n in SHAPES}}
 
 
+def own_identity(library: str) -> tuple[str, str] | None:
+    """(version, kernels) that OpenBLAS in `library` picks itself, asked in a process without
+    OPENBLAS_CORETYPE, the environment its "(its own choice)" candidate runs in: here a CORETYPE set by
+    the user or the machine would name its kernels instead, and loading it would start its threads."""
+    env = {k: v for k, v in os.environ.items() if k != CORETYPE}
+    out = subprocess.run([sys.executable, __file__, "--identity", library], env=env, capture_output=True,
+                         text=True, check=True)
+    identity = json.loads(out.stdout)
+    return tuple(identity) if identity else None
+
+
 def candidates(cores: list[str], reference: bool) -> list[tuple[str, dict]]:
     """(label, environment changes) for every BLAS found here."""
     found = []
     system = system_openblas_path()
-    identity = system and openblas_identity(system)
+    identity = system and own_identity(system)
     if identity:
         version, own = identity
         found.append((f"OpenBLAS {version}, {own} (its own choice)", {"LD_PRELOAD": system, CORETYPE: None}))
@@ -102,10 +114,17 @@ def main(argv=None) -> dict:
     p.add_argument("--reference", action="store_true", help="also the mlx wheel's reference BLAS (slow)")
     p.add_argument("--json", help="write the JSON here instead of stdout")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--identity", help=argparse.SUPPRESS)  # own_identity's process: the library to ask
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.seconds)))
         return {}
+    if args.identity:
+        print(json.dumps(openblas_identity(args.identity)))
+        return {}
+    if os.environ.get(CORETYPE):  # the candidates set or unset it, so the user's choice is not what runs
+        print(f"note: {CORETYPE}={os.environ[CORETYPE]} is set here; the candidates run without it or with "
+              f"--cores' values (list it in --cores to measure it)", file=sys.stderr)
 
     found = candidates([c for c in args.cores.split(",") if c], args.reference)
     if not found:

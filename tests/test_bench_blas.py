@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ spec.loader.exec_module(bench_blas)
 
 def test_forced_kernels_are_listed_apart_from_the_librarys_own(monkeypatch):
     monkeypatch.setattr(bench_blas, "system_openblas_path", lambda: "/lib/libblas.so.3")
-    monkeypatch.setattr(bench_blas, "openblas_identity", lambda lib: ("0.3.21", "SkylakeX"))
+    monkeypatch.setattr(bench_blas, "own_identity", lambda lib: ("0.3.21", "SkylakeX"))
     monkeypatch.setattr(bench_blas, "pip_mkl_path", lambda: None)
     found = dict(bench_blas.candidates(["SkylakeX", "Haswell"], reference=True))
     assert list(found) == ["OpenBLAS 0.3.21, SkylakeX (its own choice)", "OpenBLAS 0.3.21, Haswell (forced)",
@@ -36,14 +39,27 @@ def test_mkl_runs_with_the_thread_settings_mlx_grpo_gives_it(monkeypatch):
     monkeypatch.setenv("KMP_BLOCKTIME", "200")  # a user's own setting wins, as it does in mlx-grpo
     assert dict(bench_blas.candidates([], reference=False))["MKL (pip)"]["KMP_BLOCKTIME"] == "200"
 
-def test_each_candidate_runs_in_its_own_process_with_its_kernels(tmp_path, capsys):
+def _kernels_without_coretype(library: str) -> str:
+    """The kernels OpenBLAS picks itself, asked in a fresh process with no OPENBLAS_CORETYPE (not through
+    the bench's own_identity, and not in this process, whose first load of the library would fix them)."""
+    env = {k: v for k, v in os.environ.items() if k not in (bench_blas.CORETYPE, "LD_PRELOAD")}
+    ask = f"from mlx_grpo.blas import openblas_identity; print(openblas_identity({library!r})[1])"
+    return subprocess.run([sys.executable, "-c", ask], env=env, cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_each_candidate_runs_in_its_own_process_with_its_kernels(tmp_path, capsys, monkeypatch):
     system = bench_blas.system_openblas_path()
-    if not system or not bench_blas.openblas_identity(system):
+    if not system or not bench_blas.own_identity(system):
         pytest.skip("no system OpenBLAS to run")
-    own = bench_blas.openblas_identity(system)[1]
+    own = _kernels_without_coretype(system)
     forced = "Haswell" if own.lower() != "haswell" else "SkylakeX"
     if not bench_blas.cpu_flags() >= {"avx2", "fma"}:
         pytest.skip("the CPU cannot run Haswell's kernels")
+    # A CORETYPE set by the machine (some set it globally) is not the library's own choice: the bench must
+    # neither run nor name it so. Prescott's kernels run on any x86-64 CPU.
+    preset = "Prescott" if own.lower() != "prescott" else "Haswell"
+    monkeypatch.setenv(bench_blas.CORETYPE, preset)
     path = tmp_path / "blas.json"
     report = bench_blas.main(["--seconds", "0.01", "--cores", forced, "--json", str(path)])
     assert json.loads(path.read_text()) == report
@@ -51,7 +67,7 @@ def test_each_candidate_runs_in_its_own_process_with_its_kernels(tmp_path, capsy
     own_label = next(label for label in results if label.endswith("(its own choice)"))
     forced_label = next(label for label in results if label.endswith("(forced)"))
     # The child names the kernels it ran on: forcing them took effect in that process alone.
-    assert results[own_label]["blas"].endswith(f"{own} kernels")
+    assert own_label.endswith(f"{own} (its own choice)") and results[own_label]["blas"].endswith(f"{own} kernels")
     assert results[forced_label]["blas"].endswith(f"{forced} kernels")
     for result in results.values():
         assert set(result["gflops"]) == {name for name, *_ in bench_blas.SHAPES}
@@ -59,3 +75,4 @@ def test_each_candidate_runs_in_its_own_process_with_its_kernels(tmp_path, capsy
         assert result["max_rel_error"] < 1e-4
     table = capsys.readouterr().err
     assert own_label in table and "32 x 896 x 151936" in table
+    assert f"{bench_blas.CORETYPE}={preset} is set here" in table  # the user is told theirs was not run
