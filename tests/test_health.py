@@ -157,6 +157,32 @@ def test_thresholds_are_configurable():
     assert [e["rule"] for e in run(stream(set_(frac_zero_std=0.45)), zero_std=0.4)] == ["zero_std"]
 
 
+def kl_events(kls: dict[int, float], replayed: int = 0) -> list[dict]:
+    """kl_runaway's events on a run that measured KL at the given steps only (the first `replayed` steps
+    caught up on as a resumed run does, reporting nothing)."""
+    rows = [{"step": s, "kl": kls.get(s)} for s in range(1, max(kls) + 1)]
+    monitor = HealthMonitor(Thresholds(HealthSettings()))  # kl_max 1.0
+    monitor.replay(rows[:replayed])
+    return [e for m in rows[replayed:] for e in monitor.observe(m) if e["rule"] == "kl_runaway"]
+
+
+def test_kl_runaway_judges_the_kl_gained_since_a_continued_start():
+    # A warm start measures its distance from the base at step 1 (2.09 in a web run): not a runaway.
+    assert kl_events({1: 2.09, 10: 2.15, 20: 2.3, 30: 2.5, 40: 2.9}) == []
+    assert kl_events({1: 2.09, 10: 2.15, 20: 2.3, 30: 2.5, 40: 2.9}, replayed=25) == []  # resumed: start kept
+    [event] = kl_events({1: 2.09, 10: 2.6, 20: 3.3, 30: 3.9})
+    assert event["step"] == 20  # 1.21 gained over the start; 2.6 at step 10 was only 0.51
+    assert event["evidence"] == ("KL to the reference is 3.3 and rising (2.09 at step 1, 2.6 at step 10, "
+                                 "3.3 at step 20), up 1.21 from the 2.09 it started at (step 1)")
+
+
+def test_kl_runaway_from_the_base_and_on_a_single_value():
+    [event] = kl_events({1: 0.0, 10: 1.5})  # from the base step 1 logs 0
+    assert event["step"] == 10
+    assert event["evidence"] == "KL to the reference is 1.5 and rising (0 at step 1, 1.5 at step 10)"
+    assert kl_events({1: 2.09}) == [] and kl_events({10: 5.0}) == []  # one value is no trend
+
+
 def test_a_rule_rearms_after_a_quiet_window():
     def on_off(m, s):
         if s < 42 or s >= 55:

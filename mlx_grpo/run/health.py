@@ -55,13 +55,7 @@ class History:
 
     def last_measured(self, key: str, n: int) -> list[tuple[int, float]]:
         """(step, value) of the last n steps that logged a number under `key`, oldest first."""
-        found = []
-        for r in reversed(self.steps):
-            if len(found) == n:
-                break
-            if _number(r.get(key)):
-                found.append((r.get("step"), float(r[key])))
-        return found[::-1]
+        return [(r.get("step"), float(r[key])) for r in self.steps if _number(r.get(key))][-n:]
 
     def latest(self, key: str):
         value = self.steps[-1].get(key) if self.steps else None
@@ -186,13 +180,17 @@ def loss_spike(h: History) -> str | None:
 
 
 def kl_runaway(h: History) -> str | None:
-    measured = h.last_measured("kl", 3)
-    if not measured or measured[-1][1] <= h.t.health.kl_max:
+    # Judged from the run's first measured KL: 0 from the base, while a continued start (a warm start, a run
+    # folder as the model) begins as far from the base as the adapters it continues already put it.
+    measured = h.last_measured("kl", len(h.steps))
+    if len(measured) < 2 or measured[-1][1] <= measured[-2][1]:
+        return None  # one value is no trend; high but no longer rising is not a runaway
+    (first, start), (_, now) = measured[0], measured[-1]
+    if now - start <= h.t.health.kl_max:
         return None
-    if len(measured) >= 2 and measured[-1][1] <= measured[-2][1]:
-        return None  # high but no longer rising
     trail = ", ".join(f"{kl:.3g} at step {s}" for s, kl in measured[-3:])
-    return f"KL to the reference is {measured[-1][1]:.3g} and rising ({trail})"
+    since = f", up {now - start:.3g} from the {start:.3g} it started at (step {first})" if round(start, 3) else ""
+    return f"KL to the reference is {now:.3g} and rising ({trail}){since}"
 
 
 def entropy_collapse(h: History) -> str | None:
@@ -303,7 +301,8 @@ RULES: tuple[Rule, ...] = (
          "seed 003: mean loss 0.46 -> 0.82 (+78%) and 0.55 -> 0.74 between epochs while reward stalled"),
     Rule("kl_runaway", "KL to the reference running away", kl_runaway,
          "the policy is drifting far from the base model: lower lr, or set/raise beta to hold it near the "
-         "reference; look for runaway text in completions.jsonl",
+         "reference (the base: on a continued start beta also pulls it back past where it started); look for "
+         "runaway text in completions.jsonl",
          "health_kl_max",
          "seed 003: kl_penalty 0.1 too low, 'allowing model to drift'; README: lr 5e-4 gave KL > 5 in 20 steps"),
     Rule("entropy_collapse", "entropy collapse", entropy_collapse,
