@@ -19,11 +19,11 @@ Rewards:
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from rewards import completion_text
+from rewards.jsonl import jsonl_records
 # Re-exported: the GSM8K task's answer reading, by the names notebooks and tests use.
 from rewards.math_answer import (  # noqa: F401
     ANSWER_TOLERANCE,
@@ -122,17 +122,7 @@ def to_row(record: dict, where: str) -> dict:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: malformed JSON ({e.msg})") from None
-            rows.append(to_row(record, f"{path}:{number}"))
-    return rows
+    return [to_row(record, where) for where, record in jsonl_records(path)]
 
 
 def _held_out_size(n_rows: int, config) -> int:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ..jsonl import jsonl_records
 from .grading import require_toolchain
 from .prompts import to_row
 
@@ -13,15 +13,7 @@ DATA_DIR = Path(__file__).parent.parent / "ocaml_data"
 
 def read_problems(path: str | Path) -> list[dict]:
     """Problem records from a JSONL file."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{number}: malformed JSON ({e.msg})") from None
-    return records
+    return [record for _, record in jsonl_records(path)]
 
 
 # The shipped test file's first problems are the validation split (recipes are chosen on them), the rest test.

@@ -14,9 +14,9 @@ names the test tasks instead: JSONL rows {"family", "difficulty", "seed"}
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ..jsonl import jsonl_records
 from .actions import ACTION_HELP
 from .env import WebEnv
 from .tasks import DIFFICULTIES, FAMILIES, generate_tasks, make_task, task_from_row
@@ -58,32 +58,25 @@ def read_task_file(path) -> list[dict]:
     if not Path(path).is_file():
         raise ValueError(f"web task file not found: {path}")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: malformed JSON ({e.msg})") from None
-            missing = [k for k in ("family", "difficulty", "seed") if not isinstance(record, dict) or k not in record]
-            if missing:
-                raise ValueError(f"{path}:{number}: a web task row needs 'family', 'difficulty' and 'seed' "
-                                 f"(no {missing[0]!r})")
-            if record["family"] not in FAMILIES:
-                raise ValueError(f"{path}:{number}: unknown family {record['family']!r}; choose from "
-                                 f"{', '.join(FAMILIES)}")
-            if record["difficulty"] not in DIFFICULTIES or isinstance(record["difficulty"], bool):
-                raise ValueError(f"{path}:{number}: unknown difficulty {record['difficulty']!r}; choose from "
-                                 f"{', '.join(map(str, DIFFICULTIES))}")
-            if not isinstance(record["seed"], int) or isinstance(record["seed"], bool):
-                raise ValueError(f"{path}:{number}: seed must be a whole number, got {record['seed']!r}")
-            try:
-                task = make_task(record["family"], record["difficulty"], record["seed"])
-            except ValueError as e:  # a world with no possible task of this kind
-                raise ValueError(f"{path}:{number}: no {record['family']}/{record['difficulty']} task in the "
-                                 f"world of seed {record['seed']} ({e})") from None
-            rows.append({**task.row(), "prompt": task.instruction})
+    for where, record in jsonl_records(path):
+        missing = [k for k in ("family", "difficulty", "seed") if not isinstance(record, dict) or k not in record]
+        if missing:
+            raise ValueError(f"{where}: a web task row needs 'family', 'difficulty' and 'seed' "
+                             f"(no {missing[0]!r})")
+        if record["family"] not in FAMILIES:
+            raise ValueError(f"{where}: unknown family {record['family']!r}; choose from "
+                             f"{', '.join(FAMILIES)}")
+        if record["difficulty"] not in DIFFICULTIES or isinstance(record["difficulty"], bool):
+            raise ValueError(f"{where}: unknown difficulty {record['difficulty']!r}; choose from "
+                             f"{', '.join(map(str, DIFFICULTIES))}")
+        if not isinstance(record["seed"], int) or isinstance(record["seed"], bool):
+            raise ValueError(f"{where}: seed must be a whole number, got {record['seed']!r}")
+        try:
+            task = make_task(record["family"], record["difficulty"], record["seed"])
+        except ValueError as e:  # a world with no possible task of this kind
+            raise ValueError(f"{where}: no {record['family']}/{record['difficulty']} task in the "
+                             f"world of seed {record['seed']} ({e})") from None
+        rows.append({**task.row(), "prompt": task.instruction})
     if not rows:
         raise ValueError(f"{path}: no web task rows")
     return rows
