@@ -362,3 +362,46 @@ def test_chunked_gradient_equals_unchunked(tiny_model_path):
     assert "model.embed_tokens.weight" in full
     for name in full:
         np.testing.assert_allclose(np.array(chunk[name]), np.array(full[name]), atol=1e-5, err_msg=name)
+
+
+def _sampled_and_reference_rows():
+    """Row 0 sampled, row 1 a reference answer (--guide) the policy finds e^20 less likely than the reference
+    model does: k3 there is about e^20, though row 1 says nothing about KL(pi || ref)."""
+    logp = np.log(np.full((2, 3), 0.5))
+    ref = logp + np.array([[0.1, -0.2, 0.3], [20.0, 20.0, 20.0]])
+    d = ref[0] - logp[0]
+    return logp, ref, np.ones((2, 3)), np.array([False, True]), float(np.mean(np.exp(d) - d - 1))
+
+
+def test_the_kl_penalty_and_its_mean_leave_reference_rows_out():
+    logp, ref, mask, guided, sampled_kl = _sampled_and_reference_rows()
+    settings = LossSettings(loss_type="dr_grpo", epsilon_low=0.2, epsilon_high=0.28, delta=None, beta=0.1,
+                            sapo_tau_pos=1.0, sapo_tau_neg=1.05, entropy_coef=0.0, guide_shaping=0.0)
+    shape = BatchShape(num_sequences=2, num_tokens=6, num_micro_batches=1, max_tokens=3)
+    f = lambda a: mx.array(a, dtype=mx.float32)  # noqa: E731
+
+    def loss_and_kl(rows_guided):
+        loss, stats = policy_loss(f(logp), f(logp), f([0.5, -0.5]), f(mask), shape, settings, ref_logp=f(ref),
+                                  guided=mx.array(rows_guided))
+        return loss.item(), stats["kl"].item() / stats["kl_tokens"].item()
+
+    loss, kl = loss_and_kl(guided)
+    # ratio 1: each token's policy term is -A, and the two rows' cancel; the penalty is row 0's alone.
+    assert loss == pytest.approx(0.1 * 3 * sampled_kl / (2 * 3), abs=1e-7)  # float32 sums
+    assert kl == pytest.approx(sampled_kl, rel=1e-5)
+    _, kl_if_sampled = loss_and_kl(np.array([False, False]))
+    assert kl_if_sampled > 1e7  # what the reference row would have made of the mean
+
+
+def test_the_watched_kl_leaves_reference_rows_out():
+    from mlx_grpo.run.step_update import _kl_to_reference
+    from mlx_grpo.update.batch import MicroBatch
+
+    logp, ref, mask, guided, sampled_kl = _sampled_and_reference_rows()
+    f = lambda a: mx.array(a, dtype=mx.float32)  # noqa: E731
+    mb = MicroBatch(prompts=mx.array([[1, 2]]), left_padding=mx.array([0]), completions=mx.zeros((2, 3), mx.int32),
+                    mask=f(mask), behaviour_logp=f(logp), advantages=f([0.5, -0.5]), group_size=2,
+                    guided=mx.array(guided))
+    assert _kl_to_reference([mb], [f(ref)]) == pytest.approx(sampled_kl, rel=1e-5)
+    only_reference = MicroBatch(**{**mb.__dict__, "guided": mx.array([True, True])})
+    assert _kl_to_reference([only_reference], [f(ref)]) is None

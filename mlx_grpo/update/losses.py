@@ -97,6 +97,18 @@ def kl_k3(logp, ref_logp):
     return mx.exp(log_ratio) - log_ratio - 1
 
 
+def sampled_tokens(mask, guided):
+    """`mask` without the rows that are reference answers (--guide): the tokens the policy sampled.
+
+    k3 estimates the KL only in expectation over the policy's own samples. A reference was never
+    drawn from the policy, and exp(ref - logp) is unbounded on its tokens the policy finds unlikely:
+    one such token can lift a step's mean k3 from about 1 to thousands.
+    """
+    if guided is None:
+        return mask
+    return mx.where(guided.astype(mx.bool_)[:, None], 0.0, mask)
+
+
 def _ppo_clip(ratio, adv, s: LossSettings):
     """Token loss and which tokens the clip made inactive (their gradient is zero)."""
     unclipped = mx.minimum(ratio, s.delta) if s.delta is not None else ratio
@@ -163,7 +175,8 @@ def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, setti
         per_token = per_token * token_weight
     kl = None
     if s.beta > 0:
-        kl = kl_k3(logp, ref_logp)
+        kl_mask = sampled_tokens(mask, guided)
+        kl = kl_k3(logp, ref_logp) * kl_mask
         per_token = per_token + s.beta * kl
     if s.entropy_coef > 0:
         per_token = per_token - s.entropy_coef * entropy
@@ -185,6 +198,7 @@ def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, setti
     }
     if kl is not None:
         stats["kl"] = (mx.stop_gradient(kl) * mask).sum()
+        stats["kl_tokens"] = (kl_mask * mask).sum()
     return loss, stats
 
 

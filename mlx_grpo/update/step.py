@@ -187,6 +187,6 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
         "update/rel_change": relative_change(start_weights, model.trainable_parameters()),
         **_skipped(skipped, nonfinite=skipped),
     }
-    if "kl" in totals and tokens:
-        metrics["kl"] = totals["kl"] / tokens
+    if totals.get("kl_tokens"):
+        metrics["kl"] = totals["kl"] / totals["kl_tokens"]
     return metrics
