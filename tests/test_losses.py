@@ -405,3 +405,14 @@ def test_the_watched_kl_leaves_reference_rows_out():
     assert _kl_to_reference([mb], [f(ref)]) == pytest.approx(sampled_kl, rel=1e-5)
     only_reference = MicroBatch(**{**mb.__dict__, "guided": mx.array([True, True])})
     assert _kl_to_reference([only_reference], [f(ref)]) is None
+
+
+def test_a_reference_row_past_exps_range_leaves_the_loss_and_its_gradient_finite():
+    """exp(200) overflows float32: off the KL mask the log-ratio must be 0 before exp, not masked after it."""
+    logp, ref, mask, guided, sampled_kl = _sampled_and_reference_rows()
+    ref[1] = logp[1] + 200.0
+    _, _, grad = mlx_loss(logp, logp, np.array([0.5, -0.5]), mask, "dr_grpo", micro=1, max_tokens=3, beta=0.1,
+                          ref=ref, guided=guided)
+    assert np.isfinite(grad).all()
+    d = ref[0] - logp[0]
+    np.testing.assert_allclose(grad[0], -0.5 / 6 + 0.1 * (1 - np.exp(d)) / 6, rtol=1e-4)

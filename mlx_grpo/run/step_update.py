@@ -35,7 +35,7 @@ from ..tasks.registry import Task, token_budget
 from ..update.advantages import group_advantages
 from ..update.batch import (MicroBatch, RolloutBatch, batch_shape, build_batch, carries_signal, groups_with_signal,
                             memory_bound_size, micro_batches, padded_fraction)
-from ..update.losses import BatchShape, LossSettings, same_at_any_cut, sampled_tokens
+from ..update.losses import BatchShape, LossSettings, masked_k3, same_at_any_cut, sampled_tokens
 from ..update.step import UpdateSettings, reference_logprobs, top_entropy_weights, update
 from . import distributed as dist
 from .guidance import without_guided_negatives
@@ -125,8 +125,7 @@ def _kl_to_reference(parts: list[MicroBatch], ref_logps) -> float | None:
     sums = {"total": 0.0, "count": 0.0}
     for mb, ref in zip(parts, ref_logps):
         mask = sampled_tokens(mb.mask, mb.guided)
-        log_ratio = mx.where(mask > 0, ref - mb.behaviour_logp, 0.0)  # ref reads 0 off the mask (step._passes)
-        sums["total"] += ((mx.exp(log_ratio) - log_ratio - 1) * mask).sum().item()
+        sums["total"] += masked_k3(mb.behaviour_logp, ref, mask).sum().item()
         sums["count"] += mask.sum().item()
     sums = dist.sum_across_ranks(sums)  # each rank passes its share of the micro-batches
     return sums["total"] / sums["count"] if sums["count"] else None  # no sampled token: nothing to measure

@@ -97,6 +97,12 @@ def kl_k3(logp, ref_logp):
     return mx.exp(log_ratio) - log_ratio - 1
 
 
+def masked_k3(logp, ref_logp, mask):
+    """kl_k3 on the tokens of `mask`, 0 elsewhere. Off the mask the reference reads logp, so its log-ratio
+    is 0 there: an unlikely token outside the mask cannot overflow exp and turn the masked sum into NaN."""
+    return kl_k3(logp, mx.where(mask > 0, ref_logp, logp)) * mask
+
+
 def sampled_tokens(mask, guided):
     """`mask` without the rows that are reference answers (--guide): the tokens the policy sampled.
 
@@ -176,7 +182,7 @@ def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, setti
     kl = None
     if s.beta > 0:
         kl_mask = sampled_tokens(mask, guided)
-        kl = kl_k3(logp, ref_logp) * kl_mask
+        kl = masked_k3(logp, ref_logp, kl_mask)
         per_token = per_token + s.beta * kl
     if s.entropy_coef > 0:
         per_token = per_token - s.entropy_coef * entropy
@@ -197,8 +203,8 @@ def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, setti
         "ratio": (mx.stop_gradient(ratio) * mask).sum(),
     }
     if kl is not None:
-        stats["kl"] = (mx.stop_gradient(kl) * mask).sum()
-        stats["kl_tokens"] = (kl_mask * mask).sum()
+        stats["kl"] = mx.stop_gradient(kl).sum()
+        stats["kl_tokens"] = kl_mask.sum()
     return loss, stats
 
 
