@@ -62,7 +62,7 @@ class TrainConfig:
     curriculum_explore: float = 0.2  # curriculum: share of draws spread evenly over all groups, whatever their estimates
     prefilter: int = 0  # sample this many answers to each training prompt from the base model first; train only on prompts solved in some but not all (0: off; docs/rare-rewards.md)
     prefilter_prompts: int = 0  # the most training prompts the prefilter samples, in the run's order (0: all)
-    guide: bool = False  # in a group with no right answer, one member is the row's reference answer (off-policy guidance; docs/rare-rewards.md)
+    guide: bool = False  # in a group with no right answer, one member is the row's reference answer or scripted episode (off-policy guidance; docs/rare-rewards.md)
     guide_negatives: bool = True  # guide: the model's own (all wrong) answers in a guided group get their negative advantages; false: 0, the group trains the reference alone
     guide_shaping: float = 0.0  # guide: a reference token's term is A * p/(p + gamma) with gamma this (LUFFY's policy shaping; 0: off, trained like a sampled token)
     task_options: TaskOptions = field(default_factory=TaskOptions)  # web_kinds, multihop_*: one group (setting_groups.py)

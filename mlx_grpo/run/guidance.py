@@ -1,22 +1,25 @@
-"""Reference-guided groups (`guide: true`): where no sample is right, one member is the reference answer.
+"""Reference-guided groups (`guide: true`): where no sample is right, one member is a demonstration.
 
 GRPO learns the main reward only from groups that hold a right answer. Where the
 model almost never samples one (SmolLM2-135M on GSM8K: 3 "right" answers in 256
 samples, every one a lucky last number), there is nothing to reinforce.
 Off-policy guidance (LUFFY: Yan et al. 2025, arXiv:2504.14945) puts a known-good
-answer into the group: in every group whose completions are all wrong (the task's
-accuracy reward below tasks/accuracy.py's RIGHT), the last completion is replaced by the row's reference
-answer (GSM8K: its worked solution), which is then scored like any completion. The
-group now holds a right answer, its advantage is positive and the others' are
-negative, and the gradient raises the reference's log-probability: advantage-weighted
-supervised learning, only where the model's own samples give no signal. Groups that
-already hold a right answer are left as sampled.
+answer into the group: in every group whose members are all wrong (tasks/accuracy.py:
+a completion's accuracy reward below RIGHT, an episode not solved), the last member is
+replaced by the row's demonstration, which is then scored as the task scores what it
+samples (sampling/kinds.py's `score`). The group now holds a right answer, its
+advantage is positive and the others' are negative, and the gradient raises the
+demonstration's log-probability: advantage-weighted supervised learning, only where
+the model's own samples give no signal. Groups that already hold a right answer are
+left as sampled, and so is a group whose row has no demonstration.
 
-The reference is encoded once (it was never sampled, so there are no sampled ids to
-keep), followed by the model's end token, or the task's first stop string for a base
-model, whose plain-text frame ("...\nAnswer:") it follows after a space as the frame's
-worked examples do. Its behaviour log-probs are the current policy's, at the sampling temperature,
-so its ratio is 1 in the first update like any on-policy completion's.
+A single-turn task's demonstration is its reference answer (GSM8K: the worked
+solution), encoded once (it was never sampled, so there are no sampled ids to keep),
+followed by the model's end token, or the task's first stop string for a base model,
+whose plain-text frame ("...\nAnswer:") it follows after a space as the frame's worked
+examples do. A multi-turn task's is the row's scripted episode (guided_episodes.py).
+Either way its behaviour log-probs are the current policy's, at the sampling
+temperature, so its ratio is 1 in the first update like any on-policy rollout's.
 """
 
 from __future__ import annotations
@@ -27,15 +30,20 @@ import numpy as np
 from ..config import ConfigError
 from ..sampling.kinds import rollouts_for
 from ..sampling.rollout import Completion, end_token_ids
-from ..tasks.accuracy import accuracy_values, right
-from ..tasks.data import columns_of
-from ..tasks.rewarding import Scores, reward_name, score_completions
+from ..tasks.accuracy import accuracy_values, right, solved
+from ..tasks.rewarding import Scores, reward_name
 from ..update.logprobs import token_logprobs
+from .guided_episodes import scripted_guides
+
 
 def check_guidance(task) -> None:
-    """A ConfigError unless the task can be guided: single-turn, an accuracy reward, reference answers."""
+    """A ConfigError unless the task can be guided: an episode task with scripts, or a single-turn task with an
+    accuracy reward and reference answers."""
     if rollouts_for(task).plays_episodes:
-        raise ConfigError(f"--guide needs a single-turn task; task {task.name!r} plays episodes")
+        if task.reference_actions is None or not any(task.reference_actions(r) for r in task.train_rows[:100]):
+            raise ConfigError(f"--guide needs scripted episodes: task {task.name!r} plays episodes and has none "
+                              "(a task's reference_actions give a row's script)")
+        return
     if task.accuracy_reward is None:
         raise ConfigError(f"--guide needs a task with an accuracy reward; task {task.name!r} has none")
     if task.reference_answer is None or not any(task.reference_answer(r) for r in task.train_rows[:100]):
@@ -59,37 +67,56 @@ def reference_completion(model, tokenizer, task, prompt_tokens: list[int], text:
     return Completion(prompt_index, list(prompt_tokens), tokens, behaviour, "stop", text, guided=True)
 
 
-def guide_groups(model, tokenizer, task, rows: list[dict], completions: list[Completion], scores: Scores,
-                 group_size: int, temperature: float) -> tuple[list[Completion], Scores]:
-    """Replace the last member of every all-wrong group by its row's reference answer, scored anew."""
-    is_right = right(accuracy_values(task, rows, group_size, completions, scores)).reshape(len(rows), group_size)
-    completions = list(completions)
-    replaced = []  # (position in the step, row)
-    for i, row in enumerate(rows):
-        text = task.reference_answer(row)
-        if is_right[i].any() or not text:
-            continue
-        at = (i + 1) * group_size - 1
-        completions[at] = reference_completion(model, tokenizer, task, completions[at].prompt_tokens, text,
-                                               completions[at].prompt_index, temperature)
-        replaced.append((at, row))
+def guide_groups(model, tokenizer, task, rows: list[dict], rollouts: list, scores: Scores, group_size: int,
+                 temperature: float, max_episode_tokens: int) -> tuple[list, Scores]:
+    """Replace the last member of every all-wrong group by its row's demonstration, scored anew."""
+    kind = rollouts_for(task)
+    is_right = _right(task, rollouts, scores.parts, rows).reshape(len(rows), group_size)
+    wrong = [i for i in range(len(rows)) if not is_right[i].any()]
+    lasts = [rollouts[(i + 1) * group_size - 1] for i in wrong]
+    if kind.plays_episodes:
+        made = scripted_guides(model, tokenizer, task, [rows[i] for i in wrong], [r.prompt_index for r in lasts],
+                               temperature, max_episode_tokens)
+    else:
+        made = [reference_completion(model, tokenizer, task, last.prompt_tokens, text, last.prompt_index, temperature)
+                if (text := task.reference_answer(rows[i])) else None for i, last in zip(wrong, lasts)]
+    replaced = [(i, guide) for i, guide in zip(wrong, made) if guide is not None]
     if not replaced:
-        return completions, scores
-    guided = [completions[at] for at, _ in replaced]
-    rescored = score_completions(task.reward_functions, task.reward_weights, [row["prompt"] for _, row in replaced],
-                                 [c.text for c in guided], columns_of([row for _, row in replaced], 1, guided))
-    positions = [at for at, _ in replaced]
+        return list(rollouts), scores
+    # Scored as the kind scores what it samples, so a demonstration's reward is comparable inside its group.
+    rescored, _ = kind.score([rows[i] for i, _ in replaced], [guide for _, guide in replaced], 1)
+    rollouts = list(rollouts)
+    positions = [(i + 1) * group_size - 1 for i, _ in replaced]
+    for at, (_, guide) in zip(positions, replaced):
+        rollouts[at] = guide
+    return rollouts, _put(scores, positions, rescored)
+
+
+def _right(task, rollouts: list, parts: dict, rows: list[dict] | None = None) -> np.ndarray | None:
+    """Which members are right, as tasks/accuracy.py judges them: an episode when solved, an answer by the
+    accuracy reward, read from `parts`, else computed for `rows` (None without them)."""
+    if rollouts_for(task).plays_episodes:
+        return np.array([solved(r) for r in rollouts], dtype=bool)
+    values = parts.get(reward_name(task.accuracy_reward))
+    if values is None and rows is not None:
+        values = accuracy_values(task, rows, len(rollouts) // len(rows), rollouts)
+    return None if values is None else right(values)
+
+
+def _put(scores: Scores, positions: list[int], rescored: Scores) -> Scores:
+    """`scores` with the members at `positions` scored as `rescored` says (the passed-in scores unchanged)."""
     total = np.array(scores.total, dtype=np.float64)
     total[positions] = rescored.total
     parts = {name: list(values) for name, values in scores.parts.items()}
     for name, values in rescored.parts.items():
+        column = parts.setdefault(name, [None] * len(total))
         for at, value in zip(positions, values):
-            parts[name][at] = value
+            column[at] = value
     errors = dict(scores.errors)
     for name, n in rescored.errors.items():
         errors[name] = errors.get(name, 0) + n
-    return completions, Scores(total=total, parts=parts, errors=errors,
-                               error_examples={**rescored.error_examples, **scores.error_examples})
+    return Scores(total=total, parts=parts, errors=errors,
+                  error_examples={**rescored.error_examples, **scores.error_examples})
 
 
 def without_guided_negatives(advantages, guided, group_size: int) -> np.ndarray:
@@ -112,11 +139,11 @@ def without_guided_negatives(advantages, guided, group_size: int) -> np.ndarray:
     return advantages.reshape(-1)
 
 
-def guided_metrics(task, completions: list[Completion], parts: dict[str, list], group_size: int) -> dict:
-    """How many groups were guided, and the accuracy of the model's own samples (the reference left out)."""
-    guided = np.array([c.guided for c in completions])
-    values = parts.get(reward_name(task.accuracy_reward))
+def guided_metrics(task, rollouts: list, parts: dict[str, list], group_size: int) -> dict:
+    """How many groups were guided, and the accuracy of the model's own samples (the demonstrations left out)."""
+    guided = np.array([r.guided for r in rollouts])
+    is_right = _right(task, rollouts, parts)
     metrics = {"guide/groups_frac": float(guided.reshape(-1, group_size).any(axis=1).mean())}
-    if values is not None:
-        metrics["guide/sampled_accuracy"] = float(right(values)[~guided].mean()) if (~guided).any() else 0.0
+    if is_right is not None:
+        metrics["guide/sampled_accuracy"] = float(is_right[~guided].mean()) if (~guided).any() else 0.0
     return metrics

@@ -83,9 +83,9 @@ def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: Tr
     """rollout_and_score on this process alone; rows[0] is the step's prompt number `first`."""
     completions, scores, rollout_s = rollouts_for(task).sample_and_score(model, tokenizer, rows,
                                                                          rollout_settings(config), seed, first)
-    if config.guide:  # a reference answer into each group with no right one (guidance.py; single-turn tasks only)
+    if config.guide:  # a reference answer (or scripted episode) into each group with no right one (guidance.py)
         completions, scores = guide_groups(model, tokenizer, task, rows, completions, scores, config.group_size,
-                                           config.sampling.temperature)
+                                           config.sampling.temperature, config.max_episode_tokens)
     return completions, scores, rollout_s
 
 

@@ -16,7 +16,7 @@ from ..tasks.data import DataError, LoadReport, encode_prompt
 from ..tasks.sft_data import encode_demonstration
 from .environment import Rendered
 from .kinds import rollouts_for
-from .multiturn import Episode, _encode, _play, _Progress, chat_join, make_envs
+from .multiturn import Episode, _encode, _play, _Progress, chat_join, make_envs, score_episodes
 from .rollout import Completion, SamplingConfig
 
 
@@ -43,7 +43,8 @@ class ScriptedTurns:
 
 def scripted_episodes(tokenizer, envs: list, scripts: list[list[str]], system_prompt: str | None,
                       max_episode_tokens: int, spelled: dict[int, str] | None = None) -> list[Episode]:
-    """Each environment played with its script's actions as the model's turns, as rollout_episodes plays them."""
+    """Each environment played with its script's actions as the model's turns, and scored, as rollout_episodes
+    plays and scores them."""
     join = chat_join(tokenizer, system_prompt)
     episodes = []
     for i, env in enumerate(envs):
@@ -57,6 +58,7 @@ def scripted_episodes(tokenizer, envs: list, scripts: list[list[str]], system_pr
     wave = list(range(len(episodes)))
     _play(ScriptedTurns(tokenizer, scripts, spelled), tokenizer, episodes, envs, wave, join,
           SamplingConfig(temperature=0.0), turns, max_episode_tokens, _Progress(len(episodes), turns, None), None)
+    score_episodes(episodes, envs)
     return episodes
 
 

@@ -59,6 +59,7 @@ class Episode:
     reward_parts: dict[str, float] = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # the environment's last info
     error: str = ""
+    guided: bool = False  # a scripted episode put into its group by --guide (run/guidance.py), never sampled
 
     @property
     def truncated(self) -> bool:
@@ -182,6 +183,15 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
         finally:
             getattr(player, "close", lambda: None)()
 
+    score_episodes(episodes, envs)
+    return episodes
+
+
+def score_episodes(episodes: list[Episode], envs: list[Environment]) -> None:
+    """Each played episode's reward and named parts, from its environment; a failed one scores 0.
+
+    Every episode that is trained on is scored here (a sampled one and a scripted one alike), so a
+    reward never depends on how the turns were written."""
     for ep, env in zip(episodes, envs):
         if ep.error:
             ep.reward, ep.reward_parts = 0.0, {}
@@ -192,7 +202,6 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
             ep.reward_parts = {k: float(v) for k, v in parts.items()}
         except Exception as e:
             ep.error, ep.reward, ep.reward_parts = f"{type(e).__name__}: {e}", 0.0, {}
-    return episodes
 
 
 class _Progress:

@@ -1,0 +1,43 @@
+"""`guide: true` on a multi-turn task: a row's scripted episode, ready to stand in a group.
+
+The script (`Task.reference_actions`: the web task's planned actions) plays the model's turns
+against a fresh environment of the row through the turn loop rollouts use
+(sampling/demonstrations.py), so its tokens, mask and reward are what a sampled episode
+that wrote those actions would have. Only its behaviour log-probs are the policy's own, from
+one forward pass at the sampling temperature (0 on the pages between turns, as a rollout
+records them), so its ratio is 1 in the first update like a sampled episode's. A row without
+a script, or whose script does not solve its episode within the token budget, gets none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+
+from ..sampling.demonstrations import scripted_episodes
+from ..sampling.multiturn import Episode, make_envs
+from ..tasks.accuracy import solved
+from ..update.logprobs import token_logprobs
+
+
+def scripted_guides(model, tokenizer, task, rows: list[dict], prompt_indices: list[int], temperature: float,
+                    max_episode_tokens: int) -> list[Episode | None]:
+    """Each row's scripted episode as a guided member of its group (prompt_indices: the groups'), or None."""
+    scripts = [task.reference_actions(row) or [] for row in rows]
+    playable = [i for i, script in enumerate(scripts) if script]
+    played = scripted_episodes(tokenizer, make_envs(task, [rows[i] for i in playable], 1),
+                               [scripts[i] for i in playable], task.system_prompt, max_episode_tokens)
+    guides: list[Episode | None] = [None] * len(rows)
+    for i, episode in zip(playable, played):
+        # A script cut at the budget, broken by its environment or short of the goal demonstrates nothing.
+        if episode.finish_reason == "done" and solved(episode):
+            guides[i] = replace(episode, prompt_index=prompt_indices[i], guided=True,
+                                logprobs=_behaviour(model, episode, temperature))
+    return guides
+
+
+def _behaviour(model, episode: Episode, temperature: float) -> list[float]:
+    logprobs, _ = token_logprobs(model, mx.array([episode.prompt_tokens + episode.tokens]), temperature)
+    after_prompt = logprobs[0, len(episode.prompt_tokens) - 1:].tolist()
+    return [lp if trained else 0.0 for lp, trained in zip(after_prompt, episode.mask)]
