@@ -56,8 +56,8 @@ def test_the_api_takes_the_cli_steps(tmp_path, extra):
 def test_the_api_checks_and_prefilters_as_train_does(tmp_path, monkeypatch):
     from mlx_grpo.config import ConfigError
 
-    with pytest.raises(ConfigError, match="--guide needs a single-turn task"):
-        mlx_grpo.Trainer(task="web", guide=True)
+    with pytest.raises(ConfigError, match="guide needs group_size >= 2"):
+        mlx_grpo.Trainer(task="web", guide=True, group_size=1)
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))
     trainer = mlx_grpo.Trainer(**SETTINGS, prefilter=4, prefilter_prompts=16, temperature=1.5)
     assert any(note.startswith("prefilter: kept") for note in trainer.notes)
