@@ -15,6 +15,7 @@ from mlx_grpo.config import ConfigError
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.run import guidance
 from mlx_grpo.run.trainer import train
+from mlx_grpo.sampling.kinds import RolloutSettings
 from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
 from mlx_grpo.tasks.data import task_prompts
 from mlx_grpo.tasks.rewarding import score_completions
@@ -78,7 +79,8 @@ def test_every_all_wrong_group_gets_the_reference_scored_and_with_the_policys_lo
                                [r["prompt"] for r in rows for _ in range(4)], [c.text for c in completions], columns)
     assert scores.parts["exact"] == [0.0] * 12  # a random model never spells the word
 
-    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, completions, scores, 4, 0.7, 0)
+    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, completions, scores,
+                                             RolloutSettings(group_size=4, sampling=SamplingConfig(0.7)))
     for i, row in enumerate(rows):
         ref = guided[4 * i + 3]
         assert ref.guided and ref.text == row["reference"] and ref.finish_reason == "stop"
@@ -103,7 +105,8 @@ def test_a_group_that_holds_a_right_answer_is_left_as_sampled(tmp_path, tiny_mod
                                      SamplingConfig(1.0, max_tokens=6), 64)
     scores = score_completions(task.reward_functions, task.reward_weights, ["p"] * 8, [c.text for c in completions],
                                {"answer": ["x"] * 8})
-    guided, _ = guidance.guide_groups(model, tokenizer, task, rows, completions, scores, 4, 1.0, 0)
+    guided, _ = guidance.guide_groups(model, tokenizer, task, rows, completions, scores,
+                                             RolloutSettings(group_size=4, sampling=SamplingConfig(1.0)))
     assert [c.guided for c in guided] == [False] * 7 + [True]
 
 

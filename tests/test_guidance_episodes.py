@@ -23,6 +23,11 @@ from rewards.web_browsing.tasks import task_from_row
 BUDGET = 1500  # max_episode_tokens: a fact/1 script takes about 150 of the tiny model's byte tokens
 
 
+def _settings(temperature: float, max_episode_tokens: int = BUDGET, max_turns: int = 8) -> RolloutSettings:
+    return RolloutSettings(group_size=2, sampling=SamplingConfig(temperature), max_turns=max_turns,
+                           max_episode_tokens=max_episode_tokens)
+
+
 def _web_config(tiny_model_path, tmp_path, **extra):
     settings = {"task": "web", "model": str(tiny_model_path), "web_kinds": ["fact/1"], "system_prompt": "",
                 "steps": 1, "batch_size": 2, "group_size": 2, "max_tokens": 6, "max_turns": 2,
@@ -63,7 +68,7 @@ def _oracle_reward(row):
 def test_every_unsolved_group_gets_its_scripted_episode_scored_and_with_the_policys_logprobs(web, policy):
     task, rows, episodes, scores = web
     model, tokenizer = policy
-    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, episodes, scores, 2, 0.7, BUDGET)
+    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, episodes, scores, _settings(0.7))
     for i, row in enumerate(rows):
         ep, sampled = guided[2 * i + 1], episodes[2 * i + 1]
         [script] = scripted_episodes(tokenizer, make_envs(task, [row], 1), [task.reference_actions(row)],
@@ -92,8 +97,8 @@ def test_a_group_with_a_solved_episode_is_left_as_sampled(web, policy):
     [solved] = scripted_episodes(tokenizer, make_envs(task, rows[:1], 1), [task.reference_actions(rows[0])],
                                  task.system_prompt, BUDGET)
     mixed = [replace(solved, prompt_index=0)] + episodes[1:]  # row 0's first member solved it
-    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, mixed, episode_scores(mixed), 2, 1.0,
-                                             BUDGET)
+    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, mixed, episode_scores(mixed),
+                                             _settings(1.0))
     assert guided[:2] == mixed[:2] and [ep.guided for ep in guided] == [False, False, False, True]
     assert rescored.total[:2].tolist() == episode_scores(mixed).total[:2].tolist()
 
@@ -102,21 +107,25 @@ def test_a_row_whose_script_fails_or_is_missing_keeps_its_group_as_sampled(web, 
     task, rows, episodes, scores = web
     model, tokenizer = policy
     # a budget the script cannot finish in: it ends "max_tokens", not "done"
-    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, episodes, scores, 2, 1.0, 100)
+    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, episodes, scores, _settings(1.0, 100))
     assert guided == episodes and rescored is scores
     # no script for row 0; row 1's is played
     unscripted = replace(task, reference_actions=lambda row: None if row is rows[0] else task.reference_actions(row))
-    guided, _ = guidance.guide_groups(model, tokenizer, unscripted, rows, episodes, scores, 2, 1.0, BUDGET)
+    guided, _ = guidance.guide_groups(model, tokenizer, unscripted, rows, episodes, scores, _settings(1.0))
     assert guided[:3] == episodes[:3] and guided[3].guided
     # a script its environment fails on
     broken = replace(task, make_env=lambda row: _Failing(task.make_env(row)))
-    guided, _ = guidance.guide_groups(model, tokenizer, broken, rows, episodes, scores, 2, 1.0, BUDGET)
+    guided, _ = guidance.guide_groups(model, tokenizer, broken, rows, episodes, scores, _settings(1.0))
     assert guided == episodes
     # a script that ends its episode with a wrong answer: done, not solved
     wrong = replace(task, reference_actions=lambda row: task.reference_actions(row)[:-1] + ["answer[not it]"])
     assert all(ep.finish_reason == "done" and not ep.info.get("solved") for ep in scripted_episodes(
         tokenizer, make_envs(task, rows, 1), [wrong.reference_actions(r) for r in rows], task.system_prompt, BUDGET))
-    guided, _ = guidance.guide_groups(model, tokenizer, wrong, rows, episodes, scores, 2, 1.0, BUDGET)
+    guided, _ = guidance.guide_groups(model, tokenizer, wrong, rows, episodes, scores, _settings(1.0))
+    assert guided == episodes
+    # more actions than the run's max_turns: an episode its rollouts could never play
+    assert all(len(task.reference_actions(r)) > 1 for r in rows)
+    guided, _ = guidance.guide_groups(model, tokenizer, task, rows, episodes, scores, _settings(1.0, max_turns=1))
     assert guided == episodes
 
 

@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import ConfigError
-from ..sampling.kinds import rollouts_for
+from ..sampling.kinds import RolloutSettings, rollouts_for
 from ..sampling.rollout import Completion, end_token_ids
 from ..tasks.accuracy import accuracy_values, right, solved
 from ..tasks.rewarding import Scores, reward_name
@@ -67,16 +67,17 @@ def reference_completion(model, tokenizer, task, prompt_tokens: list[int], text:
     return Completion(prompt_index, list(prompt_tokens), tokens, behaviour, "stop", text, guided=True)
 
 
-def guide_groups(model, tokenizer, task, rows: list[dict], rollouts: list, scores: Scores, group_size: int,
-                 temperature: float, max_episode_tokens: int) -> tuple[list, Scores]:
+def guide_groups(model, tokenizer, task, rows: list[dict], rollouts: list, scores: Scores,
+                 settings: RolloutSettings) -> tuple[list, Scores]:
     """Replace the last member of every all-wrong group by its row's demonstration, scored anew."""
     kind = rollouts_for(task)
+    group_size, temperature = settings.group_size, settings.sampling.temperature
     is_right = _right(task, rollouts, scores.parts, rows).reshape(len(rows), group_size)
     wrong = [i for i in range(len(rows)) if not is_right[i].any()]
     lasts = [rollouts[(i + 1) * group_size - 1] for i in wrong]
     if kind.plays_episodes:
         made = scripted_guides(model, tokenizer, task, [rows[i] for i in wrong], [r.prompt_index for r in lasts],
-                               temperature, max_episode_tokens)
+                               temperature, settings.max_turns, settings.max_episode_tokens)
     else:
         made = [reference_completion(model, tokenizer, task, last.prompt_tokens, text, last.prompt_index, temperature)
                 if (text := task.reference_answer(rows[i])) else None for i, last in zip(wrong, lasts)]

@@ -6,7 +6,8 @@ against a fresh environment of the row through the turn loop rollouts use
 that wrote those actions would have. Only its behaviour log-probs are the policy's own, from
 one forward pass at the sampling temperature (0 on the pages between turns, as a rollout
 records them), so its ratio is 1 in the first update like a sampled episode's. A row without
-a script, or whose script does not solve its episode within the token budget, gets none.
+a script, or whose script takes more than max_turns actions or does not solve its episode within
+the token budget, gets none.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from ..update.logprobs import token_logprobs
 
 
 def scripted_guides(model, tokenizer, task, rows: list[dict], prompt_indices: list[int], temperature: float,
-                    max_episode_tokens: int) -> list[Episode | None]:
+                    max_turns: int, max_episode_tokens: int) -> list[Episode | None]:
     """Each row's scripted episode as a guided member of its group (prompt_indices: the groups'), or None."""
     scripts = [task.reference_actions(row) or [] for row in rows]
-    playable = [i for i, script in enumerate(scripts) if script]
+    # A script longer than max_turns is an episode the run's rollouts could never play.
+    playable = [i for i, script in enumerate(scripts) if 0 < len(script) <= max_turns]
     played = scripted_episodes(tokenizer, make_envs(task, [rows[i] for i in playable], 1),
                                [scripts[i] for i in playable], task.system_prompt, max_episode_tokens)
     guides: list[Episode | None] = [None] * len(rows)

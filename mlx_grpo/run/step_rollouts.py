@@ -81,11 +81,10 @@ def merge_rollouts(shares: list, group_size: int):
 
 def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed, first: int):
     """rollout_and_score on this process alone; rows[0] is the step's prompt number `first`."""
-    completions, scores, rollout_s = rollouts_for(task).sample_and_score(model, tokenizer, rows,
-                                                                         rollout_settings(config), seed, first)
+    settings = rollout_settings(config)
+    completions, scores, rollout_s = rollouts_for(task).sample_and_score(model, tokenizer, rows, settings, seed, first)
     if config.guide:  # a reference answer (or scripted episode) into each group with no right one (guidance.py)
-        completions, scores = guide_groups(model, tokenizer, task, rows, completions, scores, config.group_size,
-                                           config.sampling.temperature, config.max_episode_tokens)
+        completions, scores = guide_groups(model, tokenizer, task, rows, completions, scores, settings)
     return completions, scores, rollout_s
 
 
