@@ -168,3 +168,20 @@ def test_a_guided_web_run_trains_and_logs_the_scripted_episodes(tiny_model_path,
     [first] = result.history
     assert first["guide/groups_frac"] == 1.0 and first["guide/sampled_accuracy"] == 0.0
     assert np.isfinite(first["grad_norm"]) and first["grad_norm"] > 0
+
+
+def test_a_guide_spells_out_the_tokens_its_head_cannot_tell_apart_as_sft_does(web, policy, monkeypatch):
+    from mlx_grpo.run import guided_episodes
+
+    task, rows, episodes, scores = web
+    model, tokenizer = policy
+    seen = []
+
+    def recording(*args):
+        seen.append(args[-1])
+        return scripted_episodes(*args)
+
+    monkeypatch.setattr(guided_episodes, "indistinct_tokens", lambda m, t: {7: "<tool_call>"})
+    monkeypatch.setattr(guided_episodes, "scripted_episodes", recording)
+    guided, _ = guidance.guide_groups(model, tokenizer, task, rows, episodes, scores, _settings(1.0))
+    assert seen == [{7: "<tool_call>"}] and guided[1].guided

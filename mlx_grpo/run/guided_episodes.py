@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import mlx.core as mx
 
+from ..models.untrained_tokens import indistinct_tokens
 from ..sampling.demonstrations import scripted_episodes
 from ..sampling.multiturn import Episode, make_envs
 from ..tasks.accuracy import solved
@@ -28,8 +29,10 @@ def scripted_guides(model, tokenizer, task, rows: list[dict], prompt_indices: li
     scripts = [task.reference_actions(row) or [] for row in rows]
     # A script longer than max_turns is an episode the run's rollouts could never play.
     playable = [i for i, script in enumerate(scripts) if 0 < len(script) <= max_turns]
+    # Tokens the head cannot tell apart are spelled out, as `mlx-grpo sft` writes the same scripts.
     played = scripted_episodes(tokenizer, make_envs(task, [rows[i] for i in playable], 1),
-                               [scripts[i] for i in playable], task.system_prompt, max_episode_tokens)
+                               [scripts[i] for i in playable], task.system_prompt, max_episode_tokens,
+                               indistinct_tokens(model, tokenizer))
     guides: list[Episode | None] = [None] * len(rows)
     for i, episode in zip(playable, played):
         # A script cut at the budget, broken by its environment or short of the goal demonstrates nothing.
