@@ -24,7 +24,6 @@ temperature, so its ratio is 1 in the first update like any on-policy rollout's.
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 
 from ..config import ConfigError
@@ -32,7 +31,7 @@ from ..sampling.kinds import RolloutSettings, rollouts_for
 from ..sampling.rollout import Completion, end_token_ids
 from ..tasks.accuracy import accuracy_values, right, solved
 from ..tasks.rewarding import Scores, reward_name
-from ..update.logprobs import token_logprobs
+from ..update.logprobs import continuation_logprobs
 from .guided_episodes import scripted_guides
 
 
@@ -61,9 +60,7 @@ def reference_completion(model, tokenizer, task, prompt_tokens: list[int], text:
     tokens = list(tokenizer.encode(text + ending if ending else text, add_special_tokens=False))
     if not ending:
         tokens.append(end_token_ids(tokenizer)[0])
-    whole = mx.array([prompt_tokens + tokens])
-    logprobs, _ = token_logprobs(model, whole, temperature)
-    behaviour = logprobs[0, len(prompt_tokens) - 1:].tolist()
+    behaviour = continuation_logprobs(model, prompt_tokens, tokens, temperature)
     return Completion(prompt_index, list(prompt_tokens), tokens, behaviour, "stop", text, guided=True)
 
 

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import mlx.core as mx
-
 from ..models.untrained_tokens import indistinct_tokens
 from ..sampling.demonstrations import scripted_episodes
 from ..sampling.multiturn import Episode, make_envs
 from ..tasks.accuracy import solved
-from ..update.logprobs import token_logprobs
+from ..update.logprobs import continuation_logprobs
 
 
 def scripted_guides(model, tokenizer, task, rows: list[dict], prompt_indices: list[int], temperature: float,
@@ -43,6 +41,5 @@ def scripted_guides(model, tokenizer, task, rows: list[dict], prompt_indices: li
 
 
 def _behaviour(model, episode: Episode, temperature: float) -> list[float]:
-    logprobs, _ = token_logprobs(model, mx.array([episode.prompt_tokens + episode.tokens]), temperature)
-    after_prompt = logprobs[0, len(episode.prompt_tokens) - 1:].tolist()
+    after_prompt = continuation_logprobs(model, episode.prompt_tokens, episode.tokens, temperature)
     return [lp if trained else 0.0 for lp, trained in zip(after_prompt, episode.mask)]

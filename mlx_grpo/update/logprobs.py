@@ -164,6 +164,14 @@ def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0,
     return _project(head, model.model(inputs), targets, temperature, chunk_size)
 
 
+def continuation_logprobs(model: nn.Module, prompt_tokens: list[int], tokens: list[int],
+                          temperature: float) -> list[float]:
+    """The log-prob (at `temperature`) of each of `tokens` after `prompt_tokens`: the behaviour log-probs a
+    sampler would have recorded for a continuation it never sampled."""
+    logprobs, _ = token_logprobs(model, mx.array([list(prompt_tokens) + list(tokens)]), temperature)
+    return logprobs[0, len(prompt_tokens) - 1:].tolist()
+
+
 class SharedPromptCache:
     """One layer's cache: the prompts' keys/values, reused by each prompt's G completions.
 
