@@ -332,6 +332,28 @@ def _decode_fixed(model, prompts, rows, sampler, end_ids, sampling, on_step=None
         return fixed_decode.decode(model, prompts, sampling.max_tokens, sampling_key, pick, keys_at, end_ids, on_step)
 
 
+def generator_step(generator, sampler, active: list[int], row_of: dict, temperature: float,
+                   tokens: list, logprobs: list, finish: list) -> list:
+    """One step of a BatchGenerator whose batch is the rows `active`, in order: each row's token and its
+    log-prob at `temperature` appended, a finished row's reason set. Returns the step's responses."""
+    if sampler is not None:
+        sampler.rows = active  # the sampler keys each batch row by the row it is
+    responses = generator.next_generated()
+    if not responses:
+        raise RuntimeError("the batch generator stopped before every completion finished")
+    if [row_of[r.uid] for r in responses] != active:
+        raise RuntimeError("the batch generator reordered its rows; per-completion seeding needs mlx-lm 0.32")
+    step_logprobs = tempered_logprobs(mx.stack([r.logprobs for r in responses]),
+                                      mx.array([r.token for r in responses]), temperature).tolist()
+    for r, lp in zip(responses, step_logprobs):
+        i = row_of[r.uid]
+        tokens[i].append(r.token)
+        logprobs[i].append(lp)
+        if r.finish_reason is not None:
+            finish[i] = r.finish_reason
+    return responses
+
+
 def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, tokens, logprobs, finish, on_step=None):
     """Decode `rows` together (all admitted at once) until each has finished.
 
@@ -356,23 +378,7 @@ def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, token
         row_of = dict(zip(uids, rows))
         active = list(rows)
         while active:
-            if sampler is not None:
-                sampler.rows = active
-            responses = generator.next_generated()
-            if not responses:
-                raise RuntimeError("the batch generator stopped before every completion finished")
-            if [row_of[r.uid] for r in responses] != active:
-                raise RuntimeError("the batch generator reordered its rows; per-completion seeding needs mlx-lm 0.32")
-            step_tokens = [r.token for r in responses]
-            step_logprobs = tempered_logprobs(
-                mx.stack([r.logprobs for r in responses]), mx.array(step_tokens), sampling.temperature
-            ).tolist()
-            for r, lp in zip(responses, step_logprobs):
-                i = row_of[r.uid]
-                tokens[i].append(r.token)
-                logprobs[i].append(lp)
-                if r.finish_reason is not None:
-                    finish[i] = r.finish_reason
+            generator_step(generator, sampler, active, row_of, sampling.temperature, tokens, logprobs, finish)
             active = [i for i in active if finish[i] is None]
             if on_step is not None:
                 on_step(max(len(tokens[i]) for i in rows), len(rows) - len(active), sum(len(tokens[i]) for i in rows))

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import time
 
-import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
@@ -37,8 +36,8 @@ from .rollout import (
     _prefilled_cache,
     end_token_ids,
     fixed_sampler,
+    generator_step,
     sample_completions,
-    tempered_logprobs,
 )
 
 
@@ -204,21 +203,12 @@ class GeneratorTurns:
             row_of = {u: i for i, u in enumerate(uids)}
             active = list(range(n))
             while active:
-                if sampler is not None:
-                    sampler.rows = active
-                responses = generator.next_generated()
+                responses = generator_step(generator, sampler, active, row_of, sampling.temperature,
+                                           tokens, logprobs, finish)
                 decode_began = decode_began or time.perf_counter()
-                if not responses or [row_of[r.uid] for r in responses] != active:
-                    raise RuntimeError("the batch generator stopped or reordered its rows")
-                step_logprobs = tempered_logprobs(mx.stack([r.logprobs for r in responses]),
-                                                  mx.array([r.token for r in responses]), sampling.temperature).tolist()
-                for r, lp in zip(responses, step_logprobs):
-                    i = row_of[r.uid]
-                    tokens[i].append(r.token)
-                    logprobs[i].append(lp)
-                    if r.finish_reason is not None:
-                        finish[i] = r.finish_reason
-                        self.caches[episodes[i]] = r.prompt_cache  # its keys and values, last token not yet fed
+                for r in responses:
+                    if r.finish_reason is not None:  # its keys and values, last token not yet fed
+                        self.caches[episodes[row_of[r.uid]]] = r.prompt_cache
                 active = [i for i in active if finish[i] is None]
         finally:
             generator.close()
