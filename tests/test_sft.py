@@ -116,6 +116,34 @@ def test_every_assistant_turn_is_trained_and_nothing_else(tiny):
     assert "u1" in read and "u2" in read and "S" in read and "a1" not in read
 
 
+# The non-tools part of Qwen2.5's template: a default system block when the conversation has no system message.
+QWEN25_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{%- if not (message.role == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+@pytest.mark.parametrize("template", [None, QWEN25_TEMPLATE], ids=["plain", "qwen2.5-default-system"])
+def test_a_conversation_opening_with_the_reply_trains_the_reply_alone(tiny_model_path, template):
+    """An assistant-first conversation: the template's header and the system block it inserts on its own are
+    read only; the reply and its end-of-turn token are what is trained."""
+    _, tok = load_policy(str(tiny_model_path))
+    if template:
+        tok.chat_template = template
+    row = {"messages": [{"role": "assistant", "content": "Hello there"}]}
+    ids, flags = encode_demonstration(tok, row)
+    assert ids == list(tok.apply_chat_template(row["messages"], tokenize=True))
+    assert _trained_text(tok, ids, flags) == "Hello there<|im_end|>"
+    read = tok.decode(ids[:flags.index(1.0)])  # all before the reply, read only
+    assert read.endswith("<|im_start|>assistant\n") and ("You are Qwen" in read) == bool(template)
+    # A later turn of the same conversation is trained as before: each reply and its end token.
+    longer = {"messages": [*row["messages"], {"role": "user", "content": "u"}, {"role": "assistant", "content": "a2"}]}
+    assert _trained_text(tok, *encode_demonstration(tok, longer)) == "Hello there<|im_end|>a2<|im_end|>"
+
+
 def test_a_text_row_is_trained_whole(tiny):
     _, tok = tiny
     ids, flags = encode_demonstration(tok, {"text": "hello"})

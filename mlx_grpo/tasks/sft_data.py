@@ -145,6 +145,15 @@ def _template(tokenizer, messages, tools, generation: bool) -> list[int]:
                         f"{str(e).splitlines()[0] if str(e) else 'no message'})") from None
 
 
+def _before_opening_reply(tokenizer, upto: list[int], tools) -> list[int]:
+    """What the template writes before the reply that opens a conversation: its header, and any block the
+    template inserts on its own (Qwen2.5's default system message). An empty conversation cannot be rendered
+    (transformers refuses one), so it is what the rendered reply has in common with an empty reply."""
+    empty = _template(tokenizer, [{"role": "assistant", "content": ""}], tools, generation=False)
+    same = next((i for i, (a, b) in enumerate(zip(upto, empty)) if a != b), min(len(upto), len(empty)))
+    return upto[:same]
+
+
 def _through_template(tokenizer, messages: list[dict], tools, system_prompt) -> tuple[list[int], list[float]]:
     if system_prompt and not any(m.get("role") == "system" for m in messages):
         messages = [{"role": "system", "content": system_prompt}, *messages]
@@ -154,8 +163,9 @@ def _through_template(tokenizer, messages: list[dict], tools, system_prompt) -> 
     for k, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _template(tokenizer, messages[:k], tools, generation=True) if k else []
         upto = _template(tokenizer, messages[:k + 1], tools, generation=False)
+        before = (_template(tokenizer, messages[:k], tools, generation=True) if k
+                  else _before_opening_reply(tokenizer, upto, tools))
         if upto[:len(before)] != before or before[:len(ids)] != ids:
             raise DataError("the model's chat template does not render this conversation turn by turn (a turn "
                             "changes what came before it), so its assistant tokens cannot be told apart")
