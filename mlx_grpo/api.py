@@ -15,7 +15,7 @@ Step by step (a `Trainer` holds the policy, task, optimizer and history in memor
     row = trainer.task.train_rows[0]
     group = trainer.sample(row["prompt"])         # G completions of one prompt
     scores = trainer.score(row, group)            # their rewards
-    trainer.update([row], group, scores.total)    # one optimizer step on that group
+    trainer.update([row], group, scores)          # one optimizer step on that group, rewards shaped as train's
     trainer.step()                                # or one whole GRPO step: sample, score, update
     trainer.metrics()                             # a DataFrame with pandas, else a list of dicts
     trainer.plot()                                # a matplotlib figure (inline in a notebook)
@@ -37,13 +37,14 @@ from .models.heap import keep_freed_memory  # the process-wide allocator setting
 from .models.loading import load_policy
 from .run import trainer as _trainer
 from .run.setup import setup
-from .run.step_update import Trained, apply_update, group_baselines, prepare_update
+from .run.step_update import apply_update, kept_groups, prepare_update
 from .run.trainer import RunResult
 from .sampling.rollout import Completion, SamplingConfig, sample_completions
 from .tasks import registry as _tasks
 from .tasks.data import columns_of, encode_prompt
 from .tasks.registry import Task, recommended_settings
 from .tasks.rewarding import Scores, score_completions
+from .tasks.shaping import step_rewards
 
 __all__ = [
     "Completion", "RunResult", "SamplingConfig", "Scores", "Task", "TrainConfig", "Trainer",
@@ -117,13 +118,14 @@ def sft(config: TrainConfig | None = None, on_event: Callable[[str, dict], None]
     return run_sft(config, on_event)
 
 
-def sample_group(model, tokenizer, prompt, group_size: int = 8, *, temperature: float = 1.0,
-                 max_tokens: int = 64, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
-                 system_prompt: str | None = None, seed: int = 0) -> list[Completion]:
+def sample_group(model, tokenizer, prompt, group_size: int = 8, *, temperature: float | None = None,
+                 max_tokens: int | None = None, top_p: float | None = None, top_k: int | None = None,
+                 min_p: float | None = None, system_prompt: str | None = None, seed: int = 0) -> list[Completion]:
     """`group_size` completions of one prompt (text or chat messages), through its chat template.
 
     Each Completion keeps the sampled token ids, their behaviour log-probs and
-    why it stopped. The same seed gives the same group.
+    why it stopped. The same seed gives the same group. A sampling setting left
+    None is that setting's default (`mlx-grpo train --help`, docs/settings.md).
 
     >>> model, tokenizer = load_policy()            # the embedded tiny model
     >>> group = sample_group(model, tokenizer, "What is 2 + 3?", 4, max_tokens=8)
@@ -131,7 +133,8 @@ def sample_group(model, tokenizer, prompt, group_size: int = 8, *, temperature: 
     (4, True)
     """
     model.eval()
-    sampling = SamplingConfig(temperature, top_p, top_k, min_p, max_tokens)
+    given = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, max_tokens=max_tokens)
+    sampling = SamplingConfig(**{name: value for name, value in given.items() if value is not None})
     return sample_completions(model, tokenizer, [encode_prompt(tokenizer, prompt, system_prompt)], group_size,
                               sampling, seed=seed)
 
@@ -251,11 +254,17 @@ class Trainer:
         """One step of the run on groups you sampled and scored yourself; returns its metrics.
 
         `completions` holds len(rows) groups of equal size, at least 2 (the group's mean is each
-        one's baseline), group by group (as `sample` returns them, concatenated); `rewards` one
-        number each. From there it is `train`'s step (run/step_update.py): the same advantages,
-        truncation mask, token budget, micro-batches and optimizer step, skipped when no group
-        carries signal (skip_no_signal). The groups' own size is the group size of this update,
-        whatever the config's. It counts as the run's next step: `history` holds its metrics.
+        one's baseline), group by group (as `sample` returns them, concatenated); `rewards` the
+        raw rewards: the Scores `score` returns (concatenated as the groups are), or one number
+        each (a weighted total). From there it is `train`'s step: the rewards shaped and the
+        groups filtered by the run's settings (tasks/shaping.py's step_rewards: the runaway and
+        overlong penalties, `shaping` of side rewards, which needs the Scores' parts when the task
+        has several rewards, dynamic_sampling, reward_threshold), then the same advantages,
+        truncation mask, token budget, micro-batches and optimizer step (run/step_update.py),
+        skipped when no group carries signal (skip_no_signal). Every group the filters keep is
+        trained (train's step trains at most batch_size). The groups' own size is the group size
+        of this update, whatever the config's. It counts as the run's next step: `history` holds
+        its metrics, `reward/mean` over the shaped rewards and `reward/raw_mean` over the raw.
         """
         n = len(completions)
         g = n // max(len(rows), 1)
@@ -263,15 +272,20 @@ class Trainer:
             raise ValueError("completions must hold one equal-sized group per row")
         if g < 2:
             raise ValueError("each group needs at least 2 completions: the group's mean is each one's baseline")
-        rewards = np.asarray(rewards, dtype=np.float64)
-        if rewards.shape != (n,):
-            raise ValueError(f"rewards must hold one number per completion: {n}, not {rewards.size}")
+        scores = rewards if isinstance(rewards, Scores) else Scores(np.asarray(rewards, dtype=np.float64), {})
+        raw = np.asarray(scores.total, dtype=np.float64)
+        if raw.shape != (n,):
+            raise ValueError(f"rewards must hold one number per completion: {n}, not {raw.size}")
+        if not scores.parts and self.config.shaping != "always" and len(self.task.reward_weights) > 1:
+            raise ValueError(f"shaping {self.config.shaping!r} weighs the side rewards apart from the main one: "
+                             "pass the Scores that score() returns, not totals")
         config = self.config if g == self.config.group_size else _with_group_size(self.config, g)
-        trained = Trained(list(completions), group_baselines(completions, rewards, config), np.arange(n))
+        shaped, keep = step_rewards(self.task, config, list(completions), scores)  # as train's step (shaping.py)
+        trained = kept_groups(list(completions), shaped, keep, config)
         self.step_count += 1
         self.model.train()
         ready = prepare_update(self.model, trained, self.task, config, self.step_count, self.ref_params)
-        metrics = {"step": self.step_count, "reward/mean": float(rewards.mean()),
+        metrics = {"step": self.step_count, "reward/mean": float(shaped.mean()), "reward/raw_mean": float(raw.mean()),
                    **apply_update(self.model, self.optimizer, ready, config)}
         _trainer.refresh_reference_if_due(self.run, self.step_count, metrics)
         self.history.append(metrics)

@@ -1,8 +1,10 @@
 """The public Python API: exported names, runnable docstring examples, the
 step-by-step Trainer against the CLI's train(), metrics tables and plots."""
 
+import dataclasses
 import doctest
 import sys
+import types
 
 import mlx.core as mx
 import numpy as np
@@ -12,6 +14,7 @@ from mlx.utils import tree_flatten
 import mlx_grpo
 from mlx_grpo import api
 from mlx_grpo.files import training_rows
+from mlx_grpo.setting_groups import SamplingSettings
 
 
 def test_every_public_name_is_exported_and_documented():
@@ -36,7 +39,8 @@ def _weights(model):
 
 
 def test_update_on_a_hand_scored_group_moves_weights_only_with_signal():
-    trainer = mlx_grpo.Trainer(batch_size=2, group_size=4, max_tokens=16, lr=1e-3, warmup_steps=0)
+    # runaway_penalty 1: equal raw rewards stay equal whichever completions are cut
+    trainer = mlx_grpo.Trainer(batch_size=2, group_size=4, max_tokens=16, lr=1e-3, warmup_steps=0, runaway_penalty=1.0)
     row = trainer.task.train_rows[0]
     group = trainer.sample(row["prompt"])
     assert len(group) == 4 and all(c.prompt_index == 0 for c in group)
@@ -52,6 +56,18 @@ def test_update_on_a_hand_scored_group_moves_weights_only_with_signal():
     assert any(not np.array_equal(before[k], after[k]) for k in before)
     with pytest.raises(ValueError):
         trainer.update([row, row], group[:3], [1, 0, 0])
+
+
+def test_sample_group_takes_each_sampling_default_from_the_setting(monkeypatch):
+    """A sampling setting left out is the `sampling` group's own default (one definition), a given one is kept."""
+    seen = []
+    monkeypatch.setattr(api, "sample_completions", lambda model, tokenizer, prompts, g, sampling, seed: seen.append(sampling))
+    monkeypatch.setattr(api, "encode_prompt", lambda tokenizer, prompt, system_prompt: [1, 2])
+    model = types.SimpleNamespace(eval=lambda: None)
+    mlx_grpo.sample_group(model, None, "What is 2 + 3?", 2)
+    mlx_grpo.sample_group(model, None, "What is 2 + 3?", 2, max_tokens=5, temperature=0.5)
+    assert seen[0] == SamplingSettings()
+    assert seen[1] == dataclasses.replace(SamplingSettings(), max_tokens=5, temperature=0.5)
 
 
 def test_trainer_steps_reproduce_the_cli_train_run(tmp_path):

@@ -2,9 +2,9 @@
 
 `collect_rollouts` takes the step's prompts (a fixed, seeded order, or the
 curriculum's pick), samples `group_size` completions for each and scores them,
-then applies the length penalties and group filters of shaping.py. With DAPO
-dynamic sampling it samples further rounds (bounded) until enough groups carry
-signal. With several ranks (distributed.py) each samples a share of whole
+then shapes and filters them (shaping.py's step_rewards, which the API's
+Trainer.update calls too). With DAPO dynamic sampling it samples further
+rounds (bounded) until enough groups carry signal. With several ranks (distributed.py) each samples a share of whole
 prompts and every rank gets the whole step back.
 
 Every random draw is keyed by (seed, step, round, prompt, member), so a step
@@ -21,9 +21,9 @@ import numpy as np
 from ..config import TrainConfig
 from ..sampling.kinds import RolloutSettings, rollouts_for
 from ..tasks.curriculum import group_success
-from ..tasks.registry import Task, token_budget
+from ..tasks.registry import Task
 from ..tasks.rewarding import Scores
-from ..tasks.shaping import groups_to_keep, shape_rewards, side_shaped_totals
+from ..tasks.shaping import step_rewards
 from ..update.batch import batch_rows
 from . import distributed as dist
 from .guidance import guide_groups
@@ -128,7 +128,6 @@ def resample_rows(rows: list[dict], step: int, round_: int, count: int, seed: in
 def collect_rollouts(model, tokenizer, task: Task, config: TrainConfig, step: int) -> StepRollouts:
     """Sample and score the step's groups; with filters on, drop groups (and maybe refill, bounded)."""
     g = config.group_size
-    filtering = config.dynamic_sampling or config.reward_threshold is not None
     extra_rounds = config.resample_rounds if config.dynamic_sampling else 0
     rounds, all_rows, rewards, keep = [], [], [], []
     for round_ in range(1 + extra_rounds):
@@ -141,19 +140,11 @@ def collect_rollouts(model, tokenizer, task: Task, config: TrainConfig, step: in
                                                          rollout_seed(config.seed, step, round_))
         if task.curriculum:
             task.curriculum.update(rows, group_success(task, rows, completions, scores, g))
-        totals = (side_shaped_totals(scores.parts, task.reward_weights, g, config.shaping)
-                  if config.shaping != "always" and scores.parts else scores.total)
-        # A rollout's length is what the model wrote, against its budget (an episode's: max_episode_tokens).
-        shaped = shape_rewards(
-            totals, [c.model_tokens for c in completions], [c.truncated for c in completions],
-            max_tokens=token_budget(task, config), runaway_factor=config.runaway_penalty,
-            overlong_buffer=config.overlong_buffer, overlong_scale=config.overlong_penalty)
+        shaped, kept = step_rewards(task, config, completions, scores)  # penalties, side rewards, filters (shaping.py)
         rounds.append((completions, scores, seconds))
         all_rows += rows
         rewards.append(shaped)
-        keep.append(groups_to_keep(shaped, g, drop_equal=config.dynamic_sampling,
-                                   reward_threshold=config.reward_threshold)
-                    if filtering else np.ones(len(rows), dtype=bool))
+        keep.append(kept)
     completions, scores, _ = merge_rollouts(rounds, g)
     keep = np.concatenate(keep)
     # At most batch_size groups are trained on: the first ones kept, in sampling order.

@@ -19,7 +19,8 @@ step's sampled completions (the records say which were trained).
 
 `apply_update` takes the prepared update to the optimizer (update/step.py) and
 gives what a step logs of it. train's step and the API's Trainer.update (groups
-a user sampled and scored, through `group_baselines`) both go this one way.
+a user sampled and scored, shaped and filtered by shaping.py's step_rewards,
+then `kept_groups`) both go this one way.
 """
 
 from __future__ import annotations
@@ -86,10 +87,16 @@ class Trained:
 
 
 def choose_trained(sampled: StepRollouts, config: TrainConfig) -> Trained:
-    kept_rows = np.repeat(sampled.keep, config.group_size)
-    completions = [c for c, k in zip(sampled.completions, kept_rows) if k]
-    return Trained(completions, group_baselines(completions, sampled.rewards[kept_rows], config),
-                   np.flatnonzero(kept_rows))
+    return kept_groups(sampled.completions, sampled.rewards, sampled.keep, config)
+
+
+def kept_groups(completions: list, rewards: np.ndarray, keep: np.ndarray, config: TrainConfig) -> Trained:
+    """The completions of the groups `keep` marks (one bool a group of `config.group_size`), with their
+    advantages from `rewards` (shaped: shaping.py's step_rewards). train's step and the API's Trainer.update
+    both choose this way."""
+    kept_rows = np.repeat(keep, config.group_size)
+    trained = [c for c, k in zip(completions, kept_rows) if k]
+    return Trained(trained, group_baselines(trained, np.asarray(rewards)[kept_rows], config), np.flatnonzero(kept_rows))
 
 
 def group_baselines(completions: list, rewards: np.ndarray, config: TrainConfig) -> np.ndarray:

@@ -34,11 +34,19 @@ Group filters decide which groups enter the update:
   further rollouts (the trainer does that, bounded).
 - reward threshold (seed 003): groups whose best reward is below the
   threshold have nothing good to move toward; they are dropped.
+
+`step_rewards` applies all of these as a run's settings say: train's step
+(run/step_rollouts.py) and the API's Trainer.update both call it, so a group
+is shaped and filtered the same way whoever sampled and scored it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from ..config import TrainConfig
+from .registry import Task, token_budget
+from .rewarding import Scores
 
 
 SHAPING = ("always", "gated", "scaled")  # config_checks.py repeats these (it sits below tasks/)
@@ -107,3 +115,26 @@ def groups_to_keep(rewards, group_size: int, *, drop_equal: bool = False,
     if reward_threshold is not None:
         keep &= grouped.max(axis=1) >= reward_threshold
     return keep
+
+
+def step_rewards(task: Task, config: TrainConfig, completions: list, scores: Scores) -> tuple[np.ndarray, np.ndarray]:
+    """(rewards, keep) of scored groups of `config.group_size`, as a run's settings shape and filter them.
+
+    rewards: one a completion, what advantages are computed from: side rewards counted as
+    `shaping` says (from `scores.parts`; with no parts, `scores.total` as it is), then the
+    runaway and overlong penalties against the task's token budget. keep: one bool a group,
+    whether dynamic_sampling and reward_threshold let it into the update.
+    """
+    g = config.group_size
+    totals = (side_shaped_totals(scores.parts, task.reward_weights, g, config.shaping)
+              if config.shaping != "always" and scores.parts else scores.total)
+    # A rollout's length is what the model wrote, against its budget (an episode's: max_episode_tokens).
+    rewards = shape_rewards(
+        totals, [c.model_tokens for c in completions], [c.truncated for c in completions],
+        max_tokens=token_budget(task, config), runaway_factor=config.runaway_penalty,
+        overlong_buffer=config.overlong_buffer, overlong_scale=config.overlong_penalty)
+    if config.dynamic_sampling or config.reward_threshold is not None:
+        keep = groups_to_keep(rewards, g, drop_equal=config.dynamic_sampling, reward_threshold=config.reward_threshold)
+    else:
+        keep = np.ones(len(rewards) // g, dtype=bool)
+    return rewards, keep
