@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlx_grpo.models.random_model import build_random_model
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_sft", ROOT / "scripts" / "bench_sft.py")
 bench_sft = importlib.util.module_from_spec(spec)
@@ -60,7 +62,7 @@ def test_the_peer_side_is_skipped_with_its_reason_when_it_cannot_run(capsys, mon
 def test_rows_have_the_asked_token_lengths(tmp_path):
     from transformers import AutoTokenizer
 
-    folder = bench_sft.bench.build_random_model(tmp_path / "m", **bench_sft.PRESETS["tiny"])
+    folder = build_random_model(tmp_path / "m", **bench_sft.PRESETS["tiny"])
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     rng = np.random.default_rng(0)
     assert [len(tokenizer.encode(bench_sft.fixed_length_text(tokenizer, n, rng), add_special_tokens=False))
