@@ -12,7 +12,7 @@ The shapes are those of a Qwen2.5-0.5B step (hidden 896, intermediate 4864, voca
 151,936) and one large square. --rounds > 1 runs the candidates round-robin and reports
 each figure's median, so a change in the machine's load hits every candidate alike.
 Each process also checks its matmul against NumPy in float64 (`max rel error`).
-A table on stderr, one JSON object on stdout (or in --json).
+A table on stderr, one JSON object on stdout (and in --json).
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
 
 from mlx_grpo.blas import (CORETYPE, MKL_THREADS, cpu_flags, openblas_identity, pip_mkl_path,  # noqa: E402
                             system_openblas_path)
+from benchlib import Timer, cpu_model, emit_result, markdown_table  # noqa: E402
 
 SHAPES = [  # (name, m, k, n)
     ("2048 x 2048 x 2048", 2048, 2048, 2048),
@@ -48,11 +49,12 @@ def gflops(m: int, k: int, n: int, seconds: float, dtype=None) -> float:
     if dtype is not None:
         a, b = a.astype(dtype), b.astype(dtype)
     mx.eval(a @ b)
-    reps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds or reps < 2:
-        mx.eval(a @ b)
-        reps += 1
-    return 2 * m * k * n * reps / (time.perf_counter() - start) / 1e9
+    reps = 0
+    with Timer() as timer:
+        while timer.seconds < seconds or reps < 2:
+            mx.eval(a @ b)
+            reps += 1
+    return 2 * m * k * n * reps / timer.seconds / 1e9
 
 
 def child(seconds: float) -> dict:
@@ -142,26 +144,16 @@ def main(argv=None) -> dict:
             "max_rel_error": max(r["max_rel_error"] for r in measured),
             "gflops": {name: statistics.median(r["gflops"][name] for r in measured) for name, *_ in SHAPES},
         }
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?") if Path("/proc/cpuinfo").exists() else "?"
+    cpu = cpu_model()
     report = {"cpu": cpu, "cores": os.cpu_count(), "avx512f": "avx512f" in cpu_flags(),
               "seconds": args.seconds, "rounds": args.rounds, "results": results}
 
     labels = list(results)
-    print("\n| shape (m x k x n) | " + " | ".join(labels) + " |", file=sys.stderr)
-    print("| --- |" + " --- |" * len(labels), file=sys.stderr)
-    for name, *_ in SHAPES:
-        print(f"| {name} | " + " | ".join(f"{results[lab]['gflops'][name]:.0f}" for lab in labels) + " |",
-              file=sys.stderr)
-    print("| max rel error vs float64 | " + " | ".join(f"{results[lab]['max_rel_error']:.0e}" for lab in labels)
-          + " |", file=sys.stderr)
-    print(f"GFLOP/s, float32 mx.matmul, median of {args.rounds} round(s); CPU: {cpu}, {os.cpu_count()} cores",
-          file=sys.stderr)
-    text = json.dumps(report, indent=1)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    else:
-        print(text)
+    rows = [[name] + [f"{results[lab]['gflops'][name]:.0f}" for lab in labels] for name, *_ in SHAPES]
+    rows.append(["max rel error vs float64"] + [f"{results[lab]['max_rel_error']:.0e}" for lab in labels])
+    table = (f"\n{markdown_table(['shape (m x k x n)'] + labels, rows)}\n"
+             f"GFLOP/s, float32 mx.matmul, median of {args.rounds} round(s); CPU: {cpu}, {os.cpu_count()} cores")
+    emit_result(report, args.json, table, indent=1)
     return report
 
 

@@ -16,12 +16,15 @@ Prints one JSON object:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
+from benchlib import Timer, emit_result, load_average  # noqa: E402
 
 PROMPT = "Explain in three sentences why the sky is blue."
 
@@ -31,9 +34,10 @@ def greedy_speed(model, tokenizer, tokens: int) -> dict:
 
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
     generate(model, tokenizer, prompt, max_tokens=4, verbose=False)  # warm-up
-    start, cpu_start = time.perf_counter(), time.process_time()
-    text = generate(model, tokenizer, prompt, max_tokens=tokens, verbose=False)
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    cpu_start = time.process_time()
+    with Timer() as timer:
+        text = generate(model, tokenizer, prompt, max_tokens=tokens, verbose=False)
+    seconds, cpu_seconds = timer.seconds, time.process_time() - cpu_start
     written = len(tokenizer.encode(text))
     # CPU seconds (all threads) say less about the machine's load than the wall clock does.
     return {"tokens": written, "seconds": round(seconds, 2), "tok_per_s": round(written / seconds, 1),
@@ -60,15 +64,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-gguf-"))
     os.environ["MLX_GRPO_CACHE"] = str(work / "cache")  # a fresh cache: the first import converts
     source = resolve_model_path(args.model)
-    result = {"load_avg_1min": os.getloadavg()[0], "model": args.model, "file": source,
+    result = {"load_avg_1min": load_average()[0], "model": args.model, "file": source,
               "file_mb": round(Path(source).stat().st_size / 1e6, 1)}
 
-    start = time.perf_counter()
-    model, tokenizer = load_policy(args.model, keep_quantized=True)
-    result["import_s"] = round(time.perf_counter() - start, 2)
-    start = time.perf_counter()
-    model, tokenizer = load_policy(args.model, keep_quantized=True)
-    result["cached_load_s"] = round(time.perf_counter() - start, 2)
+    with Timer() as timer:
+        model, tokenizer = load_policy(args.model, keep_quantized=True)
+    result["import_s"] = round(timer.seconds, 2)
+    with Timer() as timer:
+        model, tokenizer = load_policy(args.model, keep_quantized=True)
+    result["cached_load_s"] = round(timer.seconds, 2)
 
     widened, _ = load_policy(args.model, keep_quantized=True)
     ex.fuse_in_float32(widened)  # no adapters: only widens the quantized layers
@@ -97,13 +101,13 @@ def main() -> None:
         save_adapters(model, work / "adapters", {**adapter_config, "model": source})
         for outtype in outtypes:
             out = work / f"export-{outtype}.gguf"
-            start = time.perf_counter()
-            ex.export(args.model, str(work / "adapters"), gguf_path=str(out), outtype=outtype)
-            exports[outtype] = {"seconds": round(time.perf_counter() - start, 1),
+            with Timer() as timer:
+                ex.export(args.model, str(work / "adapters"), gguf_path=str(out), outtype=outtype)
+            exports[outtype] = {"seconds": round(timer.seconds, 1),
                                 "mb": round(out.stat().st_size / 1e6, 1)}
             out.unlink()
     result["export"] = exports
-    print(json.dumps(result, indent=1))
+    emit_result(result, None, indent=1)
 
 
 if __name__ == "__main__":

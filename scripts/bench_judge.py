@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import time
+import sys
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,6 +33,9 @@ from mlx_grpo.models.loading import load_policy
 from mlx_grpo.sampling.rollout import sample_completions
 from mlx_grpo.tasks.data import encode_prompt
 from rewards.judge import DEFAULT_MAX_TOKENS, JudgeReward, judge_prompts, load_rubric
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
+from benchlib import Timer, load_average, machine_line  # noqa: E402
 
 
 def weight_bytes(model) -> int:
@@ -89,11 +91,11 @@ def main(argv: list[str] | None = None) -> dict:
     steps = []
     for step in range(args.steps):
         rows = task.train_rows[step * args.batch_size:(step + 1) * args.batch_size]
-        start = time.perf_counter()
-        completions = sample_completions(policy, tokenizer, [encode_prompt(tokenizer, r["prompt"], task.system_prompt)
-                                                             for r in rows], args.group_size, sampling,
-                                         config.decode_concurrency, seed=step)
-        rollout_s = time.perf_counter() - start
+        with Timer() as timer:
+            completions = sample_completions(
+                policy, tokenizer, [encode_prompt(tokenizer, r["prompt"], task.system_prompt) for r in rows],
+                args.group_size, sampling, config.decode_concurrency, seed=step)
+        rollout_s = timer.seconds
         judge.answers.clear()
         in_use = mx.get_active_memory()
         mx.reset_peak_memory()
@@ -122,8 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
         "rollout_s": float(np.median([s["rollout_s"] for s in timed])),
         "judge_s": float(np.median([s["judge_s"] for s in timed])),
         "judge_peak_extra_gb": float(max(s["judge_peak_extra_gb"] for s in steps)),
-        "machine": f"{platform.machine()} {platform.processor() or ''} {mx.default_device()}".strip(),
-        "blas": loaded_blas(), "blas_kernels": blas_description(), "load_average": os.getloadavg()[0],
+        "machine": machine_line(),
+        "blas": loaded_blas(), "blas_kernels": blas_description(), "load_average": load_average()[0],
     }
     summary["judge_over_rollout"] = summary["judge_s"] / summary["rollout_s"]
     print(json.dumps(summary))

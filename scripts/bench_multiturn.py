@@ -25,8 +25,10 @@ import os
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
+from benchlib import Timer, emit_result, load_average, markdown_table  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -74,12 +76,12 @@ def run_mode(args, mode: str) -> dict:
     mx.clear_cache()
     before = mx.get_active_memory()
     stats = Stats()
-    began = time.perf_counter()
-    episodes = rollout_episodes(model, tokenizer, make_envs(task, rows, args.samples), args.samples,
-                                replace(config.sampling, temperature=args.temperature, max_tokens=args.max_tokens),
-                                args.max_turns, args.max_episode_tokens, task.system_prompt, args.concurrency,
-                                seed=args.seed, reuse_cache=mode == "after", stats=stats)
-    seconds = time.perf_counter() - began
+    with Timer() as timer:
+        episodes = rollout_episodes(model, tokenizer, make_envs(task, rows, args.samples), args.samples,
+                                    replace(config.sampling, temperature=args.temperature, max_tokens=args.max_tokens),
+                                    args.max_turns, args.max_episode_tokens, task.system_prompt, args.concurrency,
+                                    seed=args.seed, reuse_cache=mode == "after", stats=stats)
+    seconds = timer.seconds
     turns = []
     for t in stats.turns:
         needed = t["rows"] * (t["longest"] + args.max_tokens) * per_token
@@ -116,9 +118,7 @@ def table(result: dict) -> str:
              f"prefilled {result['tokens_prefilled']} = {result['prefilled_over_new']}x the prompt and observation "
              f"tokens, peak {result['rollout_peak_over_kv']}x the most keys and values a turn needs, "
              f"max RSS {result['max_rss_gb']} GB, blas {result['blas']}",
-             "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-    for t in result["turns"]:
-        lines.append("| " + " | ".join(str(t[c]) for c in cols) + " |")
+             markdown_table(list(cols), [[t[c] for c in cols] for t in result["turns"]])]
     return "\n".join(lines)
 
 
@@ -143,15 +143,12 @@ def main(argv=None):
             results.append(result)
             print(table(result), file=sys.stderr, flush=True)
     out = {"settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
-           "load_average": os.getloadavg(), "runs": results}
+           "load_average": load_average(), "runs": results}
     by_mode = {m: [r["rollout_s"] for r in results if r["mode"] == m] for m in args.mode}
     if all(by_mode.get(m) for m in ("before", "after")):
         out["speedup"] = round(min(by_mode["before"]) / min(by_mode["after"]), 2)
         print(f"speedup (best before / best after): {out['speedup']}x", file=sys.stderr)
-    text = json.dumps(out, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)
+    emit_result(out, args.out)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
+
+from benchlib import Timer, cpu_model  # noqa: E402
 
 from rewards import ocaml  # noqa: E402
 from rewards.sandbox import capabilities  # noqa: E402
@@ -39,11 +41,11 @@ def main() -> int:
     args = parser.parse_args()
     problems = ocaml.problems("train") + ocaml.problems("test")
     pairs = [(c, p) for p in problems for c in completions_for(p)] * args.rounds
-    print(f"{len(pairs)} completions; {os.cpu_count()} CPUs; sandbox {capabilities()}")
+    print(f"{len(pairs)} completions; {cpu_model()}, {os.cpu_count()} CPUs; sandbox {capabilities()}")
     for workers in args.workers:
-        start = time.perf_counter()
-        grades = ocaml.grade_many([c for c, _ in pairs], [p for _, p in pairs], workers=workers)
-        seconds = time.perf_counter() - start
+        with Timer() as timer:
+            grades = ocaml.grade_many([c for c, _ in pairs], [p for _, p in pairs], workers=workers)
+        seconds = timer.seconds
         stages = {s: sum(g.stage == s for g in grades) for s in ocaml.STAGES}
         print(f"workers {workers}: {len(pairs) / seconds:.1f} completions/s ({seconds:.1f} s) {stages}")
     return 0

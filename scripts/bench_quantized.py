@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
+from benchlib import Timer, emit_result, load_average, machine_line  # noqa: E402
 
 
 def speeds(model: str, keep_quantized: bool, args) -> dict:
@@ -29,11 +28,11 @@ def speeds(model: str, keep_quantized: bool, args) -> dict:
 
     from mlx_grpo.api import Trainer
 
-    start = time.perf_counter()
-    trainer = Trainer(model=model, task="arith", keep_quantized=keep_quantized, steps=args.steps + 1,
-                      batch_size=args.batch_size, group_size=args.group_size, max_tokens=args.max_tokens,
-                      eval_num_problems=1, seed=args.seed)
-    load_s = time.perf_counter() - start
+    with Timer() as timer:
+        trainer = Trainer(model=model, task="arith", keep_quantized=keep_quantized, steps=args.steps + 1,
+                          batch_size=args.batch_size, group_size=args.group_size, max_tokens=args.max_tokens,
+                          eval_num_problems=1, seed=args.seed)
+    load_s = timer.seconds
     history = [trainer.step() for _ in range(args.steps + 1)][1:]  # the first step warms up
     return {
         "kept_quantized": keep_quantized,
@@ -115,17 +114,15 @@ def main():
     from mlx_grpo.blas import use_openblas
 
     use_openblas()
-    results = {"model": args.model, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-               "load_average": os.getloadavg(), "float32_copy": speeds(args.model, False, args)}
+    results = {"model": args.model, "machine": machine_line(),
+               "load_average": load_average(), "float32_copy": speeds(args.model, False, args)}
     print(json.dumps(results["float32_copy"]), flush=True)
     if not args.skip_quantized:
         results["kept_quantized"] = speeds(args.model, True, args)
         print(json.dumps(results["kept_quantized"]), flush=True)
     results["logits"] = logit_difference(args.model, args.adapters, args.seed)
-    results["load_average_after"] = os.getloadavg()
-    print(json.dumps(results, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    results["load_average_after"] = load_average()
+    emit_result(results, args.json, indent=1)
 
 
 if __name__ == "__main__":

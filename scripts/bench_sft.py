@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -42,14 +40,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from mlx_grpo.models.random_model import build_random_model
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
-import bench  # noqa: E402 (the random model and its presets)
-from script_output import emit_result  # noqa: E402
+from bench_workload import PRESETS as BENCH_PRESETS, dequantized_copy, model_shape  # noqa: E402
+from benchlib import command_output, emit_result, load_average, load_since, machine, markdown_table  # noqa: E402
 
 PRESETS = {
-    "tiny": bench.PRESETS["tiny"],
-    "qwen05": bench.PRESETS["qwen0.5b"],  # Qwen2.5-0.5B's shape
+    "tiny": BENCH_PRESETS["tiny"],
+    "qwen05": BENCH_PRESETS["qwen0.5b"],  # Qwen2.5-0.5B's shape
     # SmolLM2-135M's shape (a Llama: no attention biases)
     "smollm2": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, model_type="llama"),
 }
@@ -212,13 +212,13 @@ def run_side(side: str, spec_path: Path, folder: Path, blas: str, script: str = 
     result = folder / f"{side}.json"
     command = [sys.executable, str(Path(script).resolve()), "--side", side, "--spec", str(spec_path),
                "--result", str(result), "--blas", blas]
-    load = os.getloadavg()
+    load = load_average()
     done = subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT))
     if done.returncode != 0 or not result.is_file():
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise SystemExit(f"error: the {side} side failed (exit {done.returncode}):\n{tail}")
     out = json.loads(result.read_text())
-    out["load_average"] = {"start": [round(x, 2) for x in load], "end": [round(x, 2) for x in os.getloadavg()]}
+    out["load_average"] = load_since(load)
     return out
 
 
@@ -252,50 +252,18 @@ def summary(result: dict, warmup: int, counts: dict) -> dict:
     return out
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _command_output(command: list[str]) -> str | None:
-    try:
-        return subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT), timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def machine() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    def installed(name):
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    dirty = _command_output(["git", "status", "--porcelain", "--untracked-files=no"])
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "uptime": _command_output(["uptime"]),
-            "commit": _command_output(["git", "rev-parse", "HEAD"]), "dirty": bool(dirty),
-            "mlx": installed("mlx"), "mlx_lm": installed("mlx-lm"), "python": platform.python_version()}
-
-
 def prepare(args, folder: Path) -> tuple[dict, dict]:
     """The model and the rows in `folder`: (spec for both sides, the workload's description)."""
     from transformers import AutoTokenizer
 
     if args.model:
         from mlx_grpo.models.loading import model_folder
-        path = (bench.dequantized_copy(args.model, folder / "float32") if args.dequantize
+        path = (dequantized_copy(args.model, folder / "float32") if args.dequantize
                 else model_folder(args.model))
-        shape = bench.model_shape(path)
+        shape = model_shape(path)
     else:
         shape = PRESETS[args.preset]
-        path = str(bench.build_random_model(folder / "model", **shape, seed=args.seed, dtype=args.dtype))
+        path = str(build_random_model(folder / "model", **shape, seed=args.seed, dtype=args.dtype))
     tokenizer = AutoTokenizer.from_pretrained(path)
     rows = args.batch_size * max(1, min(args.steps, 8))  # fixed-length rows: a few batches are all it takes
     data = write_rows(folder / "data", tokenizer, rows, args.prompt_tokens, args.completion_tokens, args.seed)
@@ -351,7 +319,7 @@ def run(args) -> dict:
         out["mlx_lm_lora"] = {"skipped": problem}
     kernels = {r["blas_kernels"] for r in results.values()}
     out["blas_kernels"] = kernels.pop() if len(kernels) == 1 else "differ: see each side"
-    out["machine"]["uptime_end"] = _command_output(["uptime"])
+    out["machine"]["uptime_end"] = command_output(["uptime"])
     if "tokens_per_s" in out.get("mlx_grpo", {}) and "tokens_per_s" in out.get("mlx_lm_lora", {}):
         ours, peer = out["mlx_grpo"], out["mlx_lm_lora"]
         out["speedup"] = ours["tokens_per_s"] / peer["tokens_per_s"]
@@ -371,12 +339,9 @@ TABLE_COLUMNS = [  # (heading, key, format)
 
 
 def table(out: dict) -> str:
-    lines = ["| trainer | " + " | ".join(h for h, _, _ in TABLE_COLUMNS) + " |",
-             "|---" * (len(TABLE_COLUMNS) + 1) + "|"]
-    for side in SIDES:
-        figures = out.get(side, {})
-        if "step_s" in figures:
-            lines.append(f"| {side} | " + " | ".join(format(figures[k], f) for _, k, f in TABLE_COLUMNS) + " |")
+    rows = [[side] + [format(out[side][k], f) for _, k, f in TABLE_COLUMNS]
+            for side in SIDES if "step_s" in out.get(side, {})]
+    lines = [markdown_table(["trainer"] + [h for h, _, _ in TABLE_COLUMNS], rows)]
     if "speedup" in out:
         lines.append(f"\nspeedup {out['speedup']:.2f}x (goal {GOAL_SPEEDUP}x), peak memory ratio "
                      f"{out['memory_ratio']:.2f}; BLAS: {out['blas_kernels']}; {out['machine']['cpu']}")

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
+from benchlib import Timer, emit_result, load_average, machine, markdown_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TOOLS = ROOT / "rewards" / "multihop" / "assets" / "tiny-tools"
@@ -89,11 +89,11 @@ def _timed_steps(seconds: list[float]):
     real = multiturn._step_envs
 
     def timed(envs, moves):
-        began = time.perf_counter()
-        try:
-            return real(envs, moves)
-        finally:
-            seconds.append(time.perf_counter() - began)
+        with Timer() as timer:
+            try:
+                return real(envs, moves)
+            finally:
+                seconds.append(timer.seconds)
 
     multiturn._step_envs = timed
     try:
@@ -152,14 +152,13 @@ def multi_turn(model, tokenizer, args) -> tuple[dict, list[list[int]]]:
 
     envs, system_prompt = _envs(args)
     stats, steps = Stats(), []
-    load = os.getloadavg()[0]
-    began = time.perf_counter()
-    with _timed_steps(steps):
+    load = load_average()[0]
+    with Timer() as timer, _timed_steps(steps):
         episodes = rollout_episodes(model, tokenizer, envs, args.samples,
                                     SamplingConfig(args.temperature, max_tokens=args.max_tokens), args.max_turns,
                                     args.max_episode_tokens, system_prompt, args.concurrency, seed=args.seed,
                                     stats=stats)
-    seconds = time.perf_counter() - began
+    seconds = timer.seconds
     model_tokens = sum(int(sum(ep.mask)) for ep in episodes)
     prompts = sum(len(ep.prompt_tokens) for ep in episodes[::args.samples])
     observations = sum(len(ep.mask) - int(sum(ep.mask)) for ep in episodes)
@@ -196,12 +195,12 @@ def single_turn(model, tokenizer, prompts: list[list[int]], max_tokens: int, arg
 
     meter = fixed_decode.PREFILL
     prefilled, prefill_s = meter.tokens, meter.seconds
-    load = os.getloadavg()[0]
-    began = time.perf_counter()
-    outs = sample_completions(model, tokenizer if args.stop_on_eos else _NoEnd(tokenizer), prompts, args.samples,
-                              SamplingConfig(args.temperature, max_tokens=max_tokens), args.concurrency,
-                              seed=args.seed)
-    seconds = time.perf_counter() - began
+    load = load_average()[0]
+    with Timer() as timer:
+        outs = sample_completions(model, tokenizer if args.stop_on_eos else _NoEnd(tokenizer), prompts, args.samples,
+                                  SamplingConfig(args.temperature, max_tokens=max_tokens), args.concurrency,
+                                  seed=args.seed)
+    seconds = timer.seconds
     prefill_s = meter.seconds - prefill_s
     model_tokens = sum(len(c.tokens) for c in outs)
     return {
@@ -223,7 +222,7 @@ def bench(args) -> dict:
     from mlx_grpo.models.loading import load_policy
 
     model_name = str(TINY_TOOLS) if args.model in ("tiny-tools", "tiny_tools") and TINY_TOOLS.exists() else args.model
-    load_start = os.getloadavg()
+    load_start = load_average()
     model, tokenizer = load_policy(model_name)
     model.eval()
     mx.eval(model.parameters())
@@ -255,10 +254,9 @@ def bench(args) -> dict:
     }
     return {
         "settings": {k: v for k, v in vars(args).items() if k != "json"} | {"model": model_name},
-        "machine": {"system": platform.system(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                    "blas": loaded_blas(), "device": str(mx.default_device())},
-        "load_average_start": [round(x, 2) for x in load_start],
-        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "machine": {**machine(), "blas": loaded_blas(), "device": str(mx.default_device())},
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
         "summary": summary, "runs": runs,
     }
 
@@ -277,19 +275,16 @@ def table(out: dict) -> str:
     s = out["summary"]
     multi = min((r for r in out["runs"] if r["mode"] == "multi"), key=lambda r: r["seconds"])
     single = min((r for r in out["runs"] if r["mode"] == "single"), key=lambda r: r["seconds"])
-    lines = ["| | rows | model tokens | prefilled | seconds | prefill s | decode s | tools s | other s | tokens/s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, r in (("multi-turn", multi), ("single-turn", single)):
-        lines.append(f"| {name} | {r['rows']} | {r['model_tokens']} | {r['tokens_prefilled']} | {r['seconds']} | "
-                     f"{r['prefill_s']} | {r['decode_s']} | {r.get('env_step_s', '-')} | {r.get('other_s', '-')} | "
-                     f"{r['tokens_per_s']} |")
+    lines = [markdown_table(
+        ["", "rows", "model tokens", "prefilled", "seconds", "prefill s", "decode s", "tools s", "other s", "tokens/s"],
+        [[name, r["rows"], r["model_tokens"], r["tokens_prefilled"], r["seconds"], r["prefill_s"], r["decode_s"],
+          r.get("env_step_s", "-"), r.get("other_s", "-"), r["tokens_per_s"]]
+         for name, r in (("multi-turn", multi), ("single-turn", single))])]
     lines.append(f"single / multi tokens/s: {s['single_over_multi_tokens_per_s']}x; load average "
                  f"{out['load_average_start']} -> {out['load_average_end']}; blas {out['machine']['blas']}")
-    lines.append("| turn | rows | longest | prefilled | generated | prefill s | decode s | tools s |")
-    lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for t in multi["turns"]:
-        lines.append(f"| {t['turn']} | {t['rows']} | {t['longest']} | {t['prefilled']} | {t['generated']} | "
-                     f"{t['prefill_s']} | {t['decode_s']} | {t['env_step_s']} |")
+    columns = ["turn", "rows", "longest", "prefilled", "generated", "prefill_s", "decode_s", "env_step_s"]
+    lines.append(markdown_table(["turn", "rows", "longest", "prefilled", "generated", "prefill s", "decode s",
+                                 "tools s"], [[t[c] for c in columns] for t in multi["turns"]]))
     return "\n".join(lines)
 
 
@@ -300,11 +295,7 @@ def main(argv=None):
 
         use_openblas()  # re-executes this script with OpenBLAS preloaded, when there is one
     out = bench(args)
-    print(table(out), file=sys.stderr, flush=True)
-    text = json.dumps(out, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
+    emit_result(out, args.json, table(out))
     return out
 
 

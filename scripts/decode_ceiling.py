@@ -15,11 +15,8 @@ object: per width, ms a step and tok/s of each and ours as a fraction of the bar
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,13 +25,15 @@ import mlx.core as mx  # noqa: E402
 
 from mlx_grpo.blas import blas_description, use_openblas  # noqa: E402
 from mlx_grpo.models.heap import keep_freed_memory  # noqa: E402
+from mlx_grpo.models.random_model import build_random_model  # noqa: E402
 
-from decode_loops import bare_loop  # noqa: E402 (scripts/ is on the path)
+from benchlib import Timer, emit_result, load_average  # noqa: E402 (scripts/ is on the path)
+from decode_loops import bare_loop  # noqa: E402
 
 
 def ours(model, tokenizer, prompt: list[int], width: int, tokens: int) -> float:
     """Seconds a step of sample_completions (T 1, log-probs, seeded), no stops, prefill left out."""
-    from bench import stops_ignored
+    from bench_variants import stops_ignored
 
     from mlx_grpo.sampling import fixed_decode
     from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
@@ -43,9 +42,9 @@ def ours(model, tokenizer, prompt: list[int], width: int, tokens: int) -> float:
     with stops_ignored(tokenizer):
         sample_completions(model, tokenizer, [prompt], width, sampling, seed=0)  # compiles this width's step
         prefill = fixed_decode.PREFILL.seconds
-        began = time.perf_counter()
-        out = sample_completions(model, tokenizer, [prompt], width, sampling, seed=1)
-        seconds = time.perf_counter() - began - (fixed_decode.PREFILL.seconds - prefill)
+        with Timer() as timer:
+            out = sample_completions(model, tokenizer, [prompt], width, sampling, seed=1)
+        seconds = timer.seconds - (fixed_decode.PREFILL.seconds - prefill)
     assert all(len(c.tokens) == tokens for c in out)
     return seconds / tokens
 
@@ -60,7 +59,7 @@ def main(argv=None):
     if argv is None:
         use_openblas()
         keep_freed_memory()  # as the mlx-grpo command does (models/heap.py)
-    from bench import PRESETS, build_random_model
+    from bench_workload import PRESETS
 
     from mlx_grpo.models.loading import load_policy
 
@@ -79,11 +78,8 @@ def main(argv=None):
             print(f"width {width:4d}: bare {1000 * bare:7.1f} ms/step, ours {1000 * mine:7.1f} ms/step, "
                   f"ours {bare / mine:.2f}x the bare loop", file=sys.stderr, flush=True)
     out = {"model": args.model or "random qwen0.5b shape", "device": str(mx.default_device()),
-           "blas_kernels": blas_description(), "load_average": os.getloadavg(), "tokens": args.tokens, "widths": rows}
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+           "blas_kernels": blas_description(), "load_average": load_average(), "tokens": args.tokens, "widths": rows}
+    emit_result(out, args.out, indent=1)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,11 @@ import numpy as np
 from mlx_lm.tuner.lora import LoRALinear
 
 sys.path.insert(0, str(Path(__file__).parent))
-import bench  # noqa: E402
+from bench_workload import PRESETS  # noqa: E402
 
 from mlx_grpo.models.adapters import _modules_swapped, adapters_disabled, prepare_for_training  # noqa: E402
 from mlx_grpo.models.loading import load_policy  # noqa: E402
+from mlx_grpo.models.random_model import build_random_model  # noqa: E402
 from mlx_grpo.sampling import fixed_decode  # noqa: E402
 from mlx_grpo.sampling.rollout import SamplingConfig, draw_tokens  # noqa: E402
 from mlx_grpo.update.logprobs import completion_logprobs  # noqa: E402
@@ -120,13 +121,13 @@ def main():
     p.add_argument("part", choices=("decode", "update"))
     p.add_argument("--widths", default="1,8,64,256", help="decode widths (LoRA as three matmuls)")
     p.add_argument("--ncu", action="store_true", help="profile one decode step at width 64 (under ncu)")
-    p.add_argument("--preset", choices=bench.PRESETS, default="qwen0.5b", help="shape of the random model")
+    p.add_argument("--preset", choices=PRESETS, default="qwen0.5b", help="shape of the random model")
     args = p.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="gpu-profile-"))
-    shape = bench.PRESETS[args.preset]
+    shape = PRESETS[args.preset]
     vocab = shape["vocab"]
-    bench.build_random_model(folder, **shape, dtype="bfloat16")
+    build_random_model(folder, **shape, dtype="bfloat16")
     model, _ = load_policy(str(folder))
     mx.random.seed(0)
     prepare_for_training(model, "lora", {"rank": 8, "scale": 20.0, "dropout": 0.0, "num_layers": -1})

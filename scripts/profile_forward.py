@@ -3,8 +3,9 @@
     python scripts/profile_forward.py                          # Qwen2.5-0.5B's shape, 4 rows x 256 tokens
     python scripts/profile_forward.py --preset small --rows 2 --tokens 128 --out forward.json
 
-A random float32 model of --preset's shape (bench.py's), run with mlx-lm's own modules. Each line
-is the fastest of --repeats runs, after one warm-up, of one piece evaluated alone (mx.eval):
+A random float32 model of --preset's shape (bench.py's: mlx_grpo/models/random_model.py), run with
+mlx-lm's own modules. Each line is the fastest of --repeats runs, after one warm-up, of one piece
+evaluated alone (mx.eval):
 
   forward      the whole model, logits included
   body         the decoder layers alone (no output head)
@@ -27,29 +28,23 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import PRESETS, build_random_model  # noqa: E402
 from bench_blas import gflops as sgemm_gflops  # noqa: E402
-from script_output import emit_result  # noqa: E402
+from bench_workload import PRESETS  # noqa: E402
+from benchlib import emit_result, run_seconds  # noqa: E402
 
 from mlx_grpo.blas import blas_description, loaded_blas, use_openblas  # noqa: E402
+from mlx_grpo.models.random_model import build_random_model  # noqa: E402
 
 
 def fastest(fn, repeats: int) -> float:
     """Seconds of the fastest of `repeats` evaluated runs of fn(), after one warm-up run."""
     import mlx.core as mx
 
-    mx.eval(fn())
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mx.eval(fn())
-        best = min(best, time.perf_counter() - start)
-    return best
+    return min(run_seconds(lambda: mx.eval(fn()), repeats))
 
 
 def pieces(model, rows: int, tokens: int, shape: dict) -> dict:

@@ -38,14 +38,14 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
-import bench  # noqa: E402 (forward_flops, _replaced)
 import bench_sft  # noqa: E402 (the workload, the two sides' set-up, the child processes)
 from bench_blas import gflops as sgemm_gflops  # noqa: E402
-from script_output import emit_result  # noqa: E402
+from bench_variants import replaced  # noqa: E402
+from bench_workload import forward_flops, model_shape  # noqa: E402
+from benchlib import Timer, command_output, emit_result, machine, markdown_table  # noqa: E402
 
 MEASURED = ("batch", "forward", "forward_backward", "optimizer", "step")
 PHASES = ("batch", "forward", "forward_backward", "backward", "optimizer", "step", "other")
@@ -60,7 +60,7 @@ def step_flops(shape: dict, batch_shapes: list[list[int]], adapters: list[tuple[
     """Matmul FLOPs of one step over micro-batches of (rows, width) tokens; `adapters` (layer, in, rank, out).
 
     A micro-batch runs P = rows x (width - 1) positions, each seeing n/2 keys on average (n = width - 1).
-    forward  = 2 P (every layer's dense weights + the head's V h) + 2 P layers 2 h n/2  (bench.forward_flops)
+    forward  = 2 P (every layer's dense weights + the head's V h) + 2 P layers 2 h n/2  (bench_workload.forward_flops)
                + 2 P r (in + out) for each LoRA adapter
     backward = the same dense, head and attention terms over the layers from the lowest adapted one up
                only (the weights are frozen: dY W for the input gradient, no weight gradient; below the
@@ -71,9 +71,9 @@ def step_flops(shape: dict, batch_shapes: list[list[int]], adapters: list[tuple[
     forward = backward = 0.0
     for rows, width in batch_shapes:
         positions, context = rows * (width - 1), (width - 1) / 2
-        forward += bench.forward_flops(shape, positions, context)
-        dense_top = bench.forward_flops(top, positions, 0)
-        backward += dense_top + 2 * (bench.forward_flops(top, positions, context) - dense_top)
+        forward += forward_flops(shape, positions, context)
+        dense_top = forward_flops(top, positions, 0)
+        backward += dense_top + 2 * (forward_flops(top, positions, context) - dense_top)
         lora = sum(2.0 * positions * rank * (n_in + n_out) for _, n_in, rank, n_out in adapters)
         forward += lora
         backward += 2 * lora
@@ -104,10 +104,10 @@ def timed_steps(count: int, build, forward, forward_backward, optimizer_update) 
 
     def clock(name, fn, *args):
         mx.synchronize()
-        start = time.perf_counter()
-        out = fn(*args)
-        mx.synchronize()
-        times[name].append(time.perf_counter() - start)
+        with Timer() as timer:
+            out = fn(*args)
+            mx.synchronize()
+        times[name].append(timer.seconds)
         return out
 
     for step in range(1, count + 1):
@@ -232,13 +232,13 @@ def profile_side(side: str, spec: dict) -> dict:
             captured["run"] = real_setup(*args, **kwargs)
             return captured["run"]
 
-        with bench._replaced(setup_module, "sft_setup", capturing_setup):
+        with replaced(setup_module, "sft_setup", capturing_setup):
             result = bench_sft.run_sft_side(spec)
         run = captured["run"]
         times, shapes = sft_phases(run, spec["steps"])
         model = run.model
         # at a micro-batch's positions: the rows its matmuls see
-        result["sgemm"] = sgemm_rates(bench.model_shape(spec["model"]), max(r * (w - 1) for r, w in shapes),
+        result["sgemm"] = sgemm_rates(model_shape(spec["model"]), max(r * (w - 1) for r, w in shapes),
                                       spec["sgemm_seconds"])
     else:
         from mlx_lm import lora
@@ -248,7 +248,7 @@ def profile_side(side: str, spec: dict) -> dict:
             captured.update(kwargs)
             return real_train(**kwargs)
 
-        with bench._replaced(lora, "train", capturing_train):
+        with replaced(lora, "train", capturing_train):
             result = bench_sft.run_peer_side(spec)
         model = captured["model"]
         times, shapes = peer_phases(model, captured["optimizer"], captured["train_dataset"], captured["args"],
@@ -256,7 +256,7 @@ def profile_side(side: str, spec: dict) -> dict:
     mx.eval(model.parameters())
     times["step"] = [s["wall_s"] for s in result["steps"]]
     result.update(phase_seconds=times, batch_shapes=shapes,
-                  flops=step_flops(bench.model_shape(spec["model"]), shapes, adapter_shapes(model)),
+                  flops=step_flops(model_shape(spec["model"]), shapes, adapter_shapes(model)),
                   openblas_coretype=os.environ.get("OPENBLAS_CORETYPE"),
                   peak_memory_after_phases_gb=mx.get_peak_memory() / 1e9)
     return result
@@ -291,7 +291,7 @@ def summary(result: dict, warmup: int, tokens: int) -> dict:
 def run(args, workload_args) -> dict:
     problem = bench_sft.peer_problem()
     sides = [side for side in bench_sft.SIDES if side == "mlx_grpo" or not problem]
-    out = {"machine": bench_sft.machine()}
+    out = {"machine": machine()}
     with tempfile.TemporaryDirectory(prefix="profile-sft-") as tmp:
         spec, out["workload"] = bench_sft.prepare(workload_args, Path(tmp))
         spec["sgemm_seconds"] = args.sgemm_seconds
@@ -314,21 +314,18 @@ def run(args, workload_args) -> dict:
     else:  # above 1: mlx_lm.lora takes longer over that phase
         out["peer_over_sft_seconds"] = {name: out["mlx_lm_lora"]["phases"][name]["seconds"] / p["seconds"]
                                         for name, p in out["mlx_grpo"]["phases"].items() if p["seconds"] > 0}
-    out["machine"]["uptime_end"] = bench_sft._command_output(["uptime"])
+    out["machine"]["uptime_end"] = command_output(["uptime"])
     return out
 
 
 def table(out: dict) -> str:
     sides = [side for side in bench_sft.SIDES if "phases" in out.get(side, {})]
-    lines = ["| phase | " + " | ".join(f"{side} s | share | GFLOP/s" for side in sides) + " |",
-             "|---" * (1 + 3 * len(sides)) + "|"]
-    for name in PHASES:
-        cells = []
-        for side in sides:
-            p = out[side]["phases"][name]
-            rate = f"{p['gflops']:.1f}" if p.get("gflops") else ""
-            cells.append(f"{p['seconds']:.4f} | {p['share_of_step']:.1%} | {rate}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    headings = ["phase"] + [heading for side in sides for heading in (f"{side} s", "share", "GFLOP/s")]
+    rows = [[name] + [cell for side in sides for p in [out[side]["phases"][name]]
+                      for cell in (f"{p['seconds']:.4f}", f"{p['share_of_step']:.1%}",
+                                   f"{p['gflops']:.1f}" if p.get("gflops") else "")]
+            for name in PHASES]
+    lines = [markdown_table(headings, rows)]
     w, m = out["workload"], out["machine"]
     lines.append(f"\n{w['model']}: {w['tokens_per_step']} tokens a step ({w['batch_size']} rows); {m['cpu']}, "
                  f"{out['blas_kernels']} (OPENBLAS_CORETYPE {out['openblas_coretype'] or 'unset'}), MLX {m['mlx']}")

@@ -41,11 +41,9 @@ A table on stderr, one JSON object on stdout.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,9 +52,10 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import PRESETS, _replaced, build_random_model, dequantized_copy, model_shape, step_flops  # noqa: E402
 from bench_blas import gflops as sgemm_gflops  # noqa: E402 (float32 GFLOP/s, as bench.py --limits measures it)
-from script_output import emit_result  # noqa: E402
+from bench_variants import replaced  # noqa: E402
+from bench_workload import PRESETS, dequantized_copy, model_shape, step_flops  # noqa: E402
+from benchlib import emit_result, load_average, load_since, markdown_table, run_seconds  # noqa: E402
 
 from mlx_lm.tuner.lora import LoRALinear  # noqa: E402
 
@@ -66,6 +65,7 @@ from mlx_grpo.config import FIELDS, TrainConfig  # noqa: E402
 from mlx_grpo.models.adapters import prepare_for_training  # noqa: E402
 from mlx_grpo.models.heads import output_head  # noqa: E402
 from mlx_grpo.models.loading import load_policy  # noqa: E402
+from mlx_grpo.models.random_model import build_random_model  # noqa: E402
 from mlx_grpo.run.step_update import Trained, prepare_update, update_settings  # noqa: E402
 from mlx_grpo.run.trainer import make_optimizer  # noqa: E402
 from mlx_grpo.sampling.rollout import Completion  # noqa: E402
@@ -76,14 +76,7 @@ from mlx_grpo.update.logprobs import SharedPromptCache, _project, prompt_pass  #
 
 def timed(fn, repeats: int) -> float:
     """Median seconds of fn() (which evaluates what it builds) over `repeats`, after one warm-up run."""
-    fn()  # first touch of the weights and of the allocator's buffers is no part's cost
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        mx.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(run_seconds(lambda: (fn(), mx.synchronize()), repeats))
 
 
 # ---------------------------------------------------------------- the batch, as the trainer cuts it
@@ -107,7 +100,7 @@ def synthetic_update(model, model_path: str, vocab: int, args):
     trained = Trained(completions, advantages, np.arange(len(completions)))
     # --micro-batch N is taken as given: the activation budget would cut it down on a CPU.
     budget = float("inf") if args.micro_batch else batch.CPU_ACTIVATION_BUDGET
-    with _replaced(batch, "CPU_ACTIVATION_BUDGET", budget):
+    with replaced(batch, "CPU_ACTIVATION_BUDGET", budget):
         return config, prepare_update(model, trained, task, config, 1, None)
 
 
@@ -298,11 +291,10 @@ ROWS = [("update", "update (value and grad over every micro-batch, clip, optimiz
 
 
 def table(out: dict) -> str:
-    lines = ["| part | seconds | share of update | GFLOP/s |", "|---|---|---|---|"]
-    for key, label in ROWS:
-        p = out["parts"][key]
-        rate = f"{p['gflops']:.1f}" if "gflops" in p else ""
-        lines.append(f"| {label} | {p['seconds']:.4g} | {100 * p['share']:.1f}% | {rate} |")
+    parts = [(label, out["parts"][key]) for key, label in ROWS]
+    lines = [markdown_table(["part", "seconds", "share of update", "GFLOP/s"],
+                            [[label, f"{p['seconds']:.4g}", f"{100 * p['share']:.1f}%",
+                              f"{p['gflops']:.1f}" if "gflops" in p else ""] for label, p in parts])]
     s = out["sgemm"]
     lines.append(f"sgemm {'x'.join(map(str, s['reference_shape']))}: {s['reference_gflops']:.1f} GFLOP/s "
                  f"(update {out['update_frac_of_sgemm']:.2f}x of it); own shape {'x'.join(map(str, s['own_shape']))}: "
@@ -332,8 +324,8 @@ def main(argv=None) -> dict:
     if argv is None:
         use_openblas()  # re-executes with OpenBLAS preloaded, as the mlx-grpo command does
         keep_freed_memory()  # as the mlx-grpo command does (models/heap.py)
-    load_start = os.getloadavg()
-    with _replaced(gradients, "COMPILE_ON_CPU", not args.traced), \
+    load_start = load_average()
+    with replaced(gradients, "COMPILE_ON_CPU", not args.traced), \
             tempfile.TemporaryDirectory(prefix="profile-update-") as tmp:
         if args.model:
             path = dequantized_copy(args.model, Path(tmp) / "float32") if args.dequantize else args.model
@@ -353,7 +345,7 @@ def main(argv=None) -> dict:
                             "repeats": args.repeats, "update_compiled": not args.traced},
                "device": str(mx.default_device()), "blas_kernels": blas_description(),
                **profile(model, config, prep, shape, args)}
-    out["load_average"] = {"start": [round(x, 2) for x in load_start], "end": [round(x, 2) for x in os.getloadavg()]}
+    out["load_average"] = load_since(load_start)
     emit_result(out, args.json, table(out), indent=1)
     return out
 

@@ -8,11 +8,21 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo import blas
+from mlx_grpo.models.random_model import build_random_model
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _script("bench")
+bench_variants = _script("bench_variants")  # the patches: stops_ignored
+bench_workload = _script("bench_workload")  # the workload: the reward, the FLOPs
 
 TRAINER_KEYS = {"step_s", "rollout_s", "update_s", "rollout_tokens_per_s", "train_tokens_per_s", "peak_memory_gb",
                 "achieved_gflops", "achieved_frac_of_peak", "rewards", "reward_first", "reward_last"}
@@ -46,14 +56,13 @@ def test_bench_runs_the_peer_side_by_side(capsys):
 def test_forward_flops_by_hand():
     shape = dict(hidden=8, layers=1, heads=2, kv_heads=1, intermediate=16, vocab=10)
     # head_dim 4, kv width 4: q,o 2*64 + k,v 2*32 + mlp 3*128 = 576 weights, head 80; attention 2*8*context.
-    assert bench.forward_flops(shape, tokens=3, context=5) == 2 * 3 * (576 + 80 + 2 * 8 * 5)
+    assert bench_workload.forward_flops(shape, tokens=3, context=5) == 2 * 3 * (576 + 80 + 2 * 8 * 5)
 
 
 def test_random_model_has_the_asked_vocabulary(tmp_path):
     from mlx_grpo.models.loading import load_policy
 
-    folder = bench.build_random_model(tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32,
-                                      vocab=300)
+    folder = build_random_model(tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, vocab=300)
     model, tokenizer = load_policy(str(folder))
     assert model.model.embed_tokens.weight.shape == (300, 16)
     assert len(tokenizer.get_vocab()) == 300
@@ -62,7 +71,7 @@ def test_random_model_has_the_asked_vocabulary(tmp_path):
 
 
 def test_letter_share_reward():
-    assert bench.letter_share(["p", "p"], ["ab1!", ""]) == [0.5, 0.0]
+    assert bench_workload.letter_share(["p", "p"], ["ab1!", ""]) == [0.5, 0.0]
 
 
 def test_openblas_preload_rules(monkeypatch, tmp_path):
@@ -123,8 +132,7 @@ def test_no_stop_decodes_every_completion_to_max_tokens_in_both_samplers(tmp_pat
     from mlx_grpo.models.loading import load_policy
     from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
 
-    folder = bench.build_random_model(tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32,
-                                      vocab=300)
+    folder = build_random_model(tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, vocab=300)
     model, tokenizer = load_policy(str(folder))
     prompt = tokenizer.encode("hello there")
     greedy = SamplingConfig(temperature=0.0, max_tokens=5)
@@ -134,7 +142,7 @@ def test_no_stop_decodes_every_completion_to_max_tokens_in_both_samplers(tmp_pat
         return [len(c.tokens) for c in sample_completions(model, tokenizer, [prompt], 2, greedy)]
 
     assert ours() == [1, 1]
-    with bench.stops_ignored(tokenizer):
+    with bench_variants.stops_ignored(tokenizer):
         assert ours() == [5, 5]
     assert ours() == [1, 1] and len(tokenizer.eos_token_ids) == 1
 
@@ -147,7 +155,7 @@ def test_no_stop_decodes_every_completion_to_max_tokens_in_both_samplers(tmp_pat
         return [c.size for c in completions]
 
     assert theirs() == [1, 1]
-    with bench.stops_ignored(tokenizer):
+    with bench_variants.stops_ignored(tokenizer):
         assert theirs() == [5, 5]
 
 
@@ -171,9 +179,9 @@ def test_dequantized_copy_computes_what_the_quantized_model_does(tmp_path, cpu_d
 
     from mlx_grpo.models.loading import load_policy
 
-    quantized = bench.build_random_model(tmp_path / "q", hidden=64, layers=1, heads=2, kv_heads=1, intermediate=128,
-                                         vocab=300, bits=4)
-    widened = bench.dequantized_copy(str(quantized), tmp_path / "f")
+    quantized = build_random_model(tmp_path / "q", hidden=64, layers=1, heads=2, kv_heads=1, intermediate=128,
+                                   vocab=300, bits=4)
+    widened = bench_workload.dequantized_copy(str(quantized), tmp_path / "f")
     assert "quantization" not in json.loads((Path(widened) / "config.json").read_text())
     assert {v.dtype for v in mx.load(str(Path(widened) / "model.safetensors")).values()} == {mx.float32}
     tokens = mx.array([[5, 17, 42, 7]])
