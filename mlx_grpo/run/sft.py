@@ -12,7 +12,8 @@ The run folder is train's: config.yaml, metrics.jsonl (one row a step: loss, val
 measured, tokens_per_s, lr, grad_norm, grad_clipped), health.jsonl, checkpoints/ with exact
 resume, the adapters, summary.json. The validation loss on held-out demonstrations is
 measured before the first step, every `eval_steps` and at the end; a built-in task's run
-also measures the held-out accuracy before (unless eval_before is false) and after, as train does.
+also measures the held-out accuracy before (unless eval_before is false) and after, as train does:
+over the rows train's check reads, each reward call bounded by reward_timeout (setup.py's guard_task).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from . import checkpoint as ckpt
 from . import run_result, step_update
 from .health import HealthMonitor, TrainingStopped, stop_run
 from .interrupt import steps_until_ctrl_c
-from .sft_setup import Example, sft_setup
+from .setup import guard_task
+from .sft_setup import Example, SFTRun, sft_setup
 from .step_rollouts import step_seed
 from .run_result import RunResult, check_before
 
@@ -114,6 +116,15 @@ def validation_loss(model, examples: list[Example], pad_id: int, micro_batch_siz
     return total
 
 
+def guard_checks(run: SFTRun) -> None:
+    """A built-in task's held-out checks guarded as train's are (setup.py's guard_task, with this run's model):
+    rows without a column its rewards need or with a prompt too long for the context left out (on_bad_data),
+    every reward call bounded by reward_timeout; the screen's notes join the run's warnings."""
+    known = len(run.task.warnings)
+    guard_task(run.task, run.config, run.model, run.tokenizer)
+    run.warnings += run.task.warnings[known:]
+
+
 def pad_id_of(tokenizer) -> int:
     pad = getattr(tokenizer, "pad_token_id", None)
     return int(pad if pad is not None else tokenizer.eos_token_id)
@@ -127,6 +138,8 @@ def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None
                    Path("checkpoints") / f"sft-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
     run = sft_setup(config, writable=run_dir)
     config = run.config  # from a run folder (--model RUN): with that run's adapter settings, as config.yaml keeps
+    if run.task is not None:
+        guard_checks(run)
     model, tokenizer, optimizer = run.model, run.tokenizer, run.optimizer
     pad, mb, chunk = pad_id_of(tokenizer), config.micro_batch_size, config.logprob_chunk_size
 
