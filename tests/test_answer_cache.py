@@ -5,6 +5,7 @@ A multi-turn task's episodes are kept under everything that played them, and reu
 import json
 from dataclasses import replace
 
+import pytest
 from typer.testing import CliRunner
 
 import mlx_grpo
@@ -41,6 +42,60 @@ def test_another_version_or_decode_format_is_another_key(tiny_model_path, monkey
     assert newer != key
     monkeypatch.setattr(rollout, "DECODE_FORMAT", rollout.DECODE_FORMAT + 1)
     assert answer_cache.cache_key(spec, task, rows, settings) not in (key, newer)
+
+
+def test_a_change_to_the_code_that_renders_or_decodes_is_another_key(tiny_model_path, monkeypatch):
+    """DECODE_FORMAT is bumped by hand; the source of the code between a row and its answers (ANSWER_CODE) is in
+    the key too, so an edit to it (here to encode_prompt) decodes again where nobody bumped the format."""
+    spec = cmp.ModelSpec(str(tiny_model_path))
+    task, settings = _task_and_settings(str(tiny_model_path))
+    rows = cmp.select_rows(task, "test", 4)
+    key = answer_cache.cache_key(spec, task, rows, settings)
+    read = answer_cache.code_text
+    names = dict(answer_cache.ANSWER_CODE)["mlx_grpo.tasks.data"]
+    assert "add_generation_prompt=True" in read("mlx_grpo.tasks.data", names)
+
+    def edited(module, names):
+        return read(module, names).replace("add_generation_prompt=True", "add_generation_prompt=False")
+
+    monkeypatch.setattr(answer_cache, "code_text", edited)
+    assert answer_cache.cache_key(spec, task, rows, settings) != key
+    monkeypatch.setattr(answer_cache, "code_text", read)
+    assert answer_cache.cache_key(spec, task, rows, settings) == key  # the same code: the same key
+
+
+def test_the_code_hash_follows_the_named_code_and_nothing_else(tmp_path, monkeypatch):
+    """A module's named functions and methods count, its other code does not; a name it no longer defines is
+    refused, not left out of the key."""
+    module = tmp_path / "answer_code_probe.py"
+    module.write_text("def framed(p):\n    return f'Q: {p}'\n\n\nclass Loop:\n    def step(self):\n        return 1\n\n"
+                      "    def log(self):\n        return 0\n\n\ndef unrelated():\n    return 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(answer_cache, "ANSWER_CODE", (("answer_code_probe", ("framed", "Loop.step")),))
+    first = answer_cache.answer_code()
+    module.write_text(module.read_text().replace("return 0", "return 2"))  # Loop.log and unrelated
+    assert answer_cache.answer_code() == first
+    module.write_text(module.read_text().replace("return 1", "return 3"))  # Loop.step
+    second = answer_cache.answer_code()
+    assert second != first
+    module.write_text(module.read_text().replace("'Q: {p}'", "'Question: {p}'"))  # framed
+    assert answer_cache.answer_code() not in (first, second)
+
+    monkeypatch.setattr(answer_cache, "ANSWER_CODE", (("answer_code_probe", None),))  # the whole module
+    whole = answer_cache.answer_code()
+    module.write_text(module.read_text().replace("return 2", "return 4"))
+    assert answer_cache.answer_code() != whole
+
+    monkeypatch.setattr(answer_cache, "ANSWER_CODE", (("answer_code_probe", ("Loop.run",)),))
+    with pytest.raises(LookupError, match="defines no Loop.run"):
+        answer_cache.answer_code()
+
+
+def test_every_piece_of_the_answer_code_is_found():
+    """Each name ANSWER_CODE gives is still defined where it says (a rename must be followed there)."""
+    for module, names in answer_cache.ANSWER_CODE:
+        text = answer_cache.code_text(module, names)
+        assert all(f"def {name.split('.')[-1]}(" in text or f"class {name}" in text for name in names or ())
 
 
 def test_a_reuse_says_which_version_made_the_answers(tiny_model_path, monkeypatch):

@@ -12,10 +12,12 @@ adapter's weights and config (path, and each file's name, size and modification
 time; a run folder's logs and reports are not the adapter), the prompts as
 the task frames them (the rows' prompts, system prompt, plain-text frame, stop
 strings), the sampling settings, samples per prompt, seed and decode width,
-MLX's version and device, and the code that decodes: mlx-grpo's version and the
+MLX's version and device, and the code that decodes: mlx-grpo's version, the
 decode format (sampling/rollout.py's DECODE_FORMAT, bumped whenever what a model
-answers changes). Each entry also records which mlx-grpo made it, and a reuse
-says so. Scores are not cached: the rewards run again on the kept text, so a
+answers changes) and a hash of the source of the code that renders prompts and
+decodes answers (ANSWER_CODE), so a change to that code decodes again even where
+nobody bumped the format. Each entry also records which mlx-grpo made it, and a
+reuse says so. Scores are not cached: the rewards run again on the kept text, so a
 changed reward function scores old answers anew.
 
 A multi-turn task's episodes are kept too, with their environments' scores (an
@@ -36,6 +38,7 @@ give each test its own).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -60,6 +63,23 @@ FORMAT = 2  # bump when what a cache file keeps changes (how answers are decoded
 ENV = "MLX_GRPO_ANSWER_CACHE"
 # What loading an adapter folder reads of it (mlx-lm's format, models/adapters.py save_adapters).
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
+# mlx-grpo's code between a row and its answers, besides the model's own: what renders the prompt (the chat
+# template or plain-text frame, the stop strings), the decode (the draw, its filters, the loop, stopping, the
+# output head and merged adapters it runs, the decode width) and how eval and compare call it. Its source is
+# part of every key. (module, names): those functions and classes of the module, a method as Class.name; None:
+# the whole module. Read from the source files, not imported: evaluation/compare.py imports this module.
+ANSWER_CODE = (
+    ("mlx_grpo.tasks.data", ("prompt_messages", "encode_prompt", "task_prompts", "stop_token_ids",
+                             "use_stop_strings")),
+    ("mlx_grpo.sampling.rollout", None),
+    ("mlx_grpo.sampling.fixed_decode", None),
+    ("mlx_grpo.sampling.width", None),
+    ("mlx_grpo.models.cpu_math", None),
+    ("mlx_grpo.models.heads", None),
+    ("mlx_grpo.models.adapters", ("adapters_merged",)),
+    ("mlx_grpo.sampling.kinds", ("SingleTurn.generate", "MultiTurn.generate")),
+    ("mlx_grpo.evaluation.compare", ("generate",)),
+)
 # mlx-grpo's code an episode is played by, besides the decoding DECODE_FORMAT covers: the turn loop, the
 # environment protocol, the wave width, and tool calling (the tool episodes' environment).
 EPISODE_CODE = ("mlx_grpo.sampling.multiturn", "mlx_grpo.sampling.turns", "mlx_grpo.sampling.turn_cache",
@@ -96,7 +116,7 @@ def cache_key(spec, task, rows: list[dict], settings) -> str:
         task.system_prompt, getattr(task, "prompt_format", None), list(getattr(task, "stop", []) or []),
         [r["prompt"] for r in rows],
         [sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.max_tokens],
-        settings.samples, settings.seed, settings.concurrency, getattr(settings, "keep_quantized", False),
+        settings.samples, settings.seed, settings.concurrency, settings.keep_quantized, answer_code(),
     ]
     if rollouts_for(task).plays_episodes:
         parts.append(episode_parts(task, rows, settings))
@@ -140,6 +160,40 @@ def environment_code(task, config) -> str:
         # The name, not the path: an installed copy and the source tree of the same code agree.
         digest.update(json.dumps([path.name, hashlib.sha256(content).hexdigest()]).encode())
     return digest.hexdigest()
+
+
+def answer_code() -> str:
+    """A hash of the source of ANSWER_CODE: it changes whenever that code does."""
+    digest = hashlib.sha256()
+    for module, names in ANSWER_CODE:
+        digest.update(json.dumps([module, hashlib.sha256(code_text(module, names).encode()).hexdigest()]).encode())
+    return digest.hexdigest()
+
+
+def code_text(module: str, names: tuple[str, ...] | None) -> str:
+    """The source of a module, or of the named functions and classes in it (Class.method for a method).
+    LookupError when the module has no single source file or a name is not defined in it: a renamed function
+    must be renamed in ANSWER_CODE too, not silently dropped from the key."""
+    files = module_files(module)
+    if len(files) != 1:
+        raise LookupError(f"{module} is not a module with one source file")
+    source = files[0].read_text(encoding="utf-8")
+    if names is None:
+        return source
+    tree = ast.parse(source)
+    return "\n\n".join(ast.get_source_segment(source, definition(tree, module, name)) for name in names)
+
+
+def definition(tree: ast.Module, module: str, name: str) -> ast.AST:
+    """The def or class statement of `name` (dotted for a method) at the top of a module's tree."""
+    body, found = tree.body, None
+    for part in name.split("."):
+        found = next((node for node in body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                      and node.name == part), None)
+        if found is None:
+            raise LookupError(f"{module} defines no {name}")
+        body = found.body
+    return found
 
 
 def module_files(name: str) -> list[Path]:
