@@ -1,6 +1,7 @@
 """--guide (run/guidance.py): a reference answer replaces one member of each group with no right answer."""
 
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -11,11 +12,11 @@ from marks import needs_ocaml
 from mlx_grpo import make_config
 from mlx_grpo.api import load_task
 from mlx_grpo.cli import app
-from mlx_grpo.config import ConfigError
+from mlx_grpo.config import ConfigError, TrainConfig
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.run import guidance
+from mlx_grpo.run.step_rollouts import rollout_settings
 from mlx_grpo.run.trainer import train
-from mlx_grpo.sampling.kinds import RolloutSettings
 from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
 from mlx_grpo.tasks.data import task_prompts
 from mlx_grpo.tasks.rewarding import score_completions
@@ -42,6 +43,11 @@ def data(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "rewards.py").write_text(REWARDS)
     return path
+
+
+def _settings(sampling):
+    """A run's rollout settings with groups of four, sampled as `sampling` says."""
+    return replace(rollout_settings(TrainConfig()), group_size=4, sampling=sampling)
 
 
 def _config(tmp_path, model, data, **more):
@@ -80,7 +86,7 @@ def test_every_all_wrong_group_gets_the_reference_scored_and_with_the_policys_lo
     assert scores.parts["exact"] == [0.0] * 12  # a random model never spells the word
 
     guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, completions, scores,
-                                             RolloutSettings(group_size=4, sampling=SamplingConfig(0.7)))
+                                             _settings(SamplingConfig(0.7)))
     for i, row in enumerate(rows):
         ref = guided[4 * i + 3]
         assert ref.guided and ref.text == row["reference"] and ref.finish_reason == "stop"
@@ -106,7 +112,7 @@ def test_a_group_that_holds_a_right_answer_is_left_as_sampled(tmp_path, tiny_mod
     scores = score_completions(task.reward_functions, task.reward_weights, ["p"] * 8, [c.text for c in completions],
                                {"answer": ["x"] * 8})
     guided, _ = guidance.guide_groups(model, tokenizer, task, rows, completions, scores,
-                                             RolloutSettings(group_size=4, sampling=SamplingConfig(1.0)))
+                                             _settings(SamplingConfig(1.0)))
     assert [c.guided for c in guided] == [False] * 7 + [True]
 
 

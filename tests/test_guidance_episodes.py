@@ -8,9 +8,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo.config import ConfigError, build_config
+from mlx_grpo.config import ConfigError, TrainConfig, build_config
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.run import guidance
+from mlx_grpo.run.step_rollouts import rollout_settings
 from mlx_grpo.sampling.demonstrations import scripted_episodes
 from mlx_grpo.sampling.kinds import MultiTurn, RolloutSettings
 from mlx_grpo.sampling.multiturn import episode_scores, make_envs
@@ -24,8 +25,8 @@ BUDGET = 1500  # max_episode_tokens: a fact/1 script takes about 150 of the tiny
 
 
 def _settings(temperature: float, max_episode_tokens: int = BUDGET, max_turns: int = 8) -> RolloutSettings:
-    return RolloutSettings(group_size=2, sampling=SamplingConfig(temperature), max_turns=max_turns,
-                           max_episode_tokens=max_episode_tokens)
+    return replace(rollout_settings(TrainConfig()), group_size=2, sampling=SamplingConfig(temperature),
+                   max_turns=max_turns, max_episode_tokens=max_episode_tokens)
 
 
 def _web_config(tiny_model_path, tmp_path, **extra):
@@ -47,8 +48,7 @@ def web(tiny_model_path, tmp_path_factory, policy):
     task = load_task(_web_config(tiny_model_path, tmp_path_factory.mktemp("web")))
     model, tokenizer = policy
     rows = task.train_rows[:2]
-    settings = RolloutSettings(group_size=2, sampling=SamplingConfig(1.0, max_tokens=6), max_turns=2,
-                               max_episode_tokens=BUDGET)
+    settings = replace(_settings(1.0, max_turns=2), sampling=SamplingConfig(1.0, max_tokens=6))
     episodes, scores, _ = MultiTurn(task).sample_and_score(model, tokenizer, rows, settings, seed=0)
     assert not any(ep.info.get("solved") for ep in episodes)
     return task, rows, episodes, scores

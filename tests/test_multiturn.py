@@ -315,15 +315,18 @@ def test_a_multi_turn_rollout_leaves_mlx_global_random_state_alone(policy):
     """A step's episodes and a greedy held-out evaluation draw from their own seed: a notebook's draws
     after them are the ones it seeded for, and the same seed plays the same episodes whatever the global
     state was."""
-    from mlx_grpo.sampling.kinds import MultiTurn, RolloutSettings
+    from dataclasses import replace
+
+    from mlx_grpo.run.step_rollouts import rollout_settings
+    from mlx_grpo.sampling.kinds import MultiTurn
     from mlx_grpo.tasks.registry import Task
 
     model, tokenizer = policy
     rows = [{"prompt": "a"}, {"prompt": "b"}]
     task = Task("counting", rows, rows, [], [], None, None, [], make_env=lambda row: CountingEnv(row["prompt"]))
     kind = MultiTurn(task)
-    settings = RolloutSettings(group_size=2, sampling=SamplingConfig(1.0, max_tokens=5), max_turns=3,
-                               max_episode_tokens=200)
+    settings = replace(rollout_settings(TrainConfig()), group_size=2, sampling=SamplingConfig(1.0, max_tokens=5),
+                       max_turns=3, max_episode_tokens=200)
 
     def then_draw(global_seed, play):
         mx.random.seed(global_seed)

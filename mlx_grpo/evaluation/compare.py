@@ -1,9 +1,10 @@
 """`mlx-grpo compare` and `mlx-grpo eval`: score models on a task's prompts, with statistics.
 
 Both models answer the same prompts under the same conditions: the same prompt encoding, the
-same sampling settings, and the same sampler seeds (MLX's random state is re-seeded from (seed,
-chunk) before each chunk of prompts, for each model alike). Each model decodes all its prompts x
-samples in batches of `decode_concurrency` sequences (one batched rollout, not one a prompt).
+same sampling settings, and the same sampler keys (answer j of prompt i is drawn with keys of (seed,
+i, j) alone, for each model alike; MLX's global random state is neither read nor moved). Each model
+decodes all its prompts x samples in batches of `decode_concurrency` sequences (one batched rollout,
+not one a prompt).
 
 The per-prompt scores (mean over the samples) are then paired: the difference
 trained - base, its bootstrap CI, a paired test (McNemar for right/wrong with
@@ -46,26 +47,24 @@ SPLITS = ("test", "validation", "train")  # what each holds: tasks/registry.py's
 # Generating and scoring
 
 
-def chunk_seed(seed: int, chunk: int) -> int:
-    """The sampler seed of one chunk of prompts: the same for every model compared."""
-    return int(np.random.SeedSequence([seed, chunk]).generate_state(1)[0])
-
-
 @dataclass
 class Settings:
+    """What `eval` and `compare` answer under; a run's settings (seed ... keep_quantized) default to the
+    setting's own default, read from TrainConfig."""
+
     split: str = "test"
     samples: int = 1  # completions (episodes) per prompt: K
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0))
-    seed: int = 0
-    concurrency: int = 256
-    max_turns: int = 8  # multi-turn tasks only
-    max_episode_tokens: int = 1024  # multi-turn tasks only
+    seed: int = TrainConfig.seed
+    concurrency: int = TrainConfig.decode_concurrency
+    max_turns: int = TrainConfig.max_turns  # multi-turn tasks only
+    max_episode_tokens: int = TrainConfig.max_episode_tokens  # multi-turn tasks only
     cache: bool = False  # reuse (and keep) a model's answers to the same prompts and settings (answer_cache.py)
     # The settings the task is guarded with as a run guards it (guard below): reward_timeout, on_bad_data,
     # max_prompt_tokens, max_tokens. None: their defaults.
     run_config: TrainConfig | None = None
     # A run that trained on its quantized weights (keep_quantized) is checked on them; eval answers on the same.
-    keep_quantized: bool = False
+    keep_quantized: bool = TrainConfig.keep_quantized
 
 
 def load_model(spec: ModelSpec, keep_quantized: bool = False):
@@ -118,8 +117,9 @@ def generate(model, tokenizer, task: Task, rows: list[dict], settings: Settings,
     """K answers for each row, grouped by row: (answers, the rollouts they are, decode seconds).
 
     Rows go in chunks of concurrency // K, each chunk one batched decode (for
-    a multi-turn task, one batched decode a turn) seeded by chunk_seed, so a
-    second model sees the very same seeds.
+    a multi-turn task, one batched decode a turn). Answer j of row i is drawn
+    with keys of (settings.seed, i, j) alone, so a second model sees the very
+    same keys, and MLX's global random state is left where the caller had it.
     """
     k = settings.samples
     kind = rollouts_for(task)
@@ -127,12 +127,11 @@ def generate(model, tokenizer, task: Task, rows: list[dict], settings: Settings,
     answers: list[Answer] = []
     rollouts = []  # the completions or episodes themselves: a multi-turn task's scores are in its episodes
     seconds = 0.0
-    for chunk, start in enumerate(range(0, len(rows), per_chunk)):
+    for start in range(0, len(rows), per_chunk):
         part = rows[start : start + per_chunk]
-        mx.random.seed(chunk_seed(settings.seed, chunk))
         begin = time.perf_counter()
         played = kind.generate(model, tokenizer, part, k, settings.sampling, settings.concurrency,
-                               settings.max_turns, settings.max_episode_tokens)
+                               settings.max_turns, settings.max_episode_tokens, seed=settings.seed, first=start)
         rollouts += played
         answers += [Answer.of(r) for r in played]
         seconds += time.perf_counter() - begin
@@ -373,5 +372,5 @@ def build_settings(config: TrainConfig, split: str = "test", samples: int = 1, t
         raise CompareError(f"--temperature must be >= 0, got {temperature}")
     sampling = replace(config.sampling, temperature=temperature)
     return Settings(split, samples, sampling, seed, config.decode_concurrency,
-                    getattr(config, "max_turns", 8), getattr(config, "max_episode_tokens", 1024), cache, config,
+                    config.max_turns, config.max_episode_tokens, cache, config,
                     config.keep_quantized)

@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..config import TrainConfig
 from ..files import read_run_records, training_rows
 from ..setting_groups import HealthSettings
 from .health_rewards import REWARD_RULES
@@ -31,7 +32,7 @@ class Thresholds:
     TrainConfig's health_* settings) and facts about the run."""
 
     health: HealthSettings = field(default_factory=HealthSettings)
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = TrainConfig.max_grad_norm
     token_budget: int | None = None  # the tokens a rollout is cut at: max_tokens (an episode's: max_episode_tokens)
     lr: float | None = None
     accuracy_reward: str | None = None  # the task's accuracy reward (accuracy_collapse reads reward/<it>/mean)

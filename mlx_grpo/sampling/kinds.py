@@ -20,7 +20,7 @@ answer is right is tasks/accuracy.py's to say.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,15 +37,17 @@ from .rollout import SamplingConfig, sample_completions
 @dataclass(frozen=True)
 class RolloutSettings:
     """What sampling a step's groups and evaluating take from a run's settings, and nothing else
-    (run/step_rollouts.py's rollout_settings(config) fills it): this floor never sees the whole config."""
+    (run/step_rollouts.py's rollout_settings(config) fills it): this floor never sees the whole config.
+    It has no defaults of its own: a run's are TrainConfig's, which rollout_settings(TrainConfig()) carries
+    (dataclasses.replace changes one)."""
 
-    group_size: int = 8  # completions (episodes) a prompt
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # the run's sampling group
-    concurrency: int = 256  # sequences decoded at once
-    max_turns: int = 8  # multi-turn tasks: model turns in an episode
-    max_episode_tokens: int = 1024  # multi-turn tasks: an episode's token budget after its first prompt
-    eval_pass_k: int = 0  # evaluate: also sampled pass@k (0: off)
-    seed: int = 0  # evaluate: pass@k's own sampling seed
+    group_size: int  # completions (episodes) a prompt
+    sampling: SamplingConfig  # the run's sampling group
+    concurrency: int  # sequences decoded at once (decode_concurrency)
+    max_turns: int  # multi-turn tasks: model turns in an episode
+    max_episode_tokens: int  # multi-turn tasks: an episode's token budget after its first prompt
+    eval_pass_k: int  # evaluate: also sampled pass@k (0: off)
+    seed: int  # evaluate: pass@k's own sampling seed
 
 
 class SingleTurn:
@@ -85,9 +87,11 @@ class SingleTurn:
         return result
 
     def generate(self, model, tokenizer, rows: list[dict], k: int, sampling: SamplingConfig, concurrency: int,
-                 max_turns: int, max_episode_tokens: int) -> list:
-        """k completions of each row, in one batched decode (eval and compare)."""
-        return sample_completions(model, tokenizer, task_prompts(tokenizer, self.task, rows), k, sampling, concurrency)
+                 max_turns: int, max_episode_tokens: int, seed: int | None = None, first: int = 0) -> list:
+        """k completions of each row, in one batched decode (eval and compare); rows[0] is prompt number
+        `first`, and completion j of prompt p is drawn with keys of (seed, p, j) alone."""
+        return sample_completions(model, tokenizer, task_prompts(tokenizer, self.task, rows), k, sampling, concurrency,
+                                  seed=seed, prompt_ids=list(range(first, first + len(rows))))
 
     def score(self, rows: list[dict], answers: list, k: int) -> tuple[Scores, np.ndarray | None]:
         """The task's rewards of k answers a row, and whether each is right (1.0) or not by tasks/accuracy.py
@@ -133,8 +137,8 @@ class MultiTurn:
         )
         return episodes, episode_scores(episodes), time.perf_counter() - start
 
-    def evaluate(self, model, tokenizer, settings: RolloutSettings, temperature: float = 0.0) -> dict:
-        """The fraction of held-out episodes solved (greedy by default)."""
+    def evaluate(self, model, tokenizer, settings: RolloutSettings) -> dict:
+        """The fraction of held-out episodes solved, played greedily."""
         rows = self.task.eval_rows
         if not rows:
             return {"accuracy": None, "n": 0}
@@ -143,7 +147,7 @@ class MultiTurn:
         start = time.perf_counter()
         episodes = rollout_episodes(
             model, tokenizer, make_envs(self.task, rows, 1), 1,
-            SamplingConfig(temperature=temperature, max_tokens=settings.sampling.max_tokens),
+            SamplingConfig(temperature=0.0, max_tokens=settings.sampling.max_tokens),
             settings.max_turns, settings.max_episode_tokens, self.task.system_prompt, settings.concurrency,
         )
         model.train(was_training)
@@ -157,10 +161,11 @@ class MultiTurn:
         }
 
     def generate(self, model, tokenizer, rows: list[dict], k: int, sampling: SamplingConfig, concurrency: int,
-                 max_turns: int, max_episode_tokens: int) -> list:
-        """k episodes of each row, one batched decode a turn (eval and compare)."""
+                 max_turns: int, max_episode_tokens: int, seed: int | None = None, first: int = 0) -> list:
+        """k episodes of each row, one batched decode a turn (eval and compare); rows[0] is prompt number
+        `first`, and episodes are keyed by (seed, their place from there) alone."""
         return rollout_episodes(model, tokenizer, make_envs(self.task, rows, k), k, sampling, max_turns,
-                                max_episode_tokens, self.task.system_prompt, concurrency)
+                                max_episode_tokens, self.task.system_prompt, concurrency, seed=seed, first_prompt=first)
 
     def score(self, rows: list[dict], episodes: list, k: int) -> tuple[Scores, np.ndarray]:
         """The environments' scores of the episodes, and whether each was solved (1.0) or not."""
