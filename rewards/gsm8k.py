@@ -125,11 +125,6 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [to_row(record, where) for where, record in jsonl_records(path)]
 
 
-def _held_out_size(n_rows: int, config) -> int:
-    """How many of a single file's last rows are kept for evaluation (the engine's rule for custom data)."""
-    return min(int(getattr(config, "eval_num_problems", 200)), n_rows // 10)
-
-
 def _load_hub(name: str, subset: str | None, split: str) -> list[dict]:
     try:
         import datasets
@@ -149,10 +144,10 @@ def load_rows(split: str, config) -> list[dict]:
 
     config.data: None (the Hugging Face dataset openai/gsm8k, config "main"), a
     folder holding train.jsonl, test.jsonl and maybe validation.jsonl (or valid.jsonl),
-    or one JSONL file (its last min(eval_num_problems, 10%) rows are the test split,
-    the rest train), each row with "question" and "answer". Any other text is taken
-    as a dataset name. Validation is [] unless a folder holds it: the registry then
-    carves it from train (split_held_out), so recipes are never chosen on the test split.
+    or one JSONL file (all train rows), each row with "question" and "answer". Any other
+    text is taken as a dataset name. A split the data lacks (a file's test and validation,
+    a folder's validation) is [] here: the registry carves it from train by a hash of each
+    question (tasks/splits.py), so recipes are never chosen on the test split.
     """
     if split not in ("train", "validation", "test"):
         raise ValueError(f"split must be 'train', 'validation' or 'test', not {split!r}")
@@ -169,9 +164,7 @@ def load_rows(split: str, config) -> list[dict]:
             raise ValueError(f"{path}: no {split}.jsonl in this folder")
         return _read_jsonl(file)
     if path.is_file():
-        rows = _read_jsonl(path)
-        held_out = _held_out_size(len(rows), config)
-        return rows[len(rows) - held_out:] if split == "test" else rows[:len(rows) - held_out]
+        return _read_jsonl(path) if split == "train" else []
     if path.suffix in (".jsonl", ".json") or str(data).startswith((".", "/", "~")):
         raise ValueError(f"data not found: {data}")
     return _load_hub(str(data), None, split)

@@ -114,6 +114,8 @@ def test_accuracy_is_the_share_of_right_answers_with_a_partial_credit_reward(tin
     """Rewards 0.8, 0.3, 0.8, 0.3: two of four answers are right (0.5 and above), so accuracy is 0.5,
     in train's before/after check, eval and compare alike; the mean reward 0.55 is a reward, not accuracy."""
     data = _data_folder(tmp_path, [_row(i) for i in range(4)])
+    (data / "train.jsonl").write_text("".join(_row(i) + "\n" for i in range(100, 120)))  # apart from both below
+    (data / "valid.jsonl").write_text("".join(_row(i) + "\n" for i in range(4, 8)))  # the run's check: 2 even, 2 odd
     rewards = tmp_path / "partial.py"
     rewards.write_text(PARTIAL)
     flags = {"task": "custom", "data": str(data), "reward_file": str(rewards), "reward": ["partial"],

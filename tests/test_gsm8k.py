@@ -222,16 +222,18 @@ class _Config:
         self.data, self.eval_num_problems = data, eval_num_problems
 
 
-def test_load_rows_single_file_holds_out_its_tail(tmp_path):
+def test_a_single_file_is_all_train_rows_and_the_engine_carves_its_held_out_splits(tmp_path):
     path = tmp_path / "mine.jsonl"
     records = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1:,}"}
                for i in range(1000, 1030)]
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + "\n")
     train = gsm8k.load_rows("train", _Config(str(path)))
-    test = gsm8k.load_rows("test", _Config(str(path)))
-    assert len(train) == 27 and len(test) == 3  # 10% held out
-    assert test[-1] == {"prompt": "What is 1029 + 1?", "answer": "1030", "solution": records[-1]["answer"]}
-    assert {r["prompt"] for r in train}.isdisjoint(r["prompt"] for r in test)
+    assert len(train) == 30 and gsm8k.load_rows("test", _Config(str(path))) == []
+    assert train[-1] == {"prompt": "What is 1029 + 1?", "answer": "1030", "solution": records[-1]["answer"]}
+    task = tasks.load_task(build_config({"task": "gsm8k", "data": str(path)}, task_defaults=tasks.recommended_settings))
+    held_out = {r["prompt"] for r in task.test_rows + task.eval_rows}
+    assert held_out and held_out.isdisjoint(r["prompt"] for r in task.train_rows)
+    assert len(task.train_rows) + len(held_out) == 30
 
 
 def test_load_rows_reports_bad_data(tmp_path):
@@ -303,9 +305,12 @@ def test_load_rows_offline_folder():
 def test_load_task_through_the_engine():
     task = tasks.load_task(build_config({"task": "gsm8k", "data": str(GSM8K_DATA)},
                                         task_defaults=tasks.recommended_settings))
-    # Validation (the run's check) is train.jsonl's last eval_num_problems rows; test is test.jsonl's first.
-    assert task.name == "gsm8k" and len(task.train_rows) == 7473 - 200
+    # Validation (the run's check) is the train.jsonl rows whose question hashes into its 10% share; test is
+    # test.jsonl's first rows; train the rest, without a question of either.
+    assert task.name == "gsm8k" and 6500 < len(task.train_rows) < 6900
     assert len(task.eval_rows) == len(task.test_rows) == 200  # eval_num_problems from recommended_settings
+    held_out = {r["prompt"] for r in task.eval_rows + task.test_rows}
+    assert held_out.isdisjoint(r["prompt"] for r in task.train_rows)
     assert task.system_prompt == gsm8k.SYSTEM_PROMPT
     row = task.eval_rows[0]
     completion = f"Let me work it out step by step.\n#### {row['answer']}"

@@ -176,8 +176,8 @@ def test_a_file_a_folder_and_bad_rows(tmp_path, tiny):
     with pytest.raises(DataError, match=r"train.jsonl line 2: malformed JSON"):
         read_demonstrations(str(tmp_path / "train.jsonl"), "train", on_bad="error")
     (tmp_path / "valid.jsonl").write_text(json.dumps(good) + "\n")
-    assert len(read_demonstrations(str(tmp_path), "valid")[0]) == 1
-    assert read_demonstrations(str(tmp_path / "train.jsonl"), "valid")[0] == []  # a file has no validation split
+    assert len(read_demonstrations(str(tmp_path), "validation")[0]) == 1
+    assert read_demonstrations(str(tmp_path / "train.jsonl"), "validation")[0] == []  # a file has no validation split
     examples, note = encode_rows(tok, [(1, good), (2, {"text": "x" * 300})], "f.jsonl", "skip", limit=64)
     assert len(examples) == 1 and "line 2: 301 tokens, longer than the model's context of 64" in note
 
@@ -241,10 +241,13 @@ def test_task_demonstrations_come_from_the_train_split_only():
     config = build_config({"task": "arith", "steps": 2, "batch_size": 4}, task_defaults=recommended_settings)
     run = sft_setup(config)
     task = load_task(config)
-    test_prompts = {r["prompt"] for r in task.eval_rows + task.test_rows}  # validation and test alike
-    shown = {run.tokenizer.decode(ids) for ids, _ in run.train + run.valid}
+    held_out = {r["prompt"] for r in task.eval_rows + task.test_rows}  # validation and test alike
+    learned = {run.tokenizer.decode(ids) for ids, _ in run.train}
     assert len(run.train) == 8 and len(run.valid) == sft_setup_module.MAX_HELD_OUT
-    assert not any(p in text for p in test_prompts for text in shown)
+    assert not any(p in text for p in held_out for text in learned)
+    # The validation loss reads the validation split: the rows the run's accuracy checks read, never test.
+    validation = [r["prompt"] for r in task.eval_rows[:sft_setup_module.MAX_HELD_OUT]]
+    assert all(p in run.tokenizer.decode(ids) for p, (ids, _) in zip(validation, run.valid))
 
 
 def test_a_run_trains_on_a_seeded_draw_of_every_kind_not_the_split_s_head():

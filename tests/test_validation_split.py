@@ -12,6 +12,7 @@ from mlx_grpo.cli import app
 from mlx_grpo.config import ConfigError, build_config
 from mlx_grpo.evaluation import compare as cmp
 from mlx_grpo.tasks.registry import load_task, recommended_settings
+from mlx_grpo.tasks.splits import row_key, side_of
 from rewards import arith
 from tests.marks import needs_ocaml
 
@@ -71,12 +72,13 @@ def test_gsm8k_validation_is_carved_from_train():
     task = _task("gsm8k", data=str(GSM8K_DATA), eval_num_problems=50)
     _assert_three_disjoint_splits(task)
     train_file = [json.loads(line)["question"] for line in (GSM8K_DATA / "train.jsonl").read_text().splitlines()]
-    assert len(task.train_rows) == len(train_file) - 50
-    assert [r["prompt"] for r in task.eval_rows] == [q.strip() for q in train_file[-50:]]
+    carved = [q.strip() for q in train_file if side_of(row_key({"prompt": q.strip()})) == "validation"]
+    assert [r["prompt"] for r in task.eval_rows] == carved[:50]  # the share's first rows, whatever eval_num_problems
+    assert 0.08 < len(carved) / len(train_file) < 0.12
     assert any("no validation split" in w for w in task.warnings)
 
 
-def test_own_data_file_gives_its_last_rows_to_test_and_the_ones_before_to_validation(tmp_path):
+def test_own_data_file_gives_a_fixed_hashed_share_of_its_rows_to_test_and_validation(tmp_path):
     rows = [{"prompt": f"question {i}", "answer": str(i)} for i in range(100)]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -84,9 +86,10 @@ def test_own_data_file_gives_its_last_rows_to_test_and_the_ones_before_to_valida
     reward.write_text("def exact(prompts, completions, answer, **kw):\n"
                       "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
     task = _task("custom", data=str(data), reward_file=str(reward), reward=["exact"], eval_num_problems=5)
-    assert _keys(task, task.test_rows) == [f"question {i}" for i in range(95, 100)]
-    assert _keys(task, task.eval_rows) == [f"question {i}" for i in range(90, 95)]
-    assert len(task.train_rows) == 90
+    side = {r["prompt"]: side_of(row_key(r)) for r in rows}
+    assert _keys(task, task.test_rows) == [p for p, s in side.items() if s == "test"][:5]
+    assert _keys(task, task.eval_rows) == [p for p, s in side.items() if s == "validation"][:5]
+    assert _keys(task, task.train_rows) == [p for p, s in side.items() if s == "train"]
     (tmp_path / "folder").mkdir()
     for name, part in (("train", rows[:80]), ("valid", rows[80:90]), ("test", rows[90:])):
         (tmp_path / "folder" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))

@@ -38,9 +38,10 @@ from ..tasks.rewarding import part_means
 from ..update.batch import Rollout
 from . import answer_cache
 from .answer_stages import answer_stages, stage_shares
+from .held_out import check_held_out
 from .model_names import CompareError, ModelSpec, default_base, resolve_model, task_config  # noqa: F401 (the compare API)
 
-SPLITS = ("test", "validation", "train")  # what each holds: tasks/registry.py's split_held_out
+SPLITS = ("test", "validation", "train")  # what each holds: tasks/splits.py
 
 
 # ---------------------------------------------------------------------------
@@ -314,6 +315,7 @@ def compare(base: ModelSpec, trained: ModelSpec, task: Task, settings: Settings,
     start = time.perf_counter()
     guard(task, settings, [base, trained])
     rows = select_rows(task, settings.split, n)
+    task.warnings += check_held_out([base, trained], rows, settings.split)
     results = [evaluate_model(name, spec, task, rows, settings, on_progress)
                for name, spec in (("base", base), ("trained", trained))]
     paired = paired_results(*results, seed=settings.seed)
@@ -342,6 +344,7 @@ def evaluate(spec: ModelSpec, task: Task, settings: Settings, n: int | None = No
     start = time.perf_counter()
     guard(task, settings, [spec])
     rows = select_rows(task, settings.split, n)
+    task.warnings += check_held_out([spec], rows, settings.split)
     result = evaluate_model("model", spec, task, rows, settings, on_progress)
     data = {**_header(task, rows, settings), "models": {"model": result.summary()},
             "seconds": time.perf_counter() - start}

@@ -14,12 +14,13 @@ import shutil
 from pathlib import Path
 
 from ..files import CheckpointError, os_reason
+from ..tasks.splits import TRAINED_ROWS
 from . import checkpoint as ckpt
 
 # What a run (and `compare`, `plot` on it) writes into its folder: what --overwrite removes.
 # config.yaml is left: the new run replaces it (and it may be the --config the new run was read from).
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "health.jsonl", "summary.json", "prompt.txt",
-             "adapters.safetensors", "adapter_config.json", "plot.png")
+             "adapters.safetensors", "adapter_config.json", "plot.png", TRAINED_ROWS)
 RUN_FOLDERS = (ckpt.CHECKPOINTS, "compare", "tensorboard", "warm_start")  # warm_start: warm_start.py's stage
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from ..config import TrainConfig, dump_yaml
+from ..tasks.splits import record_training_rows
 from ..models.adapters import save_adapters
 from ..update.sft_loss import pad_rows, sft_gradients, sft_loss
 from . import checkpoint as ckpt
@@ -156,6 +157,7 @@ def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None
             ckpt.truncate_jsonl(run_dir / name, start_step if loaded is not None else -1)
     monitor = HealthMonitor.from_config(config, run_dir if loaded is not None else None)
     ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(replace(config, overwrite=False)))
+    record_training_rows(run_dir, run.trained_rows, config.task, config.data)  # what compare keeps apart
     emit("start", {"run_dir": str(run_dir), "task": run.task, "config": config, "resumed_from": start_step,
                    "warnings": run.warnings, "notes": run.notes, "sft": run.source,
                    "examples": len(run.train), "held_out": len(run.valid)})

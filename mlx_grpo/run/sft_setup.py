@@ -22,16 +22,17 @@ from ..models.run_models import load_adapter_weights
 from ..models.untrained_tokens import indistinct_tokens
 from ..sampling.demonstrations import task_demonstrations
 from ..sampling.kinds import rollouts_for
-from ..tasks.data import DataError
+from ..tasks.data import DataError, read_split
 from ..tasks.registry import BUILTIN_TASKS, Task, load_task
 from ..tasks.sft_data import encode_rows, read_demonstrations
+from ..tasks.splits import row_key, split_held_out
 from .run_folder import prepare_run_folder
 from .setup import add_adapters, load_base, make_optimizer, starting_run
 
-# Held-out demonstrations for the validation loss when the data has no validation split: a tenth
-# of the training rows, at most this many. Each validation pass runs the model over all of them
-# (before the first step, every eval_steps, at the end), and a web episode is about a thousand
-# tokens: more rows would make the passes a large share of a real model's run on a CPU.
+# The validation loss reads at most this many of the validation split's demonstrations (its first).
+# Each validation pass runs the model over all of them (before the first step, every eval_steps, at
+# the end), and a web episode is about a thousand tokens: more rows would make the passes a large
+# share of a real model's run on a CPU.
 MAX_HELD_OUT = 32
 # The validation loss reads at most this many tokens of held-out demonstrations (the first ones),
 # for a validation split of the data's own too: at 0.5B on two CPU cores 32 web episodes (about
@@ -66,6 +67,7 @@ class SFTRun:
     valid: list[Example]
     task: Task | None  # a built-in task's run: its held-out accuracy before and after
     source: str  # where the demonstrations came from, for the display
+    trained_rows: list[dict]  # the rows the demonstrations were made from: the run's record (tasks/splits.py)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -73,20 +75,24 @@ class SFTRun:
 def task_rows(task: Task, config: TrainConfig) -> tuple[list[dict], list[dict]]:
     """(train, held out): the task's rows a run trains on and those of its validation loss.
 
-    The train split alone, never the test split's. It is stored grouped (web's by kind, easiest
-    first), so both are a seeded draw from all of it, not its head."""
+    The train split, never a held-out row: it is stored grouped (web's by kind, easiest first), so the
+    rows are a seeded draw from all of it, not its head, cut to those the run's steps reach. The
+    validation loss reads the validation split, the rows the run's accuracy checks read."""
     rows = random.Random(config.seed).sample(task.train_rows, len(task.train_rows))
-    train_rows, valid_rows = _hold_out(rows, [], f"task {task.name}")
-    return train_rows[:config.steps * config.batch_size], valid_rows  # the rows the run's steps reach
+    return rows[:config.steps * config.batch_size], task.eval_rows[:MAX_HELD_OUT]
 
 
-def _hold_out(rows: list, warnings: list[str], source: str) -> tuple[list, list]:
-    n = min(len(rows) // 10, MAX_HELD_OUT)
-    if n == 0:
-        warnings.append(f"{source}: too few rows to hold any out; no validation loss")
-        return rows, []
-    warnings.append(f"{source} has no validation split: holding out its last {n} rows for the validation loss")
-    return rows[:-n], rows[-n:]
+def data_rows(config: TrainConfig, warnings: list[str]) -> tuple[list[tuple[int, dict]], list[tuple[int, dict]]]:
+    """(train, held out) numbered demonstrations of --data, split as `train` splits the same data
+    (tasks/splits.py): a demonstration whose prompt is a held-out row of `train --data` is never learned."""
+    train_rows, note = read_demonstrations(config.data, "train", config.on_bad_data)
+    valid_rows, valid_note = read_demonstrations(config.data, "validation", config.on_bad_data)
+    # The data's own test rows may be prompt rows or demonstrations: only their prompts matter here.
+    test_rows, _, _ = read_split(config.data, "test", lambda row: None if isinstance(row, dict) else "not an object")
+    warnings += [n for n in (note, valid_note) if n]
+    train_rows, valid_rows, _ = split_held_out(train_rows, valid_rows, test_rows, warnings, config.data,
+                                               key=lambda numbered: row_key(numbered[1]))
+    return train_rows, valid_rows[:MAX_HELD_OUT]
 
 
 def _context(model) -> int | None:
@@ -106,18 +112,19 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     task = None
     if config.data and config.task not in BUILTIN_TASKS:
         try:
-            train_rows, note = read_demonstrations(config.data, "train", config.on_bad_data)
-            valid_rows, valid_note = read_demonstrations(config.data, "valid", config.on_bad_data)
+            train_rows, valid_rows = data_rows(config, warnings)
         except DataError as e:
             raise ConfigError(str(e)) from None
-        warnings += [n for n in (note, valid_note) if n]
-        if not valid_rows:
-            train_rows, valid_rows = _hold_out(train_rows, warnings, config.data)
+        if not train_rows:
+            raise ConfigError(f"{config.data}: no demonstration left to train on after holding out the "
+                              "validation and test rows")
+        trained = [row for _, row in train_rows]
         source = config.data
     elif config.task in BUILTIN_TASKS:  # with --data: the task's rows from a local copy (gsm8k), as train reads them
         task = load_task(config)
         warnings += task.warnings
         train_rows, valid_rows = task_rows(task, config)
+        trained = train_rows
         source = f"task {task.name} (train split)"
     else:
         raise ConfigError("sft needs --data (a JSONL file, a folder or a dataset name) or --task with its own "
@@ -147,7 +154,8 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
         load_adapter_weights(model, start)
     optimizer = make_optimizer(with_settings(config, num_iterations=1))  # one optimizer step a step
     notes = [n for n in (gguf_types_note(start.base if start else config.model), weights_note) if n]
-    return SFTRun(config, model, tokenizer, adapter_config, optimizer, train, valid, task, source, warnings, notes)
+    return SFTRun(config, model, tokenizer, adapter_config, optimizer, train, valid, task, source, trained, warnings,
+                  notes)
 
 
 def _indistinct(model, tokenizer, warnings: list[str]) -> dict[int, str]:

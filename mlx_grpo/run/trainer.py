@@ -24,6 +24,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 
 from ..config import TrainConfig, dump_yaml
+from ..tasks.splits import record_training_rows
 from ..models.adapters import save_adapters
 from ..sampling.kinds import rollouts_for
 from ..sampling.progress import PROGRESS
@@ -182,6 +183,7 @@ def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -
     if main:
         # overwrite acts once, on this start: a --resume or a copy used as --config does not repeat it
         ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(replace(config, overwrite=False)))
+        record_training_rows(run_dir, task.train_rows, task.name, config.data)  # what compare keeps apart
         # what the model is shown: written by a fresh run (never an earlier one's), kept by a resume
         if task.train_rows and not (config.resume and (run_dir / "prompt.txt").exists()):
             seen = rollouts_for(task).prompt_as_seen(tokenizer, task.train_rows[0])

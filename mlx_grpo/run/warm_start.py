@@ -6,8 +6,8 @@ sft run folder, then GRPO starts from that folder as from any run named as the m
 stage's held-out check before its first step is the base model's accuracy (the run's
 accuracy_before; eval_before: false skips it, the stage's config carrying the run's setting); its
 check after its last step is GRPO's starting accuracy, reused rather than measured twice, and made
-either way; a stage on other web kinds (warm_start_web_kinds) checked other tasks, so GRPO then makes its
-own check (under eval_before).
+either way; a stage on other web kinds (warm_start_web_kinds) or other data (warm_start_data) checked
+other rows, so GRPO then makes its own check (under eval_before).
 
 Resume: a warm start with a summary.json is finished and is not run again; one with a config.yaml
 and no summary is continued (sft's exact resume); otherwise it starts.
@@ -89,8 +89,10 @@ def run_warm_start(config: TrainConfig, run_dir: Path, emit: Callable[[str, dict
                                                    f"mlx-grpo train --resume {run_dir}")) from None
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     check = None
-    # A stage on other kinds checked other tasks: neither of its checks is the run's (GRPO makes its own).
-    same_tasks = stage_web_kinds(config) == list(config.task_options.web_kinds)
+    # A stage on other kinds or other data checked other rows: neither of its checks is the run's (GRPO makes
+    # its own), so the run's summary never sets figures on different rows side by side.
+    same_tasks = (stage_web_kinds(config) == list(config.task_options.web_kinds)
+                  and (config.warm_start.data or config.data) == config.data)
     if summary.get("accuracy_after") is not None and same_tasks:
         check = {"accuracy": summary["accuracy_after"], "n": summary["eval_n"],
                  "seconds": summary.get("eval_seconds") or 0.0}

@@ -10,6 +10,7 @@ import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 SPLIT_FILES = {"train": ("train",), "validation": ("valid", "validation"), "test": ("test",)}
 
@@ -67,26 +68,14 @@ def _valid_prompt(prompt) -> bool:
     return False
 
 
-def _row_problem(row, prompt_key: str = "prompt") -> str | None:
+def _row_problem(row) -> str | None:
     if not isinstance(row, dict):
         return "not a JSON object"
-    if prompt_key not in row:
-        return f"no {prompt_key!r} column"
-    if not _valid_prompt(row[prompt_key]):
+    if "prompt" not in row:
+        return "no 'prompt' column"
+    if not _valid_prompt(row["prompt"]):
         return "empty or malformed prompt (text, or a list of {role, content} messages)"
     return None
-
-
-def _check_records(records: list, report: LoadReport, unit: str) -> list[dict]:
-    rows = []
-    for number, row in enumerate(records, start=1):
-        problem = _row_problem(row)
-        if problem:
-            report.skip(number, problem, unit)
-        else:
-            rows.append(row)
-    report.rows = len(rows)
-    return rows
 
 
 def jsonl_records(f, report: LoadReport):
@@ -103,27 +92,26 @@ def jsonl_records(f, report: LoadReport):
             report.skip(number, f"malformed JSON at column {e.colno} ({e.msg})")
 
 
-def read_jsonl(path: Path, report: LoadReport, prompt_key: str = "prompt") -> list[dict]:
+def _checked(records, report: LoadReport, problem_of: Callable, unit: str) -> list[tuple[int, dict]]:
+    """(number, row) of the records `problem_of` finds nothing wrong with; the others skipped into `report`."""
     rows = []
-    with open(path, "rb") as f:
-        for number, row in jsonl_records(f, report):
-            problem = _row_problem(row, prompt_key)
-            if problem:
-                report.skip(number, problem)
-            else:
-                rows.append(row)
-    report.rows = len(rows)
+    for number, row in records:
+        problem = problem_of(row)
+        if problem:
+            report.skip(number, problem, unit)
+        else:
+            rows.append((number, row))
     return rows
 
 
-def _read_file(path: Path, report: LoadReport) -> list[dict]:
+def _read_file(path: Path, report: LoadReport, problem_of: Callable) -> list[tuple[int, dict]]:
     try:
-        return _read_any(path, report)
+        return _read_any(path, report, problem_of)
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
 
 
-def _read_any(path: Path, report: LoadReport) -> list[dict]:
+def _read_any(path: Path, report: LoadReport, problem_of: Callable) -> list[tuple[int, dict]]:
     if path.suffix == ".parquet":
         import datasets
 
@@ -131,7 +119,7 @@ def _read_any(path: Path, report: LoadReport) -> list[dict]:
             data = [dict(r) for r in datasets.Dataset.from_parquet(str(path))]
         except Exception as e:  # a damaged or foreign file: one clear line
             raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
-        return _check_records(data, report, unit="row")
+        return _checked(enumerate(data, start=1), report, problem_of, unit="row")
     if path.suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -141,44 +129,52 @@ def _read_any(path: Path, report: LoadReport) -> list[dict]:
             raise DataError(f"{path}: malformed JSON at line {e.lineno} ({e.msg})") from None
         if not isinstance(data, list):
             raise DataError(f"{path}: expected a JSON list of rows")
-        return _check_records(data, report, unit="row")
-    return read_jsonl(path, report)
+        return _checked(enumerate(data, start=1), report, problem_of, unit="row")
+    with open(path, "rb") as f:
+        return _checked(jsonl_records(f, report), report, problem_of, unit="line")
 
 
-def load_rows(spec: str, split: str, on_bad: str = "skip") -> tuple[list[dict], str | None]:
-    """Rows of `split` ("train", "validation" or "test") and a warning about skipped rows, if any.
+def read_split(spec: str, split: str, problem_of: Callable = _row_problem, on_bad: str = "skip",
+               needs: str = "a non-empty 'prompt'") -> tuple[list[tuple[int, dict]], str | None, str]:
+    """((number, row) pairs, a note about skipped rows or None, where they came from) of `split`
+    ("train", "validation" or "test"): the one reader of prompt rows and demonstrations alike.
 
-    spec: a file (its rows are the train split; it has no other), a folder
-    holding train.jsonl and maybe valid.jsonl (or validation.jsonl) and
-    test.jsonl, or a Hugging Face dataset name. A missing split is [] (the
-    registry's split_held_out carves it from train). on_bad: "skip" bad rows (counted, first few reported) or
-    "error" (DataError at the first one).
-    """
+    spec: a file (its rows are the train split; it has no other), a folder holding train.jsonl and
+    maybe valid.jsonl (or validation.jsonl) and test.jsonl (or .json/.parquet), or a Hugging Face
+    dataset name. A missing split is [] (tasks/splits.py carves it from train). `problem_of(row)` says
+    why a row is unusable, or None. on_bad: "skip" bad rows (counted, first few reported) or "error"
+    (DataError at the first one). `needs` says in the error what a usable row holds."""
     path = Path(spec).expanduser()
     report = LoadReport(source=str(path), on_bad=on_bad)
     if path.is_file():
-        rows = _read_file(path, report) if split == "train" else []
+        rows = _read_file(path, report, problem_of) if split == "train" else []
         source = str(path)
     elif path.is_dir():
         files = [path / f"{name}{ext}" for name in SPLIT_FILES[split] for ext in (".jsonl", ".json", ".parquet")]
         found = next((f for f in files if f.is_file()), None)
         if found is None and split == "train":
             raise DataError(f"{path}: no train.jsonl (or .json/.parquet) in this folder")
-        report.source = str(found)
-        rows = _read_file(found, report) if found else []
-        source = str(found)
+        report.source = source = str(found or path)
+        rows = _read_file(found, report, problem_of) if found else []
     elif path.suffix in (".jsonl", ".json", ".parquet") or spec.startswith((".", "/", "~")):
         raise DataError(f"data file not found: {spec}")
     else:
-        report.source = spec
-        rows, source = _load_hub(spec, split, report), spec
+        report.source = source = spec
+        rows = _load_hub(spec, split, report, problem_of)
+    report.rows = len(rows)
     if split == "train" and not rows:
         skipped = f" ({report.summary(source)})" if report.skipped else ""
-        raise DataError(f"{source}: no usable rows (each needs a non-empty 'prompt'){skipped}")
-    return rows, report.summary(source)
+        raise DataError(f"{source}: no usable rows (each needs {needs}){skipped}")
+    return rows, report.summary(source), source
 
 
-def _load_hub(name: str, split: str, report: LoadReport) -> list[dict]:
+def load_rows(spec: str, split: str, on_bad: str = "skip") -> tuple[list[dict], str | None]:
+    """Prompt rows of `split` and a warning about skipped rows, if any (read_split)."""
+    rows, note, _ = read_split(spec, split, _row_problem, on_bad)
+    return [row for _, row in rows], note
+
+
+def _load_hub(name: str, split: str, report: LoadReport, problem_of: Callable) -> list[tuple[int, dict]]:
     import datasets
 
     try:
@@ -188,7 +184,7 @@ def _load_hub(name: str, split: str, report: LoadReport) -> list[dict]:
     names = [s for s in SPLIT_FILES[split] if s in ds]
     if not names:
         return []
-    return _check_records([dict(r) for r in ds[names[0]]], report, unit="row")
+    return _checked(enumerate((dict(r) for r in ds[names[0]]), start=1), report, problem_of, unit="row")
 
 
 def columns_of(rows: list[dict], repeat: int = 1, completions=None) -> dict[str, list]:

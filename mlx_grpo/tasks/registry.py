@@ -11,7 +11,7 @@ A built-in task is a module in `rewards` (registered in BUILTIN_TASKS) that defi
     REWARDS: list[tuple[callable, float]]      reward functions and their weights
     accuracy_reward(prompts, completions, **columns) -> list[float]   1.0 = right
     load_rows(split: str, config: TrainConfig) -> list[dict] | None   "train" / "validation" / "test"
-                                       (see split_held_out); None: read --data with the generic loader
+                                       (see tasks/splits.py); None: read --data with the generic loader
     recommended_settings(model: str | None) -> dict                   below YAML and flags
 
 A task whose environment needs the run's settings and rewards (multihop: the
@@ -47,6 +47,7 @@ from ..config import ConfigError, TrainConfig
 from .curriculum import Curriculum
 from .data import DataError, load_rows
 from .rewarding import RewardFn, load_reward_functions, reward_name
+from .splits import split_held_out
 
 BUILTIN_TASKS = {"arith": "rewards.arith", "gsm8k": "rewards.gsm8k", "web": "rewards.web_browsing",
                  "ocaml": "rewards.ocaml", "multihop": "rewards.multihop"}
@@ -76,7 +77,7 @@ class Task:
     reference_answer: Callable | None = None
     # row -> a scripted episode's actions, the model's turns in order, or None (web: the planned clicks); sft learns them.
     reference_actions: Callable | None = None
-    # Test rows (split_held_out): `compare`/`eval --split test`; a run never checks itself on them.
+    # Test rows (tasks/splits.py): `compare`/`eval --split test`; a run never checks itself on them.
     test_rows: list[dict] = field(default_factory=list)
 
 
@@ -149,47 +150,6 @@ def _judge(config: TrainConfig, rows: list[dict], default_rubric: str | None) ->
         raise ConfigError(str(e)) from None
 
 
-def _hold_out(rows: list[dict], n: int, warnings: list[str], source: str, split: str):
-    """Carve a missing split out of the train rows: their last rows become it."""
-    n = min(n, len(rows) // 10)
-    if n == 0:
-        what = "no before/after accuracy" if split == "validation" else "nothing to test on"
-        warnings.append(f"{source}: too few rows to hold any out as its {split} split; {what}")
-        return rows, []
-    warnings.append(f"{source} has no {split} split: holding out its last {n} train rows for it")
-    return rows[:-n], rows[-n:]
-
-
-def split_held_out(train: list[dict], validation: list[dict] | None, test: list[dict] | None, n: int,
-                   warnings: list[str], source: str) -> tuple[list[dict], list[dict], list[dict]]:
-    """Every task's three disjoint splits: train, validation and test.
-
-    Validation is what recipes are chosen on: a run's held-out check (its first eval_num_problems
-    rows) and `compare --split validation`. Test is measured at the end (`compare`, `eval`, whose
-    default split it is) and a run never looks at it. The built-in tasks:
-
-    - arith: one fixed stream of distinct held-out problems (hash bucket "test", seed 0); its first
-      ARITH_VALIDATION_PROBLEMS are validation, the ones after them test.
-    - ocaml: the shipped test file's first OCAML_VALIDATION_PROBLEMS (109) problems are validation,
-      the other 300 test.
-    - web: validation and test tasks come from two fixed seeds, apart from each other and from the
-      train seeds (which follow --seed); a task file (`--data`) replaces the test tasks.
-    - multihop: validation and test worlds are seeded apart ("test/i" and "final/i"), train worlds
-      by the run's seed.
-    - gsm8k and data of one's own (a folder, a file, a dataset): the data's own validation
-      (valid.jsonl, validation.jsonl, a "validation" split) and test splits; a missing test split is
-      the train rows' last min(eval_num_problems, 10%), then a missing validation split the last
-      min(eval_num_problems, 10%) of the rest (GSM8K's validation is carved from its train split).
-    """
-    if n <= 0:  # no held-out rows asked for
-        return train, validation or [], test or []
-    if not test:
-        train, test = _hold_out(train, n, warnings, source, "test")
-    if not validation:
-        train, validation = _hold_out(train, n, warnings, source, "validation")
-    return train, validation, test
-
-
 def load_task(config: TrainConfig) -> Task:
     warnings: list[str] = []
     if config.task not in TASKS:
@@ -239,8 +199,7 @@ def load_task(config: TrainConfig) -> Task:
     elif train is None:
         raise ConfigError("task 'custom' needs --data (a JSONL file, a folder or a dataset name)")
 
-    train, validation, test = split_held_out(train, validation, test, config.eval_num_problems, warnings,
-                                             config.data or f"task {config.task!r}")
+    train, validation, test = split_held_out(train, validation, test, warnings, config.data or f"task {config.task!r}")
     if config.reward_file:
         functions = _custom_rewards(config)
         weights = [1.0] * len(functions)

@@ -19,11 +19,8 @@ side) and each assistant turn ends with the end token, as a sampled answer does.
 
 from __future__ import annotations
 
-from pathlib import Path
+from .data import DataError, LoadReport, encode_prompt, read_split
 
-from .data import DataError, LoadReport, encode_prompt, jsonl_records
-
-VALID_SPLITS = ("valid", "validation")
 FORMATS = "{'messages': [...]}, {'prompt', 'completion'} or {'text'} (mlx-lm's formats)"
 
 
@@ -60,68 +57,14 @@ def _messages_problem(messages, tools) -> str | None:
     return None
 
 
-def _read_jsonl(path: Path, report: LoadReport) -> list[tuple[int, dict]]:
-    rows = []
-    try:
-        with open(path, "rb") as f:
-            for number, row in jsonl_records(f, report):
-                problem = row_problem(row)
-                if problem:
-                    report.skip(number, problem)
-                else:
-                    rows.append((number, row))
-    except OSError as e:
-        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
-    return rows
-
-
-def _read_hub(name: str, split: str, report: LoadReport) -> list[tuple[int, dict]]:
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(name)
-    except Exception as e:  # offline, unknown name, ...: one clear line
-        raise DataError(f"could not load dataset {name!r}: {type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}") from e
-    names = [s for s in (("train",) if split == "train" else VALID_SPLITS) if s in ds]
-    rows = []
-    for number, row in enumerate((dict(r) for r in ds[names[0]]) if names else [], start=1):
-        problem = row_problem(row)
-        if problem:
-            report.skip(number, problem, "row")
-        else:
-            rows.append((number, row))
-    return rows
-
-
 def read_demonstrations(spec: str, split: str, on_bad: str = "skip") -> tuple[list[tuple[int, dict]], str]:
-    """(line or row number, row) of `split` ("train" or "valid") and where they came from.
+    """(line or row number, row) of `split` ("train", "validation" or "test") and a note about skipped rows.
 
-    A file is the train split alone; a folder holds train.jsonl and valid.jsonl (or
-    validation.jsonl); anything else is a Hugging Face dataset name. on_bad: "skip" bad
-    rows (counted, reported by `report`) or "error" (DataError at the first)."""
-    path = Path(spec).expanduser()
-    report = LoadReport(source=str(path), on_bad=on_bad)
-    if path.is_file():
-        rows = _read_jsonl(path, report) if split == "train" else []
-        source = str(path)
-    elif path.is_dir():
-        names = ("train",) if split == "train" else VALID_SPLITS
-        found = next((path / f"{n}.jsonl" for n in names if (path / f"{n}.jsonl").is_file()), None)
-        if found is None and split == "train":
-            raise DataError(f"{path}: no train.jsonl in this folder")
-        report.source = source = str(found or path)
-        rows = _read_jsonl(found, report) if found else []
-    elif path.suffix in (".jsonl", ".json") or spec.startswith((".", "/", "~")):
-        raise DataError(f"data file not found: {spec}")
-    else:
-        report.source = source = spec
-        rows = _read_hub(spec, split, report)
-    report.rows = len(rows)
-    if split == "train" and not rows:
-        skipped = f" ({report.summary(source)})" if report.skipped else ""
-        raise DataError(f"{source}: no usable rows (each needs one of {FORMATS}){skipped}")
-    return rows, report.summary(source) or ""
+    Read as `train` reads prompt rows (data.read_split): a file is the train split alone; a folder holds
+    train.jsonl and maybe valid.jsonl (or validation.jsonl) and test.jsonl; anything else is a Hugging
+    Face dataset name. on_bad: "skip" bad rows (counted, in the note) or "error" (DataError at the first)."""
+    rows, note, _ = read_split(spec, split, row_problem, on_bad, needs=f"one of {FORMATS}")
+    return rows, note or ""
 
 
 def end_ids(tokenizer) -> set[int]:

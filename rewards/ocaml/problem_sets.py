@@ -36,9 +36,9 @@ def load_rows(split: str, config) -> list[dict]:
     where the problem gives one (the reference answer for --guide).
 
     config.data: None (the shipped problems: problems()), a folder with train.jsonl,
-    test.jsonl and maybe validation.jsonl, or one JSONL file (its last 10%, at most
-    eval_num_problems, are the test split), each line a problem record as in
-    ``rewards/ocaml_data``. A split the data lacks is [] (the registry carves it from train).
+    test.jsonl and maybe validation.jsonl, or one JSONL file (all train rows), each line a
+    problem record as in ``rewards/ocaml_data``. A split the data lacks is [] (the registry
+    carves it from train by a hash of each prompt: tasks/splits.py).
     """
     require_toolchain()
     if split not in SPLITS:
@@ -58,10 +58,7 @@ def load_rows(split: str, config) -> list[dict]:
                 raise ValueError(f"{path.parent}: no {split}.jsonl in this folder")
             records = read_problems(path)
         elif path.is_file():
-            records = read_problems(path) if split != "validation" else []
-            held_out = min(int(getattr(config, "eval_num_problems", 200)), len(records) // 10)
-            first = len(records) - held_out if split == "test" else 0
-            records = records[first:] if split == "test" else records[:len(records) - held_out]
+            records = read_problems(path) if split == "train" else []
         else:
             raise ValueError(f"data not found: {data}")
     compact = getattr(config, "model", None) is None  # the embedded tiny model: see format_prompt

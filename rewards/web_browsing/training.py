@@ -33,6 +33,9 @@ TRAIN_TASKS = 2400
 READS_DATA = True  # --data names the test tasks (read_task_file)
 # Seeds the train split cannot use (train seeds follow --seed).
 HELD_OUT_SEEDS = {"validation": 1_000_003, "test": 1_000_004}
+# Each kind's held-out stream that the train split never draws from, however many rows --n asks for
+# (the first of each stream); a run's record (trained_rows.json) guards beyond it.
+HELD_OUT_PER_KIND = 200
 KINDS = [f"{f}/{d}" for f in FAMILIES for d in DIFFICULTIES]
 
 
@@ -93,12 +96,18 @@ def load_rows(split: str, config) -> list[dict]:
         tasks = [group[i] for i in range(max(map(len, by_kind))) for group in by_kind if i < len(group)]
         rows = [{**t.row(), "prompt": t.instruction} for t in tasks]
         if split == "test":  # apart from validation, whatever the seeds draw
-            validation = {r["task_id"] for r in load_rows("validation", config)}
+            validation = _held_out_ids(kinds, ("validation",))
             rows = [r for r in rows if r["task_id"] not in validation]
         return rows
-    held_out = {r["task_id"] for r in load_rows("validation", config) + load_rows("test", config)}
+    held_out = _held_out_ids(kinds, tuple(HELD_OUT_SEEDS))
     tasks = tasks_of(kinds, TRAIN_TASKS, config.seed)
     return [{**t.row(), "prompt": t.instruction} for t in tasks if t.task_id not in held_out]
+
+
+def _held_out_ids(kinds, splits: tuple[str, ...]) -> set[str]:
+    """The ids of the held-out streams' first HELD_OUT_PER_KIND tasks of each kind."""
+    per_split = HELD_OUT_PER_KIND * len(kinds)
+    return {t.task_id for split in splits for t in tasks_of(kinds, per_split, HELD_OUT_SEEDS[split])}
 
 
 def make_env(row: dict) -> WebEnv:
