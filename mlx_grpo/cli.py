@@ -16,7 +16,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .config import _HINTS, FIELDS, JUDGE_KEYS, ConfigError, build_config, field_help
+from .config import (_HINTS, FIELDS, JUDGE_KEYS, READS, ConfigError, build_config, field_help,
+                     file_settings_not_read, not_read)
 from .models.aliases import alias_names
 from .models.gguf_file import GGUFError
 from .tasks.data import DataError
@@ -26,6 +27,41 @@ app = typer.Typer(add_completion=False, no_args_is_help=False,
                   help="GRPO-style reinforcement-learning fine-tuning of language models with MLX.")
 err = Console(stderr=True)
 MODEL_HELP = f"a model folder, a .gguf file, a Hugging Face id, or a packaged model: {alias_names()}"
+
+
+# Typer's usage errors (unknown flag, bad value): the base class of its BadParameter,
+# wherever this typer version keeps click.
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _setting_of(option: str | None) -> str | None:
+    """The setting an unknown flag names (--group-size, --no-guide), or None."""
+    name = (option or "").lstrip("-").replace("-", "_")
+    if name.startswith("no_") and _HINTS.get(name[3:]) is bool:
+        name = name[3:]
+    return name if name in FIELDS else None
+
+
+def _flag_refusal(command: str, name: str) -> str:
+    """Why `command` has no flag for the setting `name`: it does not read it, or (eval, compare) it reads it
+    from a config file only."""
+    if name in READS.get(command, ()):
+        return f"{command} takes {name} from --config FILE or a run's config.yaml, not as a flag"
+    return not_read(command, name)
+
+
+class _SettingsCommand(typer.core.TyperCommand):
+    """A command whose unknown flag, when it names a setting, is refused with the commands that read it
+    ("sft does not read group_size (train reads it)") rather than as an unknown option."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except _UsageError as e:
+            name = _setting_of(getattr(e, "option_name", None))
+            if name is None:
+                raise
+            raise _UsageError(_flag_refusal(self.name, name), ctx) from None
 
 
 def fail(message: str) -> None:
@@ -50,8 +86,9 @@ def _option_type(name: str):
     return Optional[base]
 
 
-def _train_signature() -> inspect.Signature:
-    """One flag per TrainConfig field, help text from the field's comment.
+def _train_signature(command: str) -> inspect.Signature:
+    """One flag per setting `command` reads (config.READS: train's are all of TrainConfig's), help text
+    from the field's metadata.
 
     Every flag defaults to None, meaning "not typed": only typed flags override
     the config file and the task's settings.
@@ -64,7 +101,7 @@ def _train_signature() -> inspect.Signature:
         inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
                           default=typer.Option(None, help="YAML file of settings; typed flags override it.")),
     ]
-    for name in FIELDS:
+    for name in (name for name in FIELDS if name in READS[command]):
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=_option_type(name),
                                         default=typer.Option(None, help=helps.get(name, ""))))
     return inspect.Signature(params)
@@ -91,7 +128,11 @@ def _run_training(flags: dict, command: str) -> None:
     # train's view draws a warm start's stage too; sft's is its own
     run, view = (api.train, StagedTrainDisplay) if command == "train" else (api.sft, SFTDisplay)
     try:
-        cfg = build_config(flags, config_file, task_defaults=recommended_settings)
+        unread = file_settings_not_read(config_file, command)
+        if unread:  # a train recipe serves sft too (docs/real-models.md): say what this command leaves out
+            err.print(f"{command} does not read {', '.join(unread)} (set in {config_file}): left out",
+                      highlight=False, markup=False, soft_wrap=True)
+        cfg = build_config(flags, config_file, task_defaults=recommended_settings, command=command)
         display = view(log_every=cfg.log_every)
         try:
             run(cfg, on_event=display)
@@ -113,7 +154,7 @@ def train(**flags):
     _run_training(flags, "train")
 
 
-train.__signature__ = _train_signature()
+train.__signature__ = _train_signature("train")
 app.command()(train)
 
 
@@ -122,7 +163,7 @@ def sft(**flags):
     _run_training(flags, "sft")
 
 
-sft.__signature__ = _train_signature()
+sft.__signature__ = _train_signature("sft")
 app.command()(sft)
 
 
@@ -346,9 +387,8 @@ def export_command(
         Console().print(f"wrote {path} ({size / 1e6:.1f} MB)", highlight=False, soft_wrap=True)
 
 
-# Typer's usage errors (unknown flag, bad value): the base class of its BadParameter,
-# wherever this typer version keeps click.
-_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+for _info in app.registered_commands:  # every command refuses a setting it does not read in one line
+    _info.cls = _SettingsCommand
 
 
 def main():

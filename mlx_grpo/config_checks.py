@@ -1,13 +1,15 @@
-"""The checks a training configuration must pass: ranges, combinations, installed loggers.
+"""The checks a training configuration must pass: each value's type, ranges, combinations, installed loggers.
 
-config.py builds a TrainConfig in layers and calls `validate` on the result; the checks live
-here so that the settings and their rules can each be read on one page.
+config.py builds a TrainConfig in layers, converting each value with `coerce`, and calls `validate` on
+the result; the checks live here so that the settings and their rules can each be read on one page.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import types
+import typing
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -128,6 +130,65 @@ def _validate_health(c, need) -> None:
         need(0 <= getattr(c, name) <= 1, f"{name} must be in [0, 1], got {getattr(c, name)}")
     problem = check_reporters(c.report_to)
     need(problem is None, problem or "")
+
+
+def coerce(name: str, value, hint):
+    """Check/convert one value of the setting `name` to its field's type `hint`, with a clear message."""
+    union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+    union_args = typing.get_args(hint) if union else ()
+    if value is None:
+        if type(None) in union_args:
+            return None
+        raise ConfigError(f"{name}: a value is required")
+    base = next((a for a in union_args if a is not type(None)), hint)
+    origin = typing.get_origin(base)
+    try:
+        if origin is list:
+            (item,) = typing.get_args(base)
+            if name == "stop" and isinstance(value, str):
+                value = [value]  # one stop string (a comma or a space may be part of it)
+            if name == "stop":  # typed on a command line, "\n" is two characters: a newline is meant
+                value = [v.replace("\\n", "\n").replace("\\t", "\t") if isinstance(v, str) else v
+                         for v in value]
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, (list, tuple)):
+                value = [value]
+            return [_scalar(item, v) for v in value]
+        return _scalar(base, value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected {_type_name(base)}, got {value!r}") from None
+
+
+def _scalar(kind, value):
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "1", "yes", "on"):
+            return True
+        if str(value).lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(value)
+    if kind is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(value)
+        return int(value)
+    if kind is float:
+        if isinstance(value, bool):
+            raise ValueError(value)
+        return float(value)
+    if kind is str:
+        if isinstance(value, (dict, list)):
+            raise TypeError(value)
+        return str(value)
+    return value
+
+
+def _type_name(kind) -> str:
+    origin = typing.get_origin(kind)
+    if origin is list:
+        return f"a list of {typing.get_args(kind)[0].__name__}"
+    return {int: "an integer", float: "a number", str: "text", bool: "true or false"}.get(kind, str(kind))
 
 
 # --report-to: the optional loggers (run/reporting.py runs them) and the package each needs.

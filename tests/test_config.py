@@ -91,7 +91,7 @@ def test_every_setting_has_a_flag_and_a_settings_entry():
     for name in FIELDS:
         assert f"`{name}`" in readme, f"docs/settings.md lacks the setting {name}"
         assert f"--{name.replace('_', '-')}" in help_text, f"no flag for {name}"
-        assert helps.get(name), f"{name} has no description comment in TrainConfig"
+        assert helps.get(name), f"{name} has no help text in its field's metadata"
 
 
 @pytest.mark.parametrize("args, fragment", [

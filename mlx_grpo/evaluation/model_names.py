@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import JUDGE_KEYS, ConfigError, TrainConfig, build_config, load_yaml
+from ..config import JUDGE_KEYS, READS, ConfigError, TrainConfig, build_config, load_yaml
 from ..models.loading import EMBEDDED_MODEL, PACKAGED_MODELS
 from ..models.run_models import is_run_folder, read_run_model, run_dir_of
 from ..tasks.registry import recommended_settings
@@ -24,12 +24,8 @@ from ..tasks.registry import recommended_settings
 # Settings a run folder passes on to a comparison: what its task and prompts were.
 _TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "prompt_format", "stop",
               "web_kinds", "multihop_hops", "multihop_chains", "tools", "tool_timeout", "tool_style", *JUDGE_KEYS)
-_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "decode_concurrency",
-                  "eval_num_problems", "max_turns", "max_episode_tokens")
 # Settings that guard the task as the run guarded it (run/setup.py's guard_task): the same rows, the same time limit.
 _GUARD_KEYS = ("reward_timeout", "on_bad_data", "max_prompt_tokens")
-# How the run computed with its weights: its own check ran on them, so eval and compare answer on the same.
-_WEIGHT_KEYS = ("keep_quantized",)
 
 
 class CompareError(ValueError):
@@ -111,7 +107,8 @@ def task_config(run_dir: Path | None, model: str | None, overrides: dict,
 
 
 def _task_settings(settings: dict) -> dict:
-    return {k: settings[k] for k in (*_TASK_KEYS, *_SAMPLING_KEYS, *_GUARD_KEYS, *_WEIGHT_KEYS) if k in settings}
+    """The settings eval and compare read (setting_groups.COMMAND_READS): the task, its sampling and guards."""
+    return {k: v for k, v in settings.items() if k in READS["eval"]}
 
 
 def task_settings(config: TrainConfig) -> dict:
