@@ -12,7 +12,7 @@ from mlx_grpo.cli import app
 from mlx_grpo.config import build_config, dump_yaml
 from mlx_grpo.models.loading import embedded_model_path
 from mlx_grpo.run import checkpoint as ckpt
-from mlx_grpo.run import run_result, trainer
+from mlx_grpo.run import loop, run_result, trainer
 from mlx_grpo.tasks.registry import recommended_settings
 
 needs_embedded = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
@@ -82,7 +82,7 @@ def test_without_the_check_before_the_first_timed_check_is_reserved(tmp_path, mo
     def record(config, elapsed, history, eval_s):
         reserved.append(eval_s)
         return False
-    monkeypatch.setattr(trainer, "past_time_limit", record)
+    monkeypatch.setattr(loop, "past_time_limit", record)
     settings = {**SMALL, "steps": 3, "eval_before": False, "time_limit_minutes": 60}
     trainer.train(build_config({**settings, "output": str(tmp_path / "plain")}))
     assert reserved == [0.0, 0.0, 0.0]

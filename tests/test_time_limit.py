@@ -8,16 +8,16 @@ import pytest
 
 from mlx_grpo.config import build_config
 from mlx_grpo.run import checkpoint as ckpt
-from mlx_grpo.run import run_result, trainer
+from mlx_grpo.run import loop, run_result, trainer
 
 
 def test_one_more_step_and_the_evaluation_must_fit():
     config = build_config({"time_limit_minutes": 10})
     history = [{"time/step_s": 100.0}, {"time/step_s": 140.0}]  # a mean step of 120 s
-    assert not trainer.past_time_limit(config, 400.0, history, 60.0)  # 400 + 120 + 60 = 580 <= 600
-    assert trainer.past_time_limit(config, 430.0, history, 60.0)  # 610 > 600
-    assert not trainer.past_time_limit(config, 10_000.0, [], 60.0)  # never before a step of its own
-    assert not trainer.past_time_limit(build_config({}), 10_000.0, history, 60.0)  # 0: no limit
+    assert not loop.past_time_limit(config, 400.0, history, 60.0)  # 400 + 120 + 60 = 580 <= 600
+    assert loop.past_time_limit(config, 430.0, history, 60.0)  # 610 > 600
+    assert not loop.past_time_limit(config, 10_000.0, [], 60.0)  # never before a step of its own
+    assert not loop.past_time_limit(build_config({}), 10_000.0, history, 60.0)  # 0: no limit
 
 
 def test_a_bad_limit_is_refused_in_one_line():
@@ -30,7 +30,7 @@ def test_a_bad_limit_is_refused_in_one_line():
 def test_a_run_past_its_limit_saves_and_evaluates_its_last_step(tmp_path, monkeypatch):
     """The limit is reached after step 2 of 6: step 2's checkpoint holds the weights the final
     evaluation saw, metrics and summary name step 2, and the display heard why."""
-    monkeypatch.setattr(trainer, "past_time_limit", lambda config, elapsed, history, eval_s: len(history) >= 2)
+    monkeypatch.setattr(loop, "past_time_limit", lambda config, elapsed, history, eval_s: len(history) >= 2)
     seen = []
     monkeypatch.setattr(run_result, "evaluate", lambda *a: {"accuracy": 0.5, "n": 4, "seconds": 0.0})
     config = build_config({"steps": 6, "batch_size": 2, "group_size": 2, "max_tokens": 8, "save_every": 5,
@@ -56,7 +56,7 @@ def test_a_resumed_run_leaves_room_for_the_evaluation_measured_before_the_first_
     def record(config, elapsed, history, eval_s):
         reserved.append(eval_s)
         return False
-    monkeypatch.setattr(trainer, "past_time_limit", record)
+    monkeypatch.setattr(loop, "past_time_limit", record)
 
     class Interrupt(Exception):
         pass

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from mlx_grpo.cli import app
 from mlx_grpo.config import ConfigError, build_config
 from mlx_grpo.models.loading import embedded_model_path
-from mlx_grpo.run import trainer
+from mlx_grpo.run import loop, trainer
 from mlx_grpo.run import warm_start as ws
 from mlx_grpo.run.setup import setup
 from mlx_grpo.tasks.registry import recommended_settings
@@ -193,7 +193,8 @@ def test_the_time_limit_counts_the_warm_start(tmp_path, monkeypatch):
         @staticmethod
         def perf_counter():
             return real() + offset[0]
-    monkeypatch.setattr(trainer, "time", Clock)
+    monkeypatch.setattr(trainer, "time", Clock)  # the run's start, and the loop's clock
+    monkeypatch.setattr(loop, "time", Clock)
     real_stage = trainer.run_warm_start
 
     def slow_stage(config, run_dir, emit):
@@ -202,12 +203,17 @@ def test_the_time_limit_counts_the_warm_start(tmp_path, monkeypatch):
         return stage
     monkeypatch.setattr(trainer, "run_warm_start", slow_stage)
     seen = []
-    real_rule = trainer.past_time_limit
-    monkeypatch.setattr(trainer, "past_time_limit", lambda c, elapsed, h, e: seen.append(elapsed) or real_rule(c, elapsed, h, e))
+    real_rule = loop.past_time_limit
+    # the stage's steps go through the same loop, with no limit of their own: they are not cut
+    def rule(c, elapsed, history, eval_seconds):
+        seen.append((c.time_limit_minutes, elapsed))
+        return real_rule(c, elapsed, history, eval_seconds)
+    monkeypatch.setattr(loop, "past_time_limit", rule)
 
     minutes = 50
     trainer.train(_config(output=str(tmp_path / "a"), time_limit_minutes=55, warm_start_steps=1))
-    assert seen and min(seen) >= 50 * 60
+    grpo = [elapsed for limit, elapsed in seen if limit]
+    assert grpo and min(grpo) >= 50 * 60 and {limit for limit, _ in seen} == {0, 55}
     minutes, events = 60, []
     result = trainer.train(_config(output=str(tmp_path / "b"), time_limit_minutes=55, warm_start_steps=1),
                            on_event=lambda kind, data: events.append((kind, data)))

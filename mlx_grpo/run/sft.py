@@ -8,19 +8,20 @@ norm at `max_grad_norm` (the norm before clipping is logged) and steps AdamW on 
 warmup + cosine schedule. A step whose loss or gradient is not finite leaves the weights
 alone, and `max_nonfinite_steps` of them in a row stop the run (run/health.py).
 
-The run folder is train's: config.yaml, metrics.jsonl (one row a step: loss, val_loss when
-measured, tokens_per_s, lr, grad_norm, grad_clipped), health.jsonl, checkpoints/ with exact
-resume, the adapters, summary.json. The validation loss on held-out demonstrations is
-measured before the first step, every `eval_steps` and at the end; a built-in task's run
-also measures the held-out accuracy before (unless eval_before is false) and after, as train does:
-over the rows train's check reads, each reward call bounded by reward_timeout (setup.py's guard_task).
+The run folder, resume, checkpoints, the time limit, health and the reporters are train's: its
+run loop (loop.py) takes sft's steps (SFTTraining). The folder holds config.yaml, metrics.jsonl
+(one row a step: loss, val_loss when measured, tokens_per_s, lr, grad_norm, grad_clipped),
+health.jsonl, checkpoints/ with exact resume, the adapters, summary.json. The validation loss on
+held-out demonstrations is measured before the first step, every `eval_steps` and at the end; a
+built-in task's run also measures the held-out accuracy before (unless eval_before is false) and
+after, as train does: over the rows train's check reads, each reward call bounded by
+reward_timeout (setup.py's guard_task).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
@@ -28,16 +29,13 @@ from typing import Callable
 import mlx.core as mx
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_map
 
-from ..config import TrainConfig, dump_yaml
-from ..tasks.splits import record_training_rows
-from ..models.adapters import save_adapters
+from ..config import TrainConfig
 from ..update.sft_loss import pad_rows, sft_gradients, sft_loss
-from . import checkpoint as ckpt
+from . import distributed as dist
 from . import run_result, step_update
-from .health import HealthMonitor, TrainingStopped, stop_run
-from .interrupt import steps_until_ctrl_c
+from .loop import Training, run_loop
 from .setup import guard_task
 from .sft_setup import Example, SFTRun, sft_setup
 from .step_rollouts import step_seed
@@ -131,97 +129,63 @@ def pad_id_of(tokenizer) -> int:
     return int(pad if pad is not None else tokenizer.eos_token_id)
 
 
+class SFTTraining(Training):
+    """sft's part of the run loop (loop.py): its step, its checks (the validation loss, and a built-in task's
+    held-out accuracy before and after) and the validation loss before the first step, kept in checkpoints."""
+
+    def __init__(self, run: SFTRun, run_dir: Path):
+        c = run.config
+        super().__init__("sft", c, run_dir, run.model, run.optimizer, run.adapter_config, run.warnings,
+                         run.trained_rows, c.task, {"task": run.task, "notes": run.notes, "sft": run.source,
+                                                    "examples": len(run.train), "held_out": len(run.valid)})
+        self.run = run
+        self.pad, self.chunk = pad_id_of(run.tokenizer), c.logprob_chunk_size
+        self.loss_before = self.loss_after = None
+
+    def step(self, step: int) -> tuple[dict, list[dict]]:
+        c, run = self.config, self.run
+        self.model.train()
+        mx.random.seed(step_seed(c.seed, step))  # LoRA dropout's masks: the same on a resumed run
+        batch = [run.train[i] for i in batch_indices(len(run.train), c.batch_size, step, c.seed)]
+        metrics = sft_step(self.model, self.optimizer, batch, self.pad, c.micro_batch_size, c.max_grad_norm,
+                           self.chunk)
+        return {"step": step, **metrics}, []
+
+    def validation_loss(self) -> float | None:
+        return validation_loss(self.model, self.run.valid, self.pad, self.config.micro_batch_size, self.chunk)
+
+    def check(self, when: str | int) -> tuple[dict, dict]:
+        loss = self.validation_loss()  # cheap and always measured; the accuracy is a decode of each problem
+        if when not in ("before", "after"):
+            return {"val_loss": loss, "accuracy": None}, {"val_loss": loss}
+        run, checks = self.run, check_before if when == "before" else run_result.evaluate
+        result = {"accuracy": None, "n": 0}
+        if run.task:
+            result = checks(self.model, run.tokenizer, run.task, self.config)
+        if when == "before":
+            self.loss_before = loss
+        else:
+            self.loss_after = loss
+        return {"val_loss": loss, **result}, {"val_loss": loss, "eval/accuracy": result["accuracy"]}
+
+    def state_dict(self, step: int) -> dict:
+        return {"val_loss_before": self.loss_before, "rng": {"seed": self.config.seed}}
+
+    def load_state_dict(self, state: dict, training_state: dict) -> None:
+        super().load_state_dict(state, training_state)
+        self.loss_before = state.get("val_loss_before")
+
+    def finish(self, result: RunResult, after: dict) -> tuple[RunResult, dict]:
+        return result, {"val_loss_before": self.loss_before, "val_loss_after": self.loss_after}
+
+
 def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None) -> RunResult:
     """Run (or resume) a supervised fine-tuning run; events as train()'s ("start", "eval", "step",
-    "checkpoint", "health", "stopped", "end"), so the same display draws it."""
-    emit = on_event or (lambda kind, data: None)
+    "checkpoint", "health", "time_limit", "stopped", "end"), so the same display draws it."""
+    began = time.perf_counter()  # time_limit_minutes counts from here: the model's load included
     run_dir = Path(config.resume or config.output or
                    Path("checkpoints") / f"sft-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run = sft_setup(config, writable=run_dir)
-    config = run.config  # from a run folder (--model RUN): with that run's adapter settings, as config.yaml keeps
+    run = sft_setup(config, writable=run_dir if dist.is_main() else None)
     if run.task is not None:
         guard_checks(run)
-    model, tokenizer, optimizer = run.model, run.tokenizer, run.optimizer
-    pad, mb, chunk = pad_id_of(tokenizer), config.micro_batch_size, config.logprob_chunk_size
-
-    start_step, state = 0, {}
-    loaded = ckpt.load_latest(run_dir) if config.resume else None
-    if loaded is not None:
-        weights, opt_state, state, notes = loaded
-        run.warnings += notes
-        model.load_weights(list(weights.items()), strict=False)
-        optimizer.state = opt_state
-        start_step = int(state["step"])
-    if config.resume:  # records past the checkpoint (and lines cut by a kill) are dropped
-        for name in ("metrics.jsonl", "health.jsonl"):
-            ckpt.truncate_jsonl(run_dir / name, start_step if loaded is not None else -1)
-    monitor = HealthMonitor.from_config(config, run_dir if loaded is not None else None)
-    ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(replace(config, overwrite=False)))
-    record_training_rows(run_dir, run.trained_rows, config.task, config.data)  # what compare keeps apart
-    emit("start", {"run_dir": str(run_dir), "task": run.task, "config": config, "resumed_from": start_step,
-                   "warnings": run.warnings, "notes": run.notes, "sft": run.source,
-                   "examples": len(run.train), "held_out": len(run.valid)})
-
-    before, loss_before = state.get("eval_before"), state.get("val_loss_before")
-    if loaded is None:  # the validation loss is cheap and always measured; the accuracy is a decode of each problem
-        loss_before = validation_loss(model, run.valid, pad, mb, chunk)
-        result = check_before(model, tokenizer, run.task, config) if run.task else {"accuracy": None, "n": 0}
-        before = result["accuracy"]
-        ckpt.append_jsonl(run_dir / "metrics.jsonl", [{"step": 0, "val_loss": loss_before, "eval/accuracy": before,
-                                             "before": True}])
-        emit("eval", {"when": "before", "val_loss": loss_before, **result})
-
-    def save(step: int):
-        ckpt.save_checkpoint(run_dir, step, dict(tree_flatten(model.trainable_parameters())), run.adapter_config,
-                             optimizer.state, {"eval_before": before, "val_loss_before": loss_before,
-                                               "data_position": step * config.batch_size,
-                                               "rng": {"seed": config.seed}},
-                             keep_last=config.keep_checkpoints)
-        save_adapters(model, run_dir, run.adapter_config)
-        emit("checkpoint", {"step": step})
-
-    def stop_on_ctrl_c(step: int) -> str:
-        newest = ckpt.latest_checkpoint(run_dir)
-        if newest is None or newest.name != ckpt.checkpoint_name(step):
-            save(step)
-        return f"interrupted after step {step}, checkpoint saved; continue with: mlx-grpo sft --resume {run_dir}"
-
-    history, last_step = [], start_step
-    model.train()
-    for step in steps_until_ctrl_c(range(start_step + 1, config.steps + 1), stop_on_ctrl_c):
-        mx.random.seed(step_seed(config.seed, step))  # LoRA dropout's masks: the same on a resumed run
-        batch = [run.train[i] for i in batch_indices(len(run.train), config.batch_size, step, config.seed)]
-        metrics = {"step": step, **sft_step(model, optimizer, batch, pad, mb, config.max_grad_norm, chunk)}
-        if config.eval_steps and step % config.eval_steps == 0 and step < config.steps:
-            metrics["val_loss"] = validation_loss(model, run.valid, pad, mb, chunk)
-            emit("eval", {"when": step, "val_loss": metrics["val_loss"], "accuracy": None})
-        last_step = step
-        ckpt.append_jsonl(run_dir / "metrics.jsonl", [metrics])
-        history.append(metrics)
-        emit("step", {"metrics": metrics, "records": [], "total": config.steps})
-        events = monitor.observe(metrics)
-        ckpt.append_jsonl(run_dir / "health.jsonl", events)
-        for event in events:
-            emit("health", event)
-        if monitor.stop_reason:
-            line = stop_run(run_dir, monitor.stop_reason)
-            emit("stopped", {"line": line})
-            raise TrainingStopped(line)
-        if step % config.save_every == 0 or step == config.steps:
-            save(step)
-
-    if start_step >= config.steps and ckpt.latest_checkpoint(run_dir) is None:
-        save(config.steps)
-    loss_after = validation_loss(model, run.valid, pad, mb, chunk)
-    result = run_result.evaluate(model, tokenizer, run.task, config) if run.task else {"accuracy": None, "n": 0}
-    emit("eval", {"when": "after", "val_loss": loss_after, **result})
-    ckpt.append_jsonl(run_dir / "metrics.jsonl", [{"step": last_step, "val_loss": loss_after,
-                                         "eval/accuracy": result["accuracy"], "final": True}])
-    outcome = RunResult(run_dir, before, result["accuracy"], result["n"], history)
-    ckpt.atomic_write_json(run_dir / "summary.json", {
-        "accuracy_before": before, "accuracy_after": result["accuracy"], "eval_n": result["n"],
-        "val_loss_before": loss_before, "val_loss_after": loss_after, "steps": last_step,
-        "eval_seconds": result.get("seconds"),
-        "line": outcome.summary_line()})
-    emit("end", {"result": outcome, "val_loss_before": loss_before, "val_loss_after": loss_after})
-    return outcome
+    return run_loop(SFTTraining(run, run_dir), on_event, began)

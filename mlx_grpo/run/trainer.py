@@ -8,8 +8,11 @@ One step (`train_step`), a call a stage:
      advantages; 3. prepare the update: micro-batches, the reference, KL: step_update.py;
   4. update, `num_iterations` times: accumulate gradients over micro-batches, clip the
      global norm, step AdamW (warmup + cosine schedule): update/step.py;
-  5. record the step's metrics and completions: step_metrics.py. The loop appends them to
-     the run folder and checkpoints every `save_every`.
+  5. record the step's metrics and completions: step_metrics.py.
+
+`train` sets a run up (setup.py, after a warm start: warm_start.py) and hands its steps, checks and
+checkpoint state (GRPOTraining) to the run loop sft shares (loop.py): the run folder, resume,
+checkpoints, the time limit, health, the reporters and the summary.
 """
 
 from __future__ import annotations
@@ -21,11 +24,9 @@ from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_map
 
-from ..config import TrainConfig, dump_yaml
-from ..tasks.splits import record_training_rows
-from ..models.adapters import save_adapters
+from ..config import TrainConfig
 from ..sampling.kinds import rollouts_for
 from ..sampling.progress import PROGRESS
 from ..tasks.registry import Task, token_budget
@@ -33,9 +34,7 @@ from ..tasks.rewarding import reward_name
 from . import checkpoint as ckpt
 from . import distributed as dist
 from . import run_result
-from .health import HealthMonitor, TrainingStopped, stop_run
-from .interrupt import steps_until_ctrl_c
-from .reporting import with_reporters
+from .loop import Training, run_loop
 # evaluate: the API reads it here; the run looks it up in run_result, the one place a test replaces it
 from .run_result import RunResult, check_before, evaluate  # noqa: F401
 from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer: also trainer's, as before)
@@ -61,18 +60,13 @@ def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, ste
     return metrics, completion_records(tokenizer, task, step, sampled, trained)
 
 
-def eval_row(step: int, result: dict, config: TrainConfig, **mark) -> dict:
-    """A held-out evaluation as its own metrics.jsonl row: before training (step 0, before=True) or the
-    final one (final=True); files.training_rows leaves both out of the training steps."""
-    row = {"step": step, "eval/accuracy": result["accuracy"], **mark}
+def eval_fields(result: dict, config: TrainConfig) -> dict:
+    """A held-out check's metrics: in its step's metrics.jsonl row, or its own row before training (step 0,
+    before=True) or at the end (final=True); files.training_rows leaves those two out of the steps."""
+    fields = {"eval/accuracy": result["accuracy"]}
     if result.get("pass_at_k") is not None:
-        row[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
-    return row
-
-
-def _append_jsonl(path: Path, records: list[dict]) -> None:
-    if dist.is_main():  # data-parallel: rank 0 alone writes the run folder
-        ckpt.append_jsonl(path, records)
+        fields[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
+    return fields
 
 
 def refreshed_reference(reference, policy, alpha: float):
@@ -115,15 +109,6 @@ def before_check(model, tokenizer, task: Task, config: TrainConfig, stage: WarmS
     return check_before(model, tokenizer, task, config)
 
 
-def past_time_limit(config: TrainConfig, elapsed: float, history: list[dict], eval_seconds: float) -> bool:
-    """Whether one more step (at the mean step time so far) and the final evaluation (as long as the first)
-    would end past `time_limit_minutes` from the run's start. Never before the first step this process runs."""
-    if not config.time_limit_minutes or not history:
-        return False
-    mean_step = sum(m["time/step_s"] for m in history) / len(history)
-    return elapsed + mean_step + eval_seconds > 60 * config.time_limit_minutes
-
-
 def default_run_dir(config: TrainConfig) -> Path:
     return Path("checkpoints") / f"{config.task}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
@@ -138,142 +123,73 @@ def train(config: TrainConfig, on_event: Callable[[str, dict], None] | None = No
     before GRPO: {"kind", "data"}, run/warm_start.py). The CLI draws its live display from these.
     """
     main = dist.is_main()  # data-parallel (distributed.py): rank 0 alone writes and reports
-    emit = with_reporters(config, on_event or (lambda kind, data: None)) if main else (lambda kind, data: None)
-    listening = PROGRESS.set(lambda state: emit("rollout", state))  # where each rollout and evaluation decode is
+    on_event = on_event or (lambda kind, data: None)
+    # where each rollout and evaluation decode is
+    listening = PROGRESS.set(lambda state: on_event("rollout", state) if main else None)
     try:
-        return _train(config, emit, main)
+        return _train(config, on_event, main)
     finally:  # a later decode in this process (a notebook's, a test's) is not reported to this run
         PROGRESS.reset(listening)
 
 
-def _train(config: TrainConfig, emit: Callable[[str, dict], None], main: bool) -> RunResult:
+class GRPOTraining(Training):
+    """GRPO's part of the run loop (loop.py): its step, its held-out checks and its checkpoint state."""
+
+    def __init__(self, run: RunState, run_dir: Path, config: TrainConfig, stage: WarmStart | None):
+        task = run.task
+        accuracy = reward_name(task.accuracy_reward) if task.accuracy_reward is not None else None
+        super().__init__("train", config, run_dir, run.model, run.optimizer, run.adapter_config,
+                         task.warnings, task.train_rows, task.name, {"task": task, "notes": run.notes},
+                         token_budget(task, config), accuracy)  # health's accuracy_collapse reads the reward
+        self.run, self.task, self.stage = run, task, stage
+
+    def step(self, step: int) -> tuple[dict, list[dict]]:
+        return run_step(self.run, step)
+
+    def check(self, when: str | int) -> tuple[dict, dict]:
+        if when == "before":  # a warm start's check after its last step, else check_before's
+            result = before_check(self.model, self.run.tokenizer, self.task, self.config, self.stage)
+            return result, ({} if result["accuracy"] is None else eval_fields(result, self.config))
+        result = run_result.evaluate(self.model, self.run.tokenizer, self.task, self.config)
+        return result, eval_fields(result, self.config)
+
+    def state_dict(self, step: int) -> dict:
+        curriculum = {"curriculum": self.task.curriculum.state_dict()} if self.task.curriculum else {}
+        seed = self.config.seed
+        return {**curriculum, "rng": {"seed": seed, "next_step_seed": step_seed(seed, step + 1)}}
+
+    def training_state(self) -> dict:  # a refreshed reference travels with the optimizer state
+        if self.config.objective.ref_refresh_every > 0:
+            return {**self.optimizer.state, "reference_weights": self.run.ref_params}
+        return self.optimizer.state
+
+    def load_state_dict(self, state: dict, training_state: dict) -> None:
+        if "reference_weights" in training_state:
+            self.run.ref_params = training_state.pop("reference_weights")
+        self.optimizer.state = training_state
+        if self.task.curriculum and "curriculum" in state:
+            self.task.curriculum.load_state_dict(state["curriculum"])
+
+    def out_of_time(self, elapsed: float, eval_seconds: float) -> bool:
+        return no_time_after(self.config, self.stage, elapsed, eval_seconds)
+
+    def finish(self, result: RunResult, after: dict) -> tuple[RunResult, dict]:
+        outcome = with_warm_start(result, self.stage)
+        return outcome, {"accuracy_after_warm_start": outcome.accuracy_after_warm_start} if self.stage else {}
+
+
+def _train(config: TrainConfig, on_event: Callable[[str, dict], None], main: bool) -> RunResult:
     began = time.perf_counter()  # time_limit_minutes counts from here: the model's load included
     run_dir = Path(config.resume or config.output or default_run_dir(config))
-    stage = run_warm_start(config, run_dir, emit) if main else None  # sft first, into RUN/warm_start (warm_start.py)
+    stage = run_warm_start(config, run_dir, on_event) if main else None  # sft first, into RUN/warm_start
     # Task, policy, adapters, reference, optimizer: as the API's Trainer sets them up (setup.py); a bad
     # data file, reward or output folder is reported before the slow model load.
     run = setup(grpo_config(config, stage), writable=run_dir if main else None)
     # from a run folder (--model RUN): with that run's adapter settings, as config.yaml keeps; the model named
     # is the one the command was given (after a warm start, GRPO's policy starts from RUN/warm_start)
     config = replace(run.config, model=config.model)
-    task, model, tokenizer, optimizer = run.task, run.model, run.tokenizer, run.optimizer
-
-    start_step, state = 0, {}
-    loaded = ckpt.load_latest(run_dir) if config.resume else None  # the newest intact checkpoint
-    resumed = loaded is not None
-    if resumed:
-        weights, opt_state, state, notes = loaded
-        task.warnings += notes  # damaged newer checkpoints that were passed over
-        model.load_weights(list(weights.items()), strict=False)
-        if "reference_weights" in opt_state:  # a refreshed reference travels with the optimizer state
-            run.ref_params = opt_state.pop("reference_weights")
-        optimizer.state = opt_state
-        start_step = int(state["step"])
-        if task.curriculum and "curriculum" in state:
-            task.curriculum.load_state_dict(state["curriculum"])
-    if config.resume and len(set(dist.all_gather_objects(start_step))) > 1:  # every rank reads its own copy
-        raise ckpt.CheckpointError(f"--resume {run_dir}: the ranks found different checkpoints; with several "
-                                   "machines, copy the run folder to the same path on each first")
-    if config.resume and main:  # drop records past the checkpoint and lines cut by a kill; with no checkpoint,
-        kept = start_step if resumed else -1  # all of them, the step-0 evaluation too (it runs again)
-        for name in ("metrics.jsonl", "completions.jsonl", "health.jsonl"):
-            ckpt.truncate_jsonl(run_dir / name, kept)
-    accuracy = reward_name(task.accuracy_reward) if task.accuracy_reward is not None else None  # accuracy_collapse
-    monitor = HealthMonitor.from_config(config, run_dir if resumed else None, token_budget(task, config), accuracy)
-    if main:
-        # overwrite acts once, on this start: a --resume or a copy used as --config does not repeat it
-        ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(replace(config, overwrite=False)))
-        record_training_rows(run_dir, task.train_rows, task.name, config.data)  # what compare keeps apart
-        # what the model is shown: written by a fresh run (never an earlier one's), kept by a resume
-        if task.train_rows and not (config.resume and (run_dir / "prompt.txt").exists()):
-            seen = rollouts_for(task).prompt_as_seen(tokenizer, task.train_rows[0])
-            ckpt.atomic_write_text(run_dir / "prompt.txt", seen)
-    emit("start", {"run_dir": str(run_dir), "task": task, "config": config, "resumed_from": start_step,
-                   "warnings": task.warnings, "notes": run.notes})
-
-    # The held-out evaluation's time, measured before the first step and kept in each checkpoint: a resumed
-    # run leaves room for its final evaluation too (past_time_limit).
-    before, eval_seconds = state.get("eval_before"), state.get("eval_seconds", 0.0)
-    if before is None and not resumed:  # after a warm start, its check after its last step is this one
-        result = before_check(model, tokenizer, task, config, stage)
-        before, eval_seconds = result["accuracy"], result.get("seconds", 0.0)
-        if before is not None:  # on file at once: an interrupted run keeps it too (plot, inspect)
-            _append_jsonl(run_dir / "metrics.jsonl", [eval_row(0, result, config, before=True)])
-        emit("eval", {"when": "before", **result})
-
-    history = []
-
-    def save(step: int, metric: float | None = None):
-        if not main:  # every rank holds the same weights; one writes them
-            return
-        weights = dict(tree_flatten(model.trainable_parameters()))
-        training_state = optimizer.state
-        if config.objective.ref_refresh_every > 0:
-            training_state = {**optimizer.state, "reference_weights": run.ref_params}
-        ckpt.save_checkpoint(run_dir, step, weights, run.adapter_config, training_state,
-                             {"eval_before": before, "eval_seconds": eval_seconds,
-                              "data_position": step * config.batch_size,
-                              **({"curriculum": task.curriculum.state_dict()} if task.curriculum else {}),
-                              "rng": {"seed": config.seed, "next_step_seed": step_seed(config.seed, step + 1)}},
-                             keep_last=config.keep_checkpoints, keep_best=config.keep_best, metric=metric)
-        save_adapters(model, run_dir, run.adapter_config)
-        emit("checkpoint", {"step": step})
-
-    def save_unless_saved(step: int):  # a run that stops early keeps its last finished step
-        newest = ckpt.latest_checkpoint(run_dir)
-        if newest is None or newest.name != ckpt.checkpoint_name(step):
-            save(step)
-
-    def stop_on_ctrl_c(step: int) -> str:  # the first Ctrl-C: keep the finished step, then leave
-        save_unless_saved(step)
-        return f"interrupted after step {step}, checkpoint saved; continue with: mlx-grpo train --resume {run_dir}"
-
-    last_step = start_step
-    for step in steps_until_ctrl_c(range(start_step + 1, config.steps + 1), stop_on_ctrl_c):
-        elapsed = time.perf_counter() - began
-        if past_time_limit(config, elapsed, history, eval_seconds) or no_time_after(config, stage, elapsed, eval_seconds):
-            emit("time_limit", {"step": last_step, "total": config.steps, "minutes": config.time_limit_minutes})
-            save_unless_saved(last_step)
-            break
-        last_step = step
-        metrics, records = run_step(run, step)
-        if config.eval_steps and step % config.eval_steps == 0 and step < config.steps:
-            result = run_result.evaluate(model, tokenizer, task, config)
-            # with no check before the first step (eval_before: false), the first timed check is the estimate
-            eval_seconds = eval_seconds or result.get("seconds", 0.0)
-            metrics["eval/accuracy"] = result["accuracy"]
-            if result.get("pass_at_k") is not None:
-                metrics[f"eval/pass@{config.eval_pass_k}"] = result["pass_at_k"]
-            emit("eval", {"when": step, **result})
-        _append_jsonl(run_dir / "metrics.jsonl", [metrics])
-        _append_jsonl(run_dir / "completions.jsonl", records)
-        history.append(metrics)
-        emit("step", {"metrics": metrics, "records": records, "total": config.steps})
-        events = monitor.observe(metrics)  # health rules (docs/health.md)
-        _append_jsonl(run_dir / "health.jsonl", events)
-        for event in events:
-            emit("health", event)
-        if monitor.stop_reason:  # too many NaN/Inf steps in a row: stop before any further checkpoint
-            line = stop_run(run_dir, monitor.stop_reason) if main else monitor.stop_reason
-            emit("stopped", {"line": line})
-            raise TrainingStopped(line)
-        evaluated = config.keep_best and "eval/accuracy" in metrics  # keep_best compares evaluated checkpoints
-        if step % config.save_every == 0 or step == config.steps or evaluated:
-            save(step, metrics.get("eval/accuracy"))
-
-    if start_step >= config.steps and ckpt.latest_checkpoint(run_dir) is None:
-        save(config.steps)
-    result = run_result.evaluate(model, tokenizer, task, config)
-    emit("eval", {"when": "after", **result})
-    if config.keep_best and result["accuracy"] is not None:  # the final weights compete for best too
-        save(last_step, result["accuracy"])
-    _append_jsonl(run_dir / "metrics.jsonl", [eval_row(last_step, result, config, final=True)])
-    outcome = with_warm_start(RunResult(run_dir, before, result["accuracy"], result["n"], history), stage)
-    if main:
-        ckpt.atomic_write_json(run_dir / "summary.json", {
-            "accuracy_before": outcome.accuracy_before, "accuracy_after": result["accuracy"], "eval_n": result["n"],
-            **({"accuracy_after_warm_start": outcome.accuracy_after_warm_start} if stage else {}),
-            "steps": last_step, "line": outcome.summary_line(),
-        })
-    emit("end", {"result": outcome})
-    return outcome
+    # what the model is shown: written by a fresh run (never an earlier one's), kept by a resume
+    if main and run.task.train_rows and not (config.resume and (run_dir / "prompt.txt").exists()):
+        seen = rollouts_for(run.task).prompt_as_seen(run.tokenizer, run.task.train_rows[0])
+        ckpt.atomic_write_text(run_dir / "prompt.txt", seen)
+    return run_loop(GRPOTraining(run, run_dir, config, stage), on_event, began)

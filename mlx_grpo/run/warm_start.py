@@ -13,7 +13,7 @@ Resume: a warm start with a summary.json is finished and is not run again; one w
 and no summary is continued (sft's exact resume); otherwise it starts.
 
 Time: time_limit_minutes bounds the whole command. Its clock starts before the warm start, so
-GRPO's stop rule (trainer.past_time_limit) counts the warm start's time. The warm start's own
+GRPO's stop rule (loop.past_time_limit) counts the warm start's time. The warm start's own
 steps are not cut: a recipe gives it a small share of the limit. When it leaves no room for
 GRPO's final evaluation, GRPO takes no step.
 """
@@ -47,12 +47,13 @@ class WarmStart:
 
 def warm_start_config(config: TrainConfig, folder: Path, resume: bool) -> TrainConfig:
     """The sft stage's config: the warm_start group's values over the run's shared settings (model, task,
-    the adapters' settings, seed, micro_batch_size, max_grad_norm, eval_num_problems, save_every ...)."""
+    the adapters' settings, seed, micro_batch_size, max_grad_norm, eval_num_problems, save_every ...). The
+    command's time limit and loggers are GRPO's: the stage's steps are not cut, its events reach train's."""
     w = config.warm_start
     return with_settings(config, steps=w.steps, lr=w.lr, batch_size=w.batch_size, data=w.data or config.data,
                          web_kinds=stage_web_kinds(config), output=str(folder),
                          resume=str(folder) if resume else None, overwrite=config.overwrite and not resume,
-                         warm_start_steps=0, warm_start_web_kinds=[])
+                         warm_start_steps=0, warm_start_web_kinds=[], time_limit_minutes=0.0, report_to=[])
 
 
 def stage_web_kinds(config: TrainConfig) -> list[str]:
