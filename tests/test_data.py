@@ -111,31 +111,30 @@ def test_screen_rows_drops_missing_columns_and_long_prompts():
 
 
 def test_prompt_limit_from_the_model_context():
-    model = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=256))
-    assert prompt_token_limit(model, 48, None) == 208
-    assert prompt_token_limit(model, 48, 100) == 100  # a configured limit wins
-    assert prompt_token_limit(SimpleNamespace(), 48, None) is None  # unknown context: no limit
+    assert prompt_token_limit(256, 48, None) == 208
+    assert prompt_token_limit(256, 48, 100) == 100  # a configured limit wins
+    assert prompt_token_limit(None, 48, None) is None  # unknown context: no limit
     with pytest.raises(DataError, match="max_prompt_tokens 220 \\+ max_tokens 48 exceed the model's context of 256"):
-        prompt_token_limit(model, 48, 220)
+        prompt_token_limit(256, 48, 220)
     with pytest.raises(DataError, match="max_tokens 256 leaves no room for a prompt"):
-        prompt_token_limit(model, 256, None)
+        prompt_token_limit(256, 256, None)
 
 
 def test_screen_task_on_the_embedded_tokenizer():
-    from mlx_grpo.models.loading import load_policy
+    from mlx_grpo.models.screen_info import read_tokenizer
     from rewards import arith
 
-    model, tokenizer = load_policy(None)
+    tokenizer, context = read_tokenizer(None)  # the embedded model's files; its weights are not needed
     task = SimpleNamespace(name="arith", reward_functions=[arith.correctness_reward], accuracy_reward=None,
                            system_prompt=None, warnings=[],
                            train_rows=[{"prompt": "Tom has 3 pens.", "answer": "3"}, {"prompt": "Tom " * 60},
                                        {"prompt": "Ann has 2 pens. " * 60, "answer": "2"}],
                            eval_rows=[{"prompt": "Ann has 1 pen.", "answer": "1"}])
-    screen_task(task, tokenizer, model, max_tokens=48, max_prompt_tokens=None, on_bad="skip")
+    screen_task(task, tokenizer, context, max_tokens=48, max_prompt_tokens=None, on_bad="skip")
     assert task.train_rows == [{"prompt": "Tom has 3 pens.", "answer": "3"}]
     assert len(task.eval_rows) == 1
     (warning,) = task.warnings
     assert "row 2: no 'answer' column" in warning and "row 3: prompt of" in warning and "limit of 208" in warning
     task.train_rows = [{"prompt": "x"}]
     with pytest.raises(DataError, match="arith: no usable training rows"):
-        screen_task(task, tokenizer, model, 48, None, "skip")
+        screen_task(task, tokenizer, context, 48, None, "skip")

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..models.loading import EMBEDDED_MODEL, GGUFError, ModelNotInstalled, StoreError, load_policy
+from ..models.screen_info import read_tokenizer
 from ..run.setup import guard_task
 from ..sampling.kinds import rollouts_for
 from ..sampling.rollout import SamplingConfig
@@ -68,14 +69,19 @@ class Settings:
     keep_quantized: bool = TrainConfig.keep_quantized
 
 
-def load_model(spec: ModelSpec, keep_quantized: bool = False):
+def _as_compare_error(spec: ModelSpec, read: Callable):
+    """read()'s result; a model that cannot be read or loaded is one line (CompareError)."""
     try:
-        model, tokenizer = load_policy(spec.model, spec.adapter, keep_quantized)
+        return read()
     except (GGUFError, ModelNotInstalled, StoreError) as e:  # their messages are whole sentences already
         raise CompareError(str(e)) from None
     except Exception as e:  # a missing repo, bad weights, an adapter for another model: one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CompareError(f"could not load {spec.label}: {type(e).__name__}: {first}") from None
+
+
+def load_model(spec: ModelSpec, keep_quantized: bool = False):
+    model, tokenizer = _as_compare_error(spec, lambda: load_policy(spec.model, spec.adapter, keep_quantized))
     model.eval()
     return model, tokenizer
 
@@ -85,14 +91,13 @@ def guard(task: Task, settings: Settings, specs: list[ModelSpec]) -> None:
     each model's tokenizer and context, so every model answers the same rows a run's held-out check would,
     and every reward call bounded by reward_timeout.
 
-    Each model is loaded for it as stored, before any answers are decoded or looked up in the cache
-    (adapters change neither the tokenizer nor the context; quantized weights are left quantized)."""
+    Each model's tokenizer and context length are read from its files before any answers are decoded or
+    looked up in the cache, without loading its weights (models/screen_info.py; adapters change neither),
+    so a model's weights are loaded once, to answer."""
     config = settings.run_config or TrainConfig(sampling=settings.sampling)
     for name in dict.fromkeys(spec.model for spec in specs):
-        model, tokenizer = load_model(ModelSpec(name), keep_quantized=True)
-        guard_task(task, config, model, tokenizer)
-        del model
-        mx.clear_cache()
+        tokenizer, context = _as_compare_error(ModelSpec(name), lambda: read_tokenizer(name))
+        guard_task(task, config, tokenizer, context)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from ..models.adapters import prepare_for_training
 from ..models.loading import gguf_types_note, load_policy, resolve_model_path
 from ..models.quantized import prepare_base
 from ..models.run_models import RunModel, load_adapter_weights, read_run_model
+from ..models.screen_info import context_length
 from ..tasks.data import screen_task
 from ..tasks.registry import Task, load_task
 from ..tasks.rewarding import with_timeout
@@ -66,12 +67,15 @@ def keeps_reference(config: TrainConfig) -> bool:
     return o.ref_refresh_every > 0 or (config.fine_tune_type == "full" and (o.beta > 0 or o.kl_every > 0))
 
 
-def guard_task(task: Task, config: TrainConfig, model, tokenizer) -> Task:
+def guard_task(task: Task, config: TrainConfig, tokenizer, context: int | None) -> Task:
     """The task as a run uses it, in place: rows screened against its rewards and the model's context
     (bad rows and prompts too long for the model left out, on_bad_data), and every reward call bounded by
     reward_timeout. `train`, `eval` and `compare` all call it, so their accuracies are over the same rows
-    and none of them waits forever on a reward. Calling it again (another model) screens the rows again."""
-    screen_task(task, tokenizer, model, config.sampling.max_tokens, config.max_prompt_tokens, config.on_bad_data)
+    and none of them waits forever on a reward. Calling it again (another model) screens the rows again.
+    `context`: the model's length in positions (models/screen_info.py: of a loaded model, or read from its
+    files without loading it), None where unknown."""
+    screen_task(task, tokenizer, context, config.sampling.max_tokens, config.max_prompt_tokens,
+                config.on_bad_data)
     task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
     if task.accuracy_reward is not None:
         task.accuracy_reward = with_timeout(task.accuracy_reward, config.reward_timeout)
@@ -136,7 +140,7 @@ def setup(config: TrainConfig, writable: Path | None = None) -> RunState:
     if writable is not None:  # writable, and a fresh run never mixed into an earlier one's folder (run_folder.py)
         prepare_run_folder(writable, resume=bool(config.resume), overwrite=config.overwrite)
     model, tokenizer, weights_note = load_base(config, start)
-    guard_task(task, config, model, tokenizer)
+    guard_task(task, config, tokenizer, context_length(model))
     # The pre-pass on the model the run starts from: only prompts it sometimes solves (prefilter.py)
     prefilter_note = prefilter_train_rows(model, tokenizer, task, config) if config.prefilter and not start else None
     adapter_config = add_adapters(model, config, start)

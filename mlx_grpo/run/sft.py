@@ -32,6 +32,7 @@ import numpy as np
 from mlx.utils import tree_map
 
 from ..config import TrainConfig
+from ..models.screen_info import context_length
 from ..update.sft_loss import pad_rows, sft_gradients, sft_loss
 from . import distributed as dist
 from . import run_result, step_update
@@ -120,7 +121,7 @@ def guard_checks(run: SFTRun) -> None:
     rows without a column its rewards need or with a prompt too long for the context left out (on_bad_data),
     every reward call bounded by reward_timeout; the screen's notes join the run's warnings."""
     known = len(run.task.warnings)
-    guard_task(run.task, run.config, run.model, run.tokenizer)
+    guard_task(run.task, run.config, run.tokenizer, context_length(run.model))
     run.warnings += run.task.warnings[known:]
 
 

@@ -283,9 +283,9 @@ def required_columns(functions) -> dict[str, str]:
     return needed
 
 
-def prompt_token_limit(model, max_tokens: int, max_prompt_tokens: int | None) -> int | None:
-    """The longest prompt allowed: max_prompt_tokens, else the model's context minus max_tokens."""
-    context = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+def prompt_token_limit(context: int | None, max_tokens: int, max_prompt_tokens: int | None) -> int | None:
+    """The longest prompt allowed: max_prompt_tokens, else the model's context (its max_position_embeddings,
+    None: unknown) minus max_tokens."""
     if max_prompt_tokens and context and max_prompt_tokens + max_tokens > context:
         raise DataError(f"max_prompt_tokens {max_prompt_tokens} + max_tokens {max_tokens} exceed the model's "
                         f"context of {context} positions")
@@ -341,13 +341,16 @@ def screen_rows(rows: list[dict], tokenizer, system_prompt: str | None, needed: 
     return kept, report.summary()
 
 
-def screen_task(task, tokenizer, model, max_tokens: int, max_prompt_tokens: int | None, on_bad: str) -> None:
-    """Check a task's train and eval rows against its rewards and the model's context, in place.
+def screen_task(task, tokenizer, context: int | None, max_tokens: int, max_prompt_tokens: int | None,
+                on_bad: str) -> None:
+    """Check a task's train and eval rows against its rewards and the model's context (its length in
+    positions, None: unknown), in place. Only the tokenizer and the context are needed, not the model's
+    weights (models/screen_info.py reads both from a model's files).
 
     Skipped rows become warnings on the task; no usable training row left is a DataError.
     """
     needed = required_columns(task.reward_functions)
-    limit = prompt_token_limit(model, max_tokens, max_prompt_tokens)
+    limit = prompt_token_limit(context, max_tokens, max_prompt_tokens)
     task.train_rows, note = screen_rows(task.train_rows, tokenizer, task.system_prompt, needed, limit, on_bad,
                                         f"{task.name} training data", getattr(task, "prompt_format", None))
     task.warnings += [note] if note else []
