@@ -40,6 +40,7 @@ from .run.setup import setup
 from .run.step_update import apply_update, kept_groups, prepare_update
 from .run.trainer import RunResult
 from .sampling.rollout import Completion, SamplingConfig, sample_completions
+from .run import task_setup as run_task_setup
 from .tasks import registry as _tasks
 from .tasks.data import columns_of, encode_prompt
 from .tasks.registry import Task, recommended_settings
@@ -76,7 +77,7 @@ def load_task(config: TrainConfig) -> Task:
     >>> task.name, len(task.train_rows) > 0, len(task.reward_functions) == len(task.reward_weights)
     ('arith', True, True)
     """
-    return _tasks.load_task(config)
+    return run_task_setup.load_task(config)
 
 
 def train(config: TrainConfig | None = None, on_event: Callable[[str, dict], None] | None = None,

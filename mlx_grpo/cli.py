@@ -219,7 +219,7 @@ def _web_kinds(typed: str | None) -> str | list | None:
 def _evaluation(options: dict, run_dir, model):
     """(task, settings, n) from a run's config and the typed shared options."""
     from .evaluation.compare import build_settings, task_config
-    from .tasks.registry import load_task
+    from .run.task_setup import load_task
 
     config = task_config(run_dir, model, {"task": options["task"], "data": options["data"],
                                           "reward_file": str(options["reward_file"]) if options["reward_file"]

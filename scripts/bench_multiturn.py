@@ -61,7 +61,8 @@ def run_mode(args, mode: str) -> dict:
     from mlx_grpo.sampling.multiturn import make_envs, rollout_episodes
     from mlx_grpo.sampling.turns import Stats
     from mlx_grpo.sampling.width import kv_bytes_per_token
-    from mlx_grpo.tasks.registry import load_task, recommended_settings
+    from mlx_grpo.run.task_setup import load_task
+    from mlx_grpo.tasks.registry import recommended_settings
 
     config = build_config({"task": "web", "model": args.model, "eval_num_problems": args.prompts,
                            "max_tokens": args.max_tokens, "max_turns": args.max_turns,

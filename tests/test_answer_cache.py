@@ -15,7 +15,7 @@ from mlx_grpo.evaluation import answer_cache
 from mlx_grpo.evaluation import compare as cmp
 from mlx_grpo.evaluation import compare_report as cmp_report
 from mlx_grpo.sampling import progress, rollout
-from mlx_grpo.tasks.registry import load_task
+from mlx_grpo.run.task_setup import load_task
 
 
 def _task_and_settings(model, n=4, max_tokens=4):

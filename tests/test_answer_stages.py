@@ -8,7 +8,7 @@ from marks import needs_ocaml
 from mlx_grpo import make_config
 from mlx_grpo.evaluation import compare as cmp
 from mlx_grpo.evaluation.compare_report import prompt_records, table_rows
-from mlx_grpo.tasks.registry import load_task
+from mlx_grpo.run.task_setup import load_task
 from rewards import ocaml
 
 PROBLEM = {"signature": "let double (n : int) : int =", "preamble": "",

@@ -9,7 +9,8 @@ from mlx_grpo.config import ConfigError, build_config
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
 from mlx_grpo.tasks.data import DataError, encode_prompt, stop_token_ids, task_prompts, use_stop_strings
-from mlx_grpo.tasks.registry import is_base_model, is_chat_model, load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import is_base_model, is_chat_model, recommended_settings
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ def test_embedded_model_keeps_its_settings_and_prompt():
         assert arith.recommended_settings(model) == {
             "max_tokens": 48, "lr": 1e-4, "steps": 100, "batch_size": 8, "group_size": 8, "warmup_steps": 3,
             "micro_batch_size": 64, "save_every": 50}
-        task = registry.load_task(build_config({"model": model}, task_defaults=registry.recommended_settings))
+        task = registry.base_task(build_config({"model": model}, task_defaults=registry.recommended_settings))
         assert task.system_prompt is None
         assert [f.__name__ for f in task.reward_functions] == ["correctness_reward", "format_reward"]
         assert task.accuracy_reward is arith.correctness_reward
@@ -57,7 +57,7 @@ def test_a_chat_model_is_told_the_answer_form_and_scored_on_it():
     config = build_config({"model": CHAT_MODEL}, task_defaults=registry.recommended_settings)
     assert config.system_prompt == arith.CHAT_SYSTEM_PROMPT  # recorded in the run's config.yaml
     assert config.sampling.temperature < 1.0 and config.lr == 3e-5
-    task = registry.load_task(config)
+    task = registry.base_task(config)
     assert task.system_prompt == "Answer with only the final number."
     assert task.reward_functions == [arith.last_number_reward] and task.accuracy_reward is arith.last_number_reward
     row = task.eval_rows[0]
@@ -65,10 +65,10 @@ def test_a_chat_model_is_told_the_answer_form_and_scored_on_it():
     # the embedded model's form is still read; a chat model need not use it
     assert task.accuracy_reward([row["prompt"]], [f"#### {row['answer']}"], answer=[row["answer"]]) == [1.0]
     # a configuration built without the recommended settings gets the same prompt
-    assert registry.load_task(build_config({"model": CHAT_MODEL})).system_prompt == arith.CHAT_SYSTEM_PROMPT
+    assert registry.base_task(build_config({"model": CHAT_MODEL})).system_prompt == arith.CHAT_SYSTEM_PROMPT
     # a typed prompt wins
     typed = build_config({"model": CHAT_MODEL, "system_prompt": "Be brief."}, task_defaults=registry.recommended_settings)
-    assert registry.load_task(typed).system_prompt == "Be brief."
+    assert registry.base_task(typed).system_prompt == "Be brief."
 
 
 @pytest.mark.parametrize("task_name", ["arith", "gsm8k", pytest.param("ocaml", marks=needs_ocaml), "web"])
@@ -79,7 +79,7 @@ def test_every_task_tells_a_chat_model_its_answer_form(task_name):
     data = str(GSM8K_DATA) if task_name == "gsm8k" else None
     config = build_config({"model": CHAT_MODEL, "task": task_name, "data": data},
                           task_defaults=registry.recommended_settings)
-    task = registry.load_task(config)
+    task = registry.base_task(config)
     assert task.system_prompt, task_name
     assert settings.get("system_prompt", task.system_prompt) == task.system_prompt
     form = {"arith": "final number", "gsm8k": "####", "ocaml": "```ocaml", "web": "one action"}[task_name]

@@ -15,7 +15,8 @@ from mlx_grpo.evaluation import compare_report as cmp_report
 from mlx_grpo.sampling.heldout import evaluate_accuracy
 from mlx_grpo.models.loading import embedded_model_path, load_policy
 from mlx_grpo.run.trainer import train
-from mlx_grpo.tasks.registry import load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import recommended_settings
 
 needs_embedded = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
                                     reason="the embedded model has not been built (scripts/build_tiny_model.py)")

@@ -19,7 +19,8 @@ from mlx_grpo.run import distributed as dist
 from mlx_grpo.run.step_rollouts import _sample_and_score, merge_rollouts
 from mlx_grpo.run.trainer import train
 from mlx_grpo.sampling.rollout import KeyedSampler, SamplingConfig, completion_seeds, draw_tokens, sample_completions
-from mlx_grpo.tasks.registry import load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import recommended_settings
 
 
 def test_shard_is_contiguous_whole_and_uneven_first():

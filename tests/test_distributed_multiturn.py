@@ -15,7 +15,8 @@ from mlx_grpo.models.loading import load_policy
 from mlx_grpo.run import distributed as dist
 from mlx_grpo.run.step_rollouts import _sample_and_score, merge_rollouts
 from mlx_grpo.run.trainer import train
-from mlx_grpo.tasks.registry import load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import recommended_settings
 
 WEB = {"task": "web", "steps": 1, "batch_size": 4, "group_size": 2, "max_tokens": 6, "max_turns": 2,
        "max_episode_tokens": 600, "eval_num_problems": 2, "web_kinds": ["fact/1"], "system_prompt": "",

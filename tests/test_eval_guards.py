@@ -15,7 +15,7 @@ from mlx_grpo.evaluation import compare as cmp
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.run.setup import setup
 from mlx_grpo.sampling.heldout import evaluate_accuracy
-from mlx_grpo.tasks.registry import load_task
+from mlx_grpo.run.task_setup import load_task
 
 
 def _data_folder(tmp_path, test_lines, split="test"):

@@ -7,7 +7,7 @@ import mlx.core as mx
 from mlx_grpo.evaluation import compare as cmp
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.sampling import heldout
-from mlx_grpo.tasks.registry import load_task
+from mlx_grpo.run.task_setup import load_task
 
 
 def then_draw(global_seed, play):

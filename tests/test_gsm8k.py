@@ -230,7 +230,7 @@ def test_a_single_file_is_all_train_rows_and_the_engine_carves_its_held_out_spli
     train = gsm8k.load_rows("train", _Config(str(path)))
     assert len(train) == 30 and gsm8k.load_rows("test", _Config(str(path))) == []
     assert train[-1] == {"prompt": "What is 1029 + 1?", "answer": "1030", "solution": records[-1]["answer"]}
-    task = tasks.load_task(build_config({"task": "gsm8k", "data": str(path)}, task_defaults=tasks.recommended_settings))
+    task = tasks.base_task(build_config({"task": "gsm8k", "data": str(path)}, task_defaults=tasks.recommended_settings))
     held_out = {r["prompt"] for r in task.test_rows + task.eval_rows}
     assert held_out and held_out.isdisjoint(r["prompt"] for r in task.train_rows)
     assert len(task.train_rows) + len(held_out) == 30
@@ -303,7 +303,7 @@ def test_load_rows_offline_folder():
 
 @needs_data
 def test_load_task_through_the_engine():
-    task = tasks.load_task(build_config({"task": "gsm8k", "data": str(GSM8K_DATA)},
+    task = tasks.base_task(build_config({"task": "gsm8k", "data": str(GSM8K_DATA)},
                                         task_defaults=tasks.recommended_settings))
     # Validation (the run's check) is the train.jsonl rows whose question hashes into its 10% share; test is
     # test.jsonl's first rows; train the rest, without a question of either.
@@ -318,7 +318,7 @@ def test_load_task_through_the_engine():
               for fn in task.reward_functions]
     assert scores == [[1.0], [1.0]]
     assert task.accuracy_reward([row["prompt"]], [completion], answer=[row["answer"]]) == [1.0]
-    overridden = tasks.load_task(build_config({"task": "gsm8k", "data": str(GSM8K_DATA), "system_prompt": "Be brief."}))
+    overridden = tasks.base_task(build_config({"task": "gsm8k", "data": str(GSM8K_DATA), "system_prompt": "Be brief."}))
     assert overridden.system_prompt == "Be brief."
 
 

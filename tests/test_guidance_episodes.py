@@ -16,7 +16,8 @@ from mlx_grpo.sampling.demonstrations import scripted_episodes
 from mlx_grpo.sampling.kinds import MultiTurn, RolloutSettings
 from mlx_grpo.sampling.multiturn import episode_scores, make_envs
 from mlx_grpo.sampling.rollout import SamplingConfig
-from mlx_grpo.tasks.registry import Task, load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import Task, recommended_settings
 from mlx_grpo.update.logprobs import token_logprobs
 from rewards.web_browsing import WebEnv
 from rewards.web_browsing.tasks import task_from_row

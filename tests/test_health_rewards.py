@@ -117,7 +117,7 @@ def test_shaping_is_a_checked_setting(tmp_path):
 
     with pytest.raises(ConfigError, match="shaping must be one of always, gated, scaled"):
         make_config(shaping="sometimes")
-    from mlx_grpo.tasks.registry import load_task
+    from mlx_grpo.run.task_setup import load_task
 
     with pytest.raises(ConfigError, match="totals its episodes' rewards in its environment: --shaping gated"):
         load_task(make_config(task="web", shaping="gated"))

@@ -142,7 +142,8 @@ def test_the_suggested_tool_style_setting_reaches_the_episodes(tmp_path):
     """no_tool_calls_parse suggests --tool-style: it is checked, and --tools and multihop episodes read with it."""
     from mlx_grpo.config import ConfigError, build_config
     from mlx_grpo.config_checks import TOOL_STYLES
-    from mlx_grpo.tasks.registry import load_task, recommended_settings
+    from mlx_grpo.run.task_setup import load_task
+    from mlx_grpo.tasks.registry import recommended_settings
     from mlx_grpo.tools.calls import STYLES
 
     assert TOOL_STYLES == STYLES  # config_checks.py sits below tools/, so it repeats the names

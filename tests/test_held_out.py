@@ -11,7 +11,8 @@ from mlx_grpo.config import build_config
 from mlx_grpo.models.loading import embedded_model_path
 from mlx_grpo.run.sft import sft
 from mlx_grpo.run.trainer import train
-from mlx_grpo.tasks.registry import load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import recommended_settings
 from mlx_grpo.tasks.splits import TRAINED_ROWS, read_training_keys, row_key, side_of, split_held_out
 from rewards.arith import generate_problems
 

@@ -76,7 +76,8 @@ FLOORS = [
      "mlx_grpo.version"),  # only each other
     ("mlx_grpo.update", "mlx_grpo.models"),
     ("mlx_grpo.config", "mlx_grpo.config_checks", "mlx_grpo.setting_groups"),
-    ("mlx_grpo.tasks", "mlx_grpo.tools"),
+    ("mlx_grpo.tasks",),
+    ("mlx_grpo.tools",),  # tool-calling episodes, scored by tasks/' rewards
     ("mlx_grpo.sampling",),
     ("mlx_grpo.run",),
     ("mlx_grpo.evaluation",),
@@ -98,7 +99,7 @@ def test_the_floor_rule_catches_an_upward_import():
     assert floor_of("mlx_grpo.models.gguf") < floor_of("mlx_grpo.config") < floor_of("mlx_grpo.run.trainer")
     assert floor_of("mlx_grpo.stats") == 0 and floor_of("mlx_grpo") == len(FLOORS) - 1
     planted = {"mlx_grpo.models.adapters": {"mlx_grpo.run.checkpoint"}}
-    assert _upward(planted) == ["mlx_grpo.models.adapters (floor 1) imports mlx_grpo.run.checkpoint (floor 5)"]
+    assert _upward(planted) == ["mlx_grpo.models.adapters (floor 1) imports mlx_grpo.run.checkpoint (floor 6)"]
 
 
 def _upward(graph: dict[str, set[str]]) -> list[str]:
@@ -109,6 +110,17 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
 
 def test_every_import_looks_down():
     assert _upward(_import_graph("mlx_grpo")) == []
+
+
+def test_tasks_never_reach_up_into_the_domains_or_the_judge():
+    """tasks/ gathers what the engine needs from a task module by name (tasks/contract.py); it imports nothing
+    from `rewards` (the domains, the judge), which sit above it and import it."""
+    reached = sorted(f"{path.relative_to(ROOT)} imports {node.module or ''}"
+                     for path in (ROOT / "mlx_grpo" / "tasks").rglob("*.py")
+                     for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("rewards")
+                     or isinstance(node, ast.Import) and any(a.name.startswith("rewards") for a in node.names))
+    assert reached == []
 
 
 def test_rewards_has_no_import_cycle():

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from mlx_grpo.config import ConfigError, build_config
-from mlx_grpo.tasks.registry import load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import recommended_settings
 from rewards.multihop import Corpus, exact_match, final_answer, load_musique, make_row, make_world, normalize, token_f1
 from rewards.multihop.answers import exact_match_reward, f1_reward, support_reward
 from rewards.multihop.training import MultihopEnv, synthetic_rows
@@ -140,8 +141,10 @@ def test_musique_rows_come_in_through_data_and_each_episode_searches_only_its_ow
     (folder / "validation.jsonl").write_text("\n".join(json.dumps(r) for r in rows[10:]) + "\n")
     task = load_task(_config(tmp_path, data=str(folder)))
     assert [r["id"] for r in task.eval_rows] == [rows[10]["id"], rows[11]["id"]]  # the folder's validation split
-    # No test file: the train rows' last one is held out as test.
-    assert len(task.train_rows) == 9 and [r["id"] for r in task.test_rows] == [rows[9]["id"]]
+    # No test file: the train rows whose prompt and id hash into the test share are held out as test.
+    test_ids = [r["id"] for r in task.test_rows]
+    assert test_ids and len(task.train_rows) + len(test_ids) == 10
+    assert not set(test_ids) & {r["id"] for r in task.train_rows}
     env = task.make_env(task.eval_rows[0])
     own = {p["title"] for p in task.eval_rows[0]["paragraphs"]}
     other = next(t for t in (p["title"] for p in rows[0]["paragraphs"]) if t not in own)

@@ -252,7 +252,7 @@ def test_training_on_the_web_task_runs_logs_and_checkpoints_the_curriculum(tiny_
 
 def test_web_task_rejects_reward_files_and_unknown_kinds(tiny_model_path, tmp_path):
     from mlx_grpo.config import ConfigError
-    from mlx_grpo.tasks.registry import load_task
+    from mlx_grpo.run.task_setup import load_task
 
     with pytest.raises(ConfigError, match="unknown web task kind 'fact/9'"):
         load_task(_web_config(tiny_model_path, tmp_path, web_kinds=["fact/9"]))

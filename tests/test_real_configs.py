@@ -6,7 +6,8 @@ import pytest
 
 from marks import needs_ocaml
 from mlx_grpo.config import build_config, load_yaml
-from mlx_grpo.tasks.registry import load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import recommended_settings
 from rewards import arith, gsm8k
 from test_gsm8k import GSM8K_DATA
 

@@ -8,7 +8,7 @@ from mlx_grpo.config import build_config
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.sampling.kinds import MultiTurn, SingleTurn, rollouts_for
 from mlx_grpo.run.step_rollouts import rollout_settings
-from mlx_grpo.tasks.registry import load_task
+from mlx_grpo.run.task_setup import load_task
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mlx_grpo"
 

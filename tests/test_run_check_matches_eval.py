@@ -13,7 +13,8 @@ from mlx_grpo.models.export import export
 from mlx_grpo.models.loading import embedded_model_path, gguf_types_note
 from mlx_grpo.run.trainer import train
 from mlx_grpo.sampling import heldout
-from mlx_grpo.tasks.registry import load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import recommended_settings
 
 pytestmark = [pytest.mark.usefixtures("gguf_cache"),
               pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),

@@ -20,7 +20,8 @@ from mlx_grpo.run.sft_setup import MAX_VALIDATION_TOKENS, sft_setup, task_rows, 
 from mlx_grpo.sampling.demonstrations import task_demonstrations
 from mlx_grpo.sampling.multiturn import chat_join
 from mlx_grpo.tasks.data import DataError, encode_prompt
-from mlx_grpo.tasks.registry import load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import recommended_settings
 from mlx_grpo.tasks.sft_data import encode_demonstration, encode_rows, read_demonstrations
 from mlx_grpo.update.sft_loss import pad_rows, sft_gradients, sft_loss
 from rewards.multihop import tiny_model as tool_tiny

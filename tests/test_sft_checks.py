@@ -23,16 +23,18 @@ def _config(tiny_model_path, **values):
 
 
 def _patch_load_task(monkeypatch, change, modules=(sft_setup_module,)):
-    """Each module's load_task gives the task with `change(task)` applied (before any guard)."""
+    """Each module's task loader (sft's base_task, train's load_task) gives the task with `change(task)` applied
+    (before any guard)."""
     for module in modules:
-        real = module.load_task
+        name = "base_task" if hasattr(module, "base_task") else "load_task"
+        real = getattr(module, name)
 
         def load(config, real=real):
             task = real(config)
             change(task)
             return task
 
-        monkeypatch.setattr(module, "load_task", load)
+        monkeypatch.setattr(module, name, load)
 
 
 def test_a_hanging_reward_ends_in_the_reward_timeout_in_sft_s_check(tiny_model_path, tmp_path, monkeypatch):

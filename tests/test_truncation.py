@@ -13,7 +13,8 @@ from mlx_grpo.run.step_rollouts import collect_rollouts
 from mlx_grpo.run.trainer import make_optimizer, train_step
 from mlx_grpo.sampling.multiturn import Episode
 from mlx_grpo.sampling.rollout import Completion
-from mlx_grpo.tasks.registry import Task, load_task, recommended_settings, token_budget
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import Task, recommended_settings, token_budget
 from mlx_grpo.update.batch import Rollout
 
 

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from mlx_grpo.cli import app
 from mlx_grpo.config import ConfigError, build_config
 from mlx_grpo.evaluation import compare as cmp
-from mlx_grpo.tasks.registry import load_task, recommended_settings
+from mlx_grpo.run.task_setup import load_task
+from mlx_grpo.tasks.registry import recommended_settings
 from mlx_grpo.tasks.splits import row_key, side_of
 from rewards import arith
 from tests.marks import needs_ocaml

@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from ..sampling.kinds import rollouts_for
 from ..tasks.data import task_prompts
-from ..tasks.registry import load_task
+from ..run.task_setup import load_task
 from .compare import CompareError, ModelSpec, load_model, resolve_model, task_config
 
 TOP = 5  # tokens listed per prompt and model

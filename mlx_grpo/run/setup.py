@@ -29,7 +29,8 @@ from ..models.quantized import prepare_base
 from ..models.run_models import RunModel, load_adapter_weights, read_run_model
 from ..models.screen_info import context_length
 from ..tasks.data import screen_task
-from ..tasks.registry import Task, load_task
+from ..tasks.registry import Task
+from .task_setup import load_task
 from ..tasks.rewarding import with_timeout
 from .guidance import check_guidance
 from .prefilter import prefilter_train_rows

@@ -23,7 +23,7 @@ from ..models.untrained_tokens import indistinct_tokens
 from ..sampling.demonstrations import task_demonstrations
 from ..sampling.kinds import rollouts_for
 from ..tasks.data import DataError, read_split
-from ..tasks.registry import BUILTIN_TASKS, Task, load_task
+from ..tasks.registry import BUILTIN_TASKS, Task, base_task
 from ..tasks.sft_data import encode_rows, read_demonstrations
 from ..tasks.splits import row_key, split_held_out
 from .run_folder import prepare_run_folder
@@ -121,7 +121,7 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
         trained = [row for _, row in train_rows]
         source = config.data
     elif config.task in BUILTIN_TASKS:  # with --data: the task's rows from a local copy (gsm8k), as train reads them
-        task = load_task(config)
+        task = base_task(config)  # its rows and rewards: sft reads no judge and no tools file
         warnings += task.warnings
         train_rows, valid_rows = task_rows(task, config)
         trained = train_rows

@@ -5,26 +5,12 @@ format and reward functions); this module only gathers what the trainer needs
 from it. `--data` replaces a task's prompts and `--reward-file/--reward`
 replace its rewards, so any mlx-lm model can be trained on any JSONL.
 
-A built-in task is a module in `rewards` (registered in BUILTIN_TASKS) that defines:
+A built-in task is a module in `rewards` (registered in BUILTIN_TASKS); what it must and may
+define is written once, in tasks/contract.py, and checked when the task loads. Every model but
+the embedded one gets a task's chat variant (see `is_chat_model`).
 
-    SYSTEM_PROMPT: str | None
-    REWARDS: list[tuple[callable, float]]      reward functions and their weights
-    accuracy_reward(prompts, completions, **columns) -> list[float]   1.0 = right
-    load_rows(split: str, config: TrainConfig) -> list[dict] | None   "train" / "validation" / "test"
-                                       (see tasks/splits.py); None: read --data with the generic loader
-    recommended_settings(model: str | None) -> dict                   below YAML and flags
-
-A task whose environment needs the run's settings and rewards (multihop: the
-tool time limit, --reward-weights) defines `episode_factory(config, functions,
-weights, system_prompt) -> make_env` instead of make_env; one that reads
---data itself (multihop: MuSiQue rows) sets READS_DATA = True.
-
-and, where a chat model needs to be told something else than the embedded
-model (which was trained on the task's own format and gets no instructions),
-the chat variant used for every other model (see `is_chat_model`):
-
-    CHAT_SYSTEM_PROMPT: str        the answer form the chat scorer reads
-    CHAT_REWARDS, chat_accuracy_reward   as above, scoring that form
+The judge (--judge) and a tools file (--tools) are added above this floor, by
+run/task_setup.py's load_task: this module builds the task as its module and data define it.
 
 A task's recommended_settings gives chat models CHAT_SYSTEM_PROMPT as their
 `system_prompt` setting, so a run's config.yaml records the prompt it trained with.
@@ -40,12 +26,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError, TrainConfig
 from .curriculum import Curriculum
 from .data import DataError, load_rows
+from .contract import TaskModule
 from .rewarding import RewardFn, load_reward_functions, reward_name
 from .splits import split_held_out
 
@@ -108,7 +96,7 @@ def is_base_model(model: str | None) -> bool:
 def recommended_settings(task: str, model: str | None) -> dict:
     """Settings a task recommends, below the YAML file and the typed flags."""
     if task in BUILTIN_TASKS:
-        return importlib.import_module(BUILTIN_TASKS[task]).recommended_settings(model)
+        return task_module(task).recommended_settings(model)
     return {}
 
 
@@ -121,59 +109,37 @@ def _custom_rewards(config: TrainConfig) -> list[RewardFn]:
         raise ConfigError(str(e)) from None
 
 
-def _tool_episodes(config: TrainConfig, functions: list[RewardFn], weights: list[float], system_prompt):
-    """make_env for --tools: the file's functions, loaded once; the rollout binds the tokenizer."""
-    from ..tools.episode import ToolEnv
-    from ..tools.running import ToolsFileError, load_tools
-
-    try:
-        tools = load_tools(config.tools)
-    except ToolsFileError as e:
-        raise ConfigError(str(e)) from None
-    return lambda row: ToolEnv(row, tools, None, functions, weights, system_prompt, config.tool_timeout,
-                               config.tool_style)
+@lru_cache(maxsize=None)
+def task_module(name: str) -> TaskModule:
+    """A built-in task's module, its contract checked once (tasks/contract.py)."""
+    return TaskModule.of(importlib.import_module(BUILTIN_TASKS[name]), name)
 
 
-def _judge(config: TrainConfig, rows: list[dict], default_rubric: str | None) -> RewardFn:
-    """The judge reward (rewards/judge.py); a rubric or judge that cannot work is a ConfigError, before training."""
-    from rewards.judge import JudgeError, load_rubric, make_judge_reward
+def base_task(config: TrainConfig) -> Task:
+    """The task as its module (or --data and --reward-file) defines it: rows split, rewards, environment.
 
-    try:
-        rubric = load_rubric(config.judge_rubric or default_rubric)
-        missing = next((c for c in rubric.columns if any(c not in r for r in rows)), None)
-        if missing:
-            raise ConfigError(f"rubric {rubric.name} names {{{missing}}}, but the data has no {missing!r} column "
-                              "in every row")
-        return make_judge_reward(config.judge, rubric, concurrency=config.decode_concurrency,
-                                 keep_quantized=config.keep_quantized)
-    except JudgeError as e:
-        raise ConfigError(str(e)) from None
-
-
-def load_task(config: TrainConfig) -> Task:
+    Every setting is checked here, the judge's and the tools file's too; run/task_setup.py's load_task
+    then adds those two (sft, which reads neither, stops here)."""
     warnings: list[str] = []
     if config.task not in TASKS:
         raise ConfigError(f"unknown task {config.task!r}; choose from {', '.join(TASKS)}")
 
     if config.task in BUILTIN_TASKS:
-        module = importlib.import_module(BUILTIN_TASKS[config.task])
+        module = task_module(config.task)
         try:
             train, validation, test = (module.load_rows(split, config) for split in ("train", "validation", "test"))
         except ConfigError:
             raise  # the task's own complete message (e.g. a missing toolchain and how to install it)
         except (OSError, ValueError) as e:
             raise ConfigError(f"task {config.task!r}: could not load its data ({e})") from None
-        chat = is_chat_model(config.model) and hasattr(module, "CHAT_SYSTEM_PROMPT")
-        rewards = module.CHAT_REWARDS if chat else module.REWARDS
+        chat = is_chat_model(config.model) and module.has_chat_variant
+        rewards = module.chat_rewards if chat else module.rewards
         functions = [fn for fn, _ in rewards]
         weights = [w for _, w in rewards]
-        system_prompt = module.CHAT_SYSTEM_PROMPT if chat else module.SYSTEM_PROMPT
+        system_prompt = module.chat_system_prompt if chat else module.system_prompt
         accuracy = module.chat_accuracy_reward if chat else module.accuracy_reward
-        make_env = getattr(module, "make_env", None)
-        factory = getattr(module, "episode_factory", None)
-        reads_data = getattr(module, "READS_DATA", False)
-        reference = getattr(module, "reference_answer", None)
-        actions = getattr(module, "reference_actions", None)
+        make_env, factory, reads_data = module.make_env, module.episode_factory, module.reads_data
+        reference, actions = module.reference_answer, module.reference_actions
     else:
         train = validation = test = None
         functions, weights, system_prompt, accuracy, make_env, factory, reads_data = [], [], None, None, None, None, False
@@ -219,22 +185,17 @@ def load_task(config: TrainConfig) -> Task:
             raise ConfigError(f"reward_weights has {len(config.reward_weights)} entries but task {config.task!r} has "
                               f"{len(functions)} rewards ({', '.join(reward_name(f) for f in functions)})")
         weights = list(config.reward_weights)
-    if config.judge:
-        if make_env is not None or factory is not None:
-            raise ConfigError(f"task {config.task!r} is scored by its environment: --judge does not apply")
-        functions = [*functions, _judge(config, train + validation + test, JUDGE_RUBRICS.get(config.task))]
-        weights = [*weights, config.judge_weight]
-
+    if config.judge and (make_env is not None or factory is not None):
+        raise ConfigError(f"task {config.task!r} is scored by its environment: --judge does not apply")
     system_prompt = config.system_prompt if config.system_prompt is not None else system_prompt
     if factory is not None:
         if config.tools:
             raise ConfigError(f"task {config.task!r} brings its own tools: --tools does not apply")
         make_env = factory(config, functions, weights, system_prompt)
-    if config.tools:  # every row a tool-calling episode, scored by the task's rewards on its final answer
-        if make_env is not None:
-            raise ConfigError(f"task {config.task!r} plays its own environment: --tools does not apply")
-        make_env = _tool_episodes(config, functions, weights, system_prompt)
-    check_settings_apply(config, multi_turn=make_env is not None)
+    if config.tools and make_env is not None:
+        raise ConfigError(f"task {config.task!r} plays its own environment: --tools does not apply")
+    # A tools file makes every row a tool-calling episode (run/task_setup.py adds it).
+    check_settings_apply(config, multi_turn=make_env is not None or bool(config.tools))
     return Task(
         name=config.task,
         train_rows=train,

@@ -122,7 +122,13 @@ def record_training_rows(run_dir: Path, rows: Iterable, task: str, data: str | N
     """Write the keys of the rows a run may train on into its folder (TRAINED_ROWS)."""
     keys = sorted({key(r) for r in rows})
     record = {"split_rule": SPLIT_RULE, "task": task, "data": data, "rows": len(keys), "keys": keys}
-    atomic_write_text(Path(run_dir) / TRAINED_ROWS, json.dumps(record) + "\n")
+    text, path = json.dumps(record) + "\n", Path(run_dir) / TRAINED_ROWS
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return  # a resumed run: the record it wrote stands
+    except (OSError, ValueError):
+        pass
+    atomic_write_text(path, text)
 
 
 def read_training_keys(run_dir: Path) -> set[str] | None:
