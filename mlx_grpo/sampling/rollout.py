@@ -148,7 +148,10 @@ def draw_tokens(logits: mx.array, keys: mx.array, sampling: SamplingConfig) -> t
     """
     logits = logits.astype(mx.float32)
     if _filters(sampling):  # the filters read log-probs at temperature 1
-        tokens = _sample(logits - cpu_math.logsumexp(logits, axis=-1, keepdims=True), keys, sampling)
+        normalised = logits - cpu_math.logsumexp(logits, axis=-1, keepdims=True)
+        tokens = _sample(normalised, keys, sampling)
+        if sampling.temperature == 1.0:  # those are the log-probs wanted: read the taken ones, no second normaliser
+            return tokens, mx.take_along_axis(normalised, tokens[:, None], axis=-1).squeeze(-1)
         return tokens, tempered_logprobs(logits, tokens, sampling.temperature)
     # No filter: the draw's own log-normaliser is the log-prob's (one pass of exp over the vocabulary, not two).
     scaled = logits if sampling.temperature == 1.0 else logits / sampling.temperature

@@ -21,6 +21,12 @@ frozen head (LoRA) a differentiated call does better still: each position's
 gradient with respect to its hidden state is worked out while the softmax is
 at hand (`_through_frozen_head`), so the backward pass runs no head at all.
 
+A taken token's log-prob is its logit less the log-normaliser, read with a gather; its gradient
+with respect to the logits (the taken token's one-hot less the softmax, times the cotangent) is one
+pass over the vocabulary (`_taken_slope`), in the backward pass of a trainable head and in the
+forward pass of a frozen one: no (positions x vocabulary) log-softmax is formed, and no one-hot is
+scattered into a vocabulary-wide array of zeros.
+
 Given `positions` (`scored_positions` of the completion mask), only those positions' hidden
 states go through the head: in a multi-turn episode most completion tokens are observations
 the environment wrote (mask 0), and the head (a 150k-word matmul, its softmax and gradient)
@@ -54,9 +60,45 @@ def _softmax_terms(logits, temperature):
     return z, weights, total, (mx.log(total) + shift).squeeze(-1)
 
 
-def _logprobs_and_entropy(logits, targets, temperature, entropy_grad=False):
+def _taken_slope(weights, total, targets, scale):
+    """scale x (onehot(target) - weights / total): the gradient of scale x log softmax(z)[target] with respect
+    to z, given softmax(z) = weights / total. One pass over the vocabulary makes the softmax term; the taken
+    entries are then written into that fresh array in place (a scatter that takes over its input's buffer:
+    one write per position, no vocabulary-wide one-hot or zeros array)."""
+    scale = scale[..., None]
+    slope = weights * (-scale / total)
+    taken = scale * (1 - mx.take_along_axis(weights, targets[..., None], axis=-1) / total)
+    return mx.put_along_axis(slope, targets[..., None], taken.astype(slope.dtype), axis=-1)
+
+
+@mx.custom_function
+def _taken(z, targets, weights, total, lse):
+    """z[target] - lse, differentiated with respect to z alone: `weights`, `total` and `lse` are z's softmax
+    terms (_softmax_terms), passed in under stop_gradient so that the backward pass reuses the forward's
+    exp instead of differentiating through it (or running it again)."""
+    return mx.take_along_axis(z, targets[..., None], axis=-1).squeeze(-1) - lse
+
+
+@_taken.vjp
+def _taken_vjp(primals, cotangent, output):
+    z, targets, weights, total, lse = primals
+    slope = _taken_slope(weights, total, targets, cotangent.astype(weights.dtype)).astype(z.dtype)
+    # The other primals are stop_gradient's outputs: their zeros are never evaluated.
+    return slope, mx.zeros_like(targets), mx.zeros_like(weights), mx.zeros_like(total), mx.zeros_like(lse)
+
+
+def _taken_logprobs(z, targets, weights, total, lse):
+    """log softmax(z)[target], gathered; its gradient is one pass over the vocabulary (_taken_slope)."""
+    return _taken(z, targets, mx.stop_gradient(weights), mx.stop_gradient(total), mx.stop_gradient(lse))
+
+
+def _logprobs_and_entropy(logits, targets, temperature, entropy_grad=False, with_entropy=True):
+    """(log-probs of `targets`, entropies) at `temperature`. `entropy_grad`: an entropy bonus differentiates
+    the entropy too. `with_entropy=False` (sft's loss): no entropy is worked out, and zeros stand for it."""
     z, weights, total, lse = _softmax_terms(logits, temperature)
-    logp = mx.take_along_axis(z, targets[..., None], axis=-1).squeeze(-1) - lse
+    logp = _taken_logprobs(z, targets, weights, total, lse)
+    if not with_entropy:
+        return logp, mx.zeros_like(logp)
     if entropy_grad:  # an entropy bonus optimises it
         entropy = lse - mx.sum((weights / total) * z, axis=-1)
         return logp, entropy
@@ -102,10 +144,9 @@ def _frozen_head_chunk(project, hidden, targets, temperature):
     z, weights, total, lse = _softmax_terms(project(h), temperature)
     logp = mx.take_along_axis(z, targets[..., None], axis=-1).squeeze(-1) - lse
     entropy = lse - mx.sum(weights * z, axis=-1) / total.squeeze(-1)
-    # d logp / d z = onehot(target) - probs, and z = head(h) / T: the slope is that over T. Each line is
-    # one pass over (positions x vocabulary) floats, so the probabilities are never formed on their own.
-    slope = weights * (-1.0 / (temperature * total))
-    slope = mx.put_along_axis(slope, targets[..., None], ((1 - mx.exp(logp)) / temperature)[..., None], axis=-1)
+    # d logp / d z = onehot(target) - probs, and z = head(h) / T: the slope is that over T, in one pass
+    # over (positions x vocabulary) floats.
+    slope = _taken_slope(weights, total, targets, mx.array(1.0 / temperature, dtype=weights.dtype))
     _, (jac,) = mx.vjp(project, [h], [slope.astype(h.dtype)])
     along = (hidden * mx.stop_gradient(jac)).sum(axis=-1)
     return mx.stop_gradient(logp) + (along - mx.stop_gradient(along)), mx.stop_gradient(entropy)
@@ -118,13 +159,15 @@ def _by_chunks(per_chunk, hidden, targets, chunk_size):
     return mx.concatenate([p[0] for p in parts], axis=1), mx.concatenate([p[1] for p in parts], axis=1)
 
 
-def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False, differentiated=False):
+def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False, differentiated=False,
+             with_entropy=True):
     """Log-probs of `targets` from hidden states, `chunk_size` positions at a time.
 
     A chunk is also kept under _CHUNK_FLOATS logits, whatever the batch: with
     8 rows and a 152k vocabulary, 128 positions would be 0.6 GB per tensor.
     `differentiated`: the caller takes the gradient (the update); through a frozen
-    head (LoRA) that gradient is then worked out in the forward pass.
+    head (LoRA) that gradient is then worked out in the forward pass. `with_entropy=False`: zeros stand for the
+    entropies (_logprobs_and_entropy).
     """
     module, project = head
     if chunk_size:
@@ -133,7 +176,7 @@ def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False,
     if differentiated and not entropy_grad and not tree_flatten(module.trainable_parameters()):
         return _through_frozen_head(project, hidden, targets, temperature, chunk_size)
     if not chunk_size or hidden.shape[1] <= chunk_size:
-        return _logprobs_and_entropy(project(hidden), targets, temperature, entropy_grad)
+        return _logprobs_and_entropy(project(hidden), targets, temperature, entropy_grad, with_entropy)
 
     # Only trainable weights are inputs of the checkpointed chunks: a frozen head
     # (LoRA) needs no vocab x hidden gradient.
@@ -144,7 +187,7 @@ def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False,
         # differentiate with respect to the integer indices.
         def chunk(params, h):
             module.update(params)
-            return _logprobs_and_entropy(project(h), t, temperature, entropy_grad)
+            return _logprobs_and_entropy(project(h), t, temperature, entropy_grad, with_entropy)
 
         return mx.checkpoint(chunk)(params, h)
 

@@ -41,15 +41,18 @@ def target_logprobs(model: nn.Module, tokens: mx.array, positions: mx.array, chu
     t of row b scores tokens[b, t+1] given tokens[b, :t+1].
 
     `differentiated`: the caller takes the gradient; through a frozen head (LoRA) it is then
-    worked out in the forward pass (logprobs.py), so no logits are kept for the backward pass."""
+    worked out in the forward pass (logprobs.py), so no logits are kept for the backward pass. Each
+    log-prob is the target's logit less the log-normaliser, and no entropy is worked out."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:].reshape(-1)[positions]
     head = output_head(model)
     if head is None:
         logits = model(inputs)
-        return _logprobs_and_entropy(logits.reshape(-1, logits.shape[-1])[positions][None], targets[None], 1.0)[0][0]
+        picked = logits.reshape(-1, logits.shape[-1])[positions][None]
+        return _logprobs_and_entropy(picked, targets[None], 1.0, with_entropy=False)[0][0]
     hidden = model.model(inputs)
     picked = hidden.reshape(-1, hidden.shape[-1])[positions][None]
-    return _project(head, picked, targets[None], 1.0, chunk_size, differentiated=differentiated)[0][0]
+    return _project(head, picked, targets[None], 1.0, chunk_size, differentiated=differentiated,
+                    with_entropy=False)[0][0]
 
 
 def sft_loss(model: nn.Module, tokens: mx.array, trained: mx.array, count, chunk_size: int | None = None,
