@@ -3,7 +3,7 @@
 tasks/registry.py builds a task from its module or data and checks every setting; the two additions a
 flag brings live here, above the floors they come from: a judge model grading answers beside the task's
 rewards (--judge, rewards/judge.py, which samples with mlx_grpo.sampling) and a file of tools that makes
-each row a tool-calling episode (--tools, mlx_grpo/tools).
+each row a tool-calling episode (--tools, mlx_grpo/tools/tools_file.py).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 from ..config import ConfigError, TrainConfig
 from ..tasks.registry import JUDGE_RUBRICS, Task, base_task
 from ..tasks.rewarding import RewardFn
-from ..tools.episode import ToolEnv
-from ..tools.running import ToolsFileError, load_tools
+from ..tools.tools_file import with_tools_file
 
 
 def load_task(config: TrainConfig) -> Task:
@@ -23,18 +22,8 @@ def load_task(config: TrainConfig) -> Task:
         task.reward_functions = [*task.reward_functions, _judge(config, rows, JUDGE_RUBRICS.get(config.task))]
         task.reward_weights = [*task.reward_weights, config.judge_weight]
     if config.tools:  # every row a tool-calling episode, scored by the task's rewards on its final answer
-        task.make_env = _tool_episodes(config, task.reward_functions, task.reward_weights, task.system_prompt)
+        with_tools_file(task, config)
     return task
-
-
-def _tool_episodes(config: TrainConfig, functions: list[RewardFn], weights: list[float], system_prompt):
-    """make_env for --tools: the file's functions, loaded once; the rollout binds the tokenizer."""
-    try:
-        tools = load_tools(config.tools)
-    except ToolsFileError as e:
-        raise ConfigError(str(e)) from None
-    return lambda row: ToolEnv(row, tools, None, functions, weights, system_prompt, config.tool_timeout,
-                               config.tool_style)
 
 
 def _judge(config: TrainConfig, rows: list[dict], default_rubric: str | None) -> RewardFn:
