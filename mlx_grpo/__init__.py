@@ -12,9 +12,24 @@ Names are loaded on first use, so `import mlx_grpo` stays light.
 """
 
 __all__ = [
-    "Completion", "RunResult", "SamplingConfig", "Scores", "Task", "TrainConfig", "Trainer",
-    "keep_freed_memory", "load_policy", "load_task", "make_config", "metrics_table", "plot_metrics", "read_metrics",
-    "sample_group", "score_group", "sft", "train",
+    "Completion",
+    "RunResult",
+    "SamplingConfig",
+    "Scores",
+    "Task",
+    "TrainConfig",
+    "Trainer",
+    "keep_freed_memory",
+    "load_policy",
+    "load_task",
+    "make_config",
+    "metrics_table",
+    "plot_metrics",
+    "read_metrics",
+    "sample_group",
+    "score_group",
+    "sft",
+    "train",
 ]
 
 

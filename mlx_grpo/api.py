@@ -33,7 +33,9 @@ import numpy as np
 
 from .config import ConfigError, TrainConfig, build_config, with_settings
 from .models.adapters import save_adapters
-from .models.heap import keep_freed_memory  # the process-wide allocator setting `mlx-grpo` makes; only when asked
+from .models.heap import (
+    keep_freed_memory,
+)  # the process-wide allocator setting `mlx-grpo` makes; only when asked
 from .models.loading import load_policy
 from .run import trainer as _trainer
 from .run.setup import setup
@@ -48,9 +50,24 @@ from .tasks.rewarding import Scores, score_completions
 from .tasks.shaping import step_rewards
 
 __all__ = [
-    "Completion", "RunResult", "SamplingConfig", "Scores", "Task", "TrainConfig", "Trainer",
-    "keep_freed_memory", "load_policy", "load_task", "make_config", "metrics_table", "plot_metrics", "read_metrics",
-    "sample_group", "score_group", "sft", "train",
+    "Completion",
+    "RunResult",
+    "SamplingConfig",
+    "Scores",
+    "Task",
+    "TrainConfig",
+    "Trainer",
+    "keep_freed_memory",
+    "load_policy",
+    "load_task",
+    "make_config",
+    "metrics_table",
+    "plot_metrics",
+    "read_metrics",
+    "sample_group",
+    "score_group",
+    "sft",
+    "train",
 ]
 
 DEFAULT_PLOT_KEYS = ("reward/mean", "grad_norm", "kl", "completion/mean_length")
@@ -80,8 +97,9 @@ def load_task(config: TrainConfig) -> Task:
     return run_task_setup.load_task(config)
 
 
-def train(config: TrainConfig | None = None, on_event: Callable[[str, dict], None] | None = None,
-          **settings) -> RunResult:
+def train(
+    config: TrainConfig | None = None, on_event: Callable[[str, dict], None] | None = None, **settings
+) -> RunResult:
     """A whole training run, exactly what `mlx-grpo train` does (the CLI calls this).
 
     Give a TrainConfig, or settings for `make_config`. Writes the run folder
@@ -101,8 +119,9 @@ def train(config: TrainConfig | None = None, on_event: Callable[[str, dict], Non
     return _trainer.train(config, on_event)
 
 
-def sft(config: TrainConfig | None = None, on_event: Callable[[str, dict], None] | None = None,
-        **settings) -> RunResult:
+def sft(
+    config: TrainConfig | None = None, on_event: Callable[[str, dict], None] | None = None, **settings
+) -> RunResult:
     """Supervised fine-tuning, exactly what `mlx-grpo sft` does (docs/sft.md): on `data` (mlx-lm's
     formats) or on a built-in task's own demonstrations (`task`, its train split). Same settings,
     run folder and RunResult as `train`.
@@ -119,9 +138,20 @@ def sft(config: TrainConfig | None = None, on_event: Callable[[str, dict], None]
     return run_sft(config, on_event)
 
 
-def sample_group(model, tokenizer, prompt, group_size: int = 8, *, temperature: float | None = None,
-                 max_tokens: int | None = None, top_p: float | None = None, top_k: int | None = None,
-                 min_p: float | None = None, system_prompt: str | None = None, seed: int = 0) -> list[Completion]:
+def sample_group(
+    model,
+    tokenizer,
+    prompt,
+    group_size: int = 8,
+    *,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    system_prompt: str | None = None,
+    seed: int = 0,
+) -> list[Completion]:
     """`group_size` completions of one prompt (text or chat messages), through its chat template.
 
     Each Completion keeps the sampled token ids, their behaviour log-probs and
@@ -136,8 +166,9 @@ def sample_group(model, tokenizer, prompt, group_size: int = 8, *, temperature: 
     model.eval()
     given = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, max_tokens=max_tokens)
     sampling = SamplingConfig(**{name: value for name, value in given.items() if value is not None})
-    return sample_completions(model, tokenizer, [encode_prompt(tokenizer, prompt, system_prompt)], group_size,
-                              sampling, seed=seed)
+    return sample_completions(
+        model, tokenizer, [encode_prompt(tokenizer, prompt, system_prompt)], group_size, sampling, seed=seed
+    )
 
 
 def score_group(task: Task, row: dict, completions: list[Completion]) -> Scores:
@@ -152,8 +183,13 @@ def score_group(task: Task, row: dict, completions: list[Completion]) -> Scores:
     (4, True)
     """
     n = len(completions)
-    return score_completions(task.reward_functions, task.reward_weights, [row["prompt"]] * n,
-                             [c.text for c in completions], columns_of([row], n, completions))
+    return score_completions(
+        task.reward_functions,
+        task.reward_weights,
+        [row["prompt"]] * n,
+        [c.text for c in completions],
+        columns_of([row], n, completions),
+    )
 
 
 def metrics_table(rows: Iterable[dict]):
@@ -225,12 +261,18 @@ class Trainer:
     def __init__(self, config: TrainConfig | None = None, **settings):
         self.config = config if config is not None else make_config(**settings)
         if self.config.warm_start.steps > 0:  # the stage needs a run folder of its own (run/warm_start.py)
-            raise ConfigError("warm_start_steps: the warm start runs inside train(); for a Trainer, run sft() "
-                              "first and give its run folder as the model")
+            raise ConfigError(
+                "warm_start_steps: the warm start runs inside train(); for a Trainer, run sft() "
+                "first and give its run folder as the model"
+            )
         self.run = setup(self.config)  # exactly train()'s setup (run/setup.py)
         self.config = self.run.config  # a run folder as the model: with that run's adapter settings
         self.task, self.model, self.tokenizer = self.run.task, self.run.model, self.run.tokenizer
-        self.optimizer, self.adapter_config, self.notes = self.run.optimizer, self.run.adapter_config, self.run.notes
+        self.optimizer, self.adapter_config, self.notes = (
+            self.run.optimizer,
+            self.run.adapter_config,
+            self.run.notes,
+        )
         self.step_count = 0
         self.history: list[dict] = []
         self.records: list[dict] = []  # every completion of every step, as in completions.jsonl
@@ -243,9 +285,15 @@ class Trainer:
     def sample(self, prompt, group_size: int | None = None, seed: int | None = None) -> list[Completion]:
         """A group of completions of `prompt` with the run's sampling settings and system prompt."""
         c = self.config
-        return sample_group(self.model, self.tokenizer, prompt, group_size or c.group_size,
-                            **dataclasses.asdict(c.sampling), system_prompt=self.task.system_prompt,
-                            seed=c.seed + self.step_count if seed is None else seed)
+        return sample_group(
+            self.model,
+            self.tokenizer,
+            prompt,
+            group_size or c.group_size,
+            **dataclasses.asdict(c.sampling),
+            system_prompt=self.task.system_prompt,
+            seed=c.seed + self.step_count if seed is None else seed,
+        )
 
     def score(self, row: dict, completions: list[Completion]) -> Scores:
         """The task's rewards of completions of one data row."""
@@ -272,22 +320,32 @@ class Trainer:
         if g == 0 or g * len(rows) != n:
             raise ValueError("completions must hold one equal-sized group per row")
         if g < 2:
-            raise ValueError("each group needs at least 2 completions: the group's mean is each one's baseline")
+            raise ValueError(
+                "each group needs at least 2 completions: the group's mean is each one's baseline"
+            )
         scores = rewards if isinstance(rewards, Scores) else Scores(np.asarray(rewards, dtype=np.float64), {})
         raw = np.asarray(scores.total, dtype=np.float64)
         if raw.shape != (n,):
             raise ValueError(f"rewards must hold one number per completion: {n}, not {raw.size}")
         if not scores.parts and self.config.shaping != "always" and len(self.task.reward_weights) > 1:
-            raise ValueError(f"shaping {self.config.shaping!r} weighs the side rewards apart from the main one: "
-                             "pass the Scores that score() returns, not totals")
+            raise ValueError(
+                f"shaping {self.config.shaping!r} weighs the side rewards apart from the main one: "
+                "pass the Scores that score() returns, not totals"
+            )
         config = self.config if g == self.config.group_size else _with_group_size(self.config, g)
-        shaped, keep = step_rewards(self.task, config, list(completions), scores)  # as train's step (shaping.py)
+        shaped, keep = step_rewards(
+            self.task, config, list(completions), scores
+        )  # as train's step (shaping.py)
         trained = kept_groups(list(completions), shaped, keep, config)
         self.step_count += 1
         self.model.train()
         ready = prepare_update(self.model, trained, self.task, config, self.step_count, self.ref_params)
-        metrics = {"step": self.step_count, "reward/mean": float(shaped.mean()), "reward/raw_mean": float(raw.mean()),
-                   **apply_update(self.model, self.optimizer, ready, config)}
+        metrics = {
+            "step": self.step_count,
+            "reward/mean": float(shaped.mean()),
+            "reward/raw_mean": float(raw.mean()),
+            **apply_update(self.model, self.optimizer, ready, config),
+        }
         _trainer.refresh_reference_if_due(self.run, self.step_count, metrics)
         self.history.append(metrics)
         return metrics

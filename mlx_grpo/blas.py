@@ -52,9 +52,28 @@ _CHOSE = "MLX_GRPO_OPENBLAS_CHOSE"  # in the re-executed process: "version|its o
 _REJECTED = "MLX_GRPO_OPENBLAS_REJECTED"  # "version|core|ours": our kernels failed the check, theirs are back
 # OpenBLAS's x86-64 kernel sets that use neither AVX2 nor AVX-512: what an OpenBLAS older than
 # the CPU falls back to. (Sandybridge is AVX without FMA; Haswell, Zen, SkylakeX and later are fine.)
-_PRE_AVX2_CORES = {"katmai", "coppermine", "northwood", "prescott", "banias", "atom", "core2", "penryn",
-                   "dunnington", "nehalem", "athlon", "opteron", "opteron_sse3", "barcelona", "bobcat", "nano",
-                   "sandybridge", "bulldozer", "piledriver", "steamroller"}
+_PRE_AVX2_CORES = {
+    "katmai",
+    "coppermine",
+    "northwood",
+    "prescott",
+    "banias",
+    "atom",
+    "core2",
+    "penryn",
+    "dunnington",
+    "nehalem",
+    "athlon",
+    "opteron",
+    "opteron_sse3",
+    "barcelona",
+    "bobcat",
+    "nano",
+    "sandybridge",
+    "bulldozer",
+    "piledriver",
+    "steamroller",
+}
 _AVX512 = {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"}  # what OpenBLAS's SkylakeX kernels use
 _SYSTEM_LIB = Path("/usr/lib")  # where Debian/Ubuntu put OpenBLAS (a variable for the tests)
 # Set for MKL unless already set. Intel's OpenMP threads spin 200 ms after each call by default; on a
@@ -188,8 +207,10 @@ def loaded_blas() -> str:
 
 
 _OFF = ("0", "off", "no", "false")
-_FIX = ("Fix: apt-get install libopenblas0-pthread (Debian/Ubuntu), or pip install 'mlx-grpo[fastblas]' (x86-64), "
-        "or set MLX_GRPO_OPENBLAS to a BLAS library such as OpenBLAS's libblas.so.3")
+_FIX = (
+    "Fix: apt-get install libopenblas0-pthread (Debian/Ubuntu), or pip install 'mlx-grpo[fastblas]' (x86-64), "
+    "or set MLX_GRPO_OPENBLAS to a BLAS library such as OpenBLAS's libblas.so.3"
+)
 
 
 def slow_blas_notice() -> str | None:
@@ -232,9 +253,12 @@ def use_openblas() -> None:
         rejected = os.environ.pop(_REJECTED, None)
         if rejected:
             version, theirs, ours = rejected.split("|")
-            print(f"OpenBLAS {version}: its {ours} kernels disagreed with NumPy on a matmul check here, so it runs "
-                  f"its own choice, {theirs} (slower). Set {CORETYPE} to choose other kernels.", file=sys.stderr,
-                  flush=True)
+            print(
+                f"OpenBLAS {version}: its {ours} kernels disagreed with NumPy on a matmul check here, so it runs "
+                f"its own choice, {theirs} (slower). Set {CORETYPE} to choose other kernels.",
+                file=sys.stderr,
+                flush=True,
+            )
         _warn_if_slow()  # a library that did not load (another architecture's, say)
         return
     command = preload_command()
@@ -271,9 +295,12 @@ def _check_chosen_kernels(library: str) -> None:
     ours = os.environ.get(CORETYPE, "?")
     error = matmul_error()
     if error < 1e-4:
-        print(f"OpenBLAS {version}: {ours} kernels for this CPU, not the {theirs} kernels it chose (it predates "
-              f"the CPU); a matmul check agrees with NumPy. Set {CORETYPE} to choose yourself.", file=sys.stderr,
-              flush=True)
+        print(
+            f"OpenBLAS {version}: {ours} kernels for this CPU, not the {theirs} kernels it chose (it predates "
+            f"the CPU); a matmul check agrees with NumPy. Set {CORETYPE} to choose yourself.",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     env = dict(os.environ)
     env.pop(CORETYPE, None)
@@ -292,6 +319,10 @@ def blas_description() -> str:
     """What runs MLX's CPU matmuls here, for reports: "OpenBLAS 0.3.21, Cooperlake kernels", "MKL", ..."""
     kind = loaded_blas()
     if kind == "openblas":
-        identity = next((i for i in map(openblas_identity, _openblas_files(_mapped_files() or set())) if i), None)
+        identity = next(
+            (i for i in map(openblas_identity, _openblas_files(_mapped_files() or set())) if i), None
+        )
         return f"OpenBLAS {identity[0]}, {identity[1]} kernels" if identity else "OpenBLAS"
-    return {"mkl": "MKL", "reference": "the mlx wheel's reference BLAS", "platform": "the platform's BLAS"}[kind]
+    return {"mkl": "MKL", "reference": "the mlx wheel's reference BLAS", "platform": "the platform's BLAS"}[
+        kind
+    ]

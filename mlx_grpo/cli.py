@@ -16,15 +16,27 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .config import (_HINTS, FIELDS, JUDGE_KEYS, READS, ConfigError, build_config, field_help,
-                     file_settings_not_read, not_read)
+from .config import (
+    _HINTS,
+    FIELDS,
+    JUDGE_KEYS,
+    READS,
+    ConfigError,
+    build_config,
+    field_help,
+    file_settings_not_read,
+    not_read,
+)
 from .models.aliases import alias_names
 from .models.gguf_file import GGUFError
 from .tasks.data import DataError
 from .update.losses import LOSS_DESCRIPTIONS
 
-app = typer.Typer(add_completion=False, no_args_is_help=False,
-                  help="GRPO-style reinforcement-learning fine-tuning of language models with MLX.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=False,
+    help="GRPO-style reinforcement-learning fine-tuning of language models with MLX.",
+)
 err = Console(stderr=True)
 MODEL_HELP = f"a model folder, a .gguf file, a Hugging Face id, or a packaged model: {alias_names()}"
 
@@ -94,16 +106,30 @@ def _train_signature(command: str) -> inspect.Signature:
     the config file and the task's settings.
     """
     helps = field_help()
-    helps["model"] = (f"{MODEL_HELP}, or a run folder: its base model with its adapters, trained on "
-                      "(default: the embedded tiny model)")
-    helps["loss"] = "; ".join(f"{name}: {what} ({paper})" for name, (what, paper) in LOSS_DESCRIPTIONS.items())
+    helps["model"] = (
+        f"{MODEL_HELP}, or a run folder: its base model with its adapters, trained on "
+        "(default: the embedded tiny model)"
+    )
+    helps["loss"] = "; ".join(
+        f"{name}: {what} ({paper})" for name, (what, paper) in LOSS_DESCRIPTIONS.items()
+    )
     params = [
-        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
-                          default=typer.Option(None, help="YAML file of settings; typed flags override it.")),
+        inspect.Parameter(
+            "config",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=Optional[Path],
+            default=typer.Option(None, help="YAML file of settings; typed flags override it."),
+        )
     ]
     for name in (name for name in FIELDS if name in READS[command]):
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=_option_type(name),
-                                        default=typer.Option(None, help=helps.get(name, ""))))
+        params.append(
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=_option_type(name),
+                default=typer.Option(None, help=helps.get(name, "")),
+            )
+        )
     return inspect.Signature(params)
 
 
@@ -130,8 +156,12 @@ def _run_training(flags: dict, command: str) -> None:
     try:
         unread = file_settings_not_read(config_file, command)
         if unread:  # a train recipe serves sft too (docs/real-models.md): say what this command leaves out
-            err.print(f"{command} does not read {', '.join(unread)} (set in {config_file}): left out",
-                      highlight=False, markup=False, soft_wrap=True)
+            err.print(
+                f"{command} does not read {', '.join(unread)} (set in {config_file}): left out",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
         cfg = build_config(flags, config_file, task_defaults=recommended_settings, command=command)
         display = view(log_every=cfg.log_every)
         try:
@@ -141,8 +171,11 @@ def _run_training(flags: dict, command: str) -> None:
     except (ConfigError, DataError, FileNotFoundError, GGUFError, CheckpointError, RewardError) as e:
         fail(str(e))
     except KeyboardInterrupt as e:  # Ctrl-C (see interrupt.py): the message says where the checkpoint is
-        err.print(str(e) or "interrupted at once; the newest complete checkpoint is intact", highlight=False,
-                  soft_wrap=True)
+        err.print(
+            str(e) or "interrupted at once; the newest complete checkpoint is intact",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(130)
     except TrainingStopped as e:  # the run stopped itself (NaN/Inf steps): one line, not a traceback
         err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
@@ -169,44 +202,91 @@ app.command()(sft)
 
 # Options that `compare` and `eval` share, declared once (see mlx_grpo/evaluation/compare.py).
 _EVALUATION_OPTIONS = {
-    "task": (Optional[str], typer.Option(None, help="task to evaluate on; default: the run's task (arith without a "
-                                                    "run)")),
+    "task": (
+        Optional[str],
+        typer.Option(None, help="task to evaluate on; default: the run's task (arith without a run)"),
+    ),
     "split": (str, typer.Option("test", help="test, validation (what recipes are chosen on) or train")),
-    "n": (Optional[int], typer.Option(None, help="number of prompts (the first N of the split); default: the run's "
-                                                 "eval_num_problems (200)")),
+    "n": (
+        Optional[int],
+        typer.Option(
+            None,
+            help="number of prompts (the first N of the split); default: the run's eval_num_problems (200)",
+        ),
+    ),
     "samples": (int, typer.Option(1, help="completions per prompt (K); K > 1 also reports pass@k")),
-    "temperature": (Optional[float], typer.Option(None, help="sampling temperature; default: 0 (greedy) for one "
-                                                             "sample, the run's temperature for more")),
+    "temperature": (
+        Optional[float],
+        typer.Option(
+            None,
+            help="sampling temperature; default: 0 (greedy) for one sample, the run's temperature for more",
+        ),
+    ),
     "max_tokens": (Optional[int], typer.Option(None, help="completion length limit; default: the run's")),
-    "decode_concurrency": (Optional[int], typer.Option(None, help="sequences decoded at once (default: the run's, "
-                                                                  "256); fewer when memory would not hold them")),
+    "decode_concurrency": (
+        Optional[int],
+        typer.Option(
+            None,
+            help="sequences decoded at once (default: the run's, 256); fewer when memory would not hold them",
+        ),
+    ),
     "seed": (int, typer.Option(0, help="sampler seed (the same for both models in compare)")),
-    "config": (Optional[Path], typer.Option(None, help="a training config YAML: its task, sampling and guard "
-                                                       "settings (task, multihop_hops, max_turns, max_tokens, "
-                                                       "reward_timeout, ...) are used as a run folder's are; typed "
-                                                       "flags override it")),
+    "config": (
+        Optional[Path],
+        typer.Option(
+            None,
+            help="a training config YAML: its task, sampling and guard "
+            "settings (task, multihop_hops, max_turns, max_tokens, "
+            "reward_timeout, ...) are used as a run folder's are; typed "
+            "flags override it",
+        ),
+    ),
     "data": (Optional[str], typer.Option(None, help="prompts (as for train --data)")),
-    "web_kinds": (Optional[str], typer.Option(None, help="web task: the kinds to score, comma-separated (fact/1,shop/2); "
-                                                         "\"all\" for all 12; default: the run's web_kinds")),
+    "web_kinds": (
+        Optional[str],
+        typer.Option(
+            None,
+            help="web task: the kinds to score, comma-separated (fact/1,shop/2); "
+            '"all" for all 12; default: the run\'s web_kinds',
+        ),
+    ),
     "reward_file": (Optional[Path], typer.Option(None, help="Python file defining reward functions")),
     "reward": (Optional[List[str]], typer.Option(None, help="reward function name(s)")),
-    "judge": (Optional[str], typer.Option(None, help="a model that grades the answers too (as for train --judge); "
-                                                     "default: the run's judge")),
+    "judge": (
+        Optional[str],
+        typer.Option(
+            None, help="a model that grades the answers too (as for train --judge); default: the run's judge"
+        ),
+    ),
     "judge_rubric": (Optional[str], typer.Option(None, help="the judge's rubric file or built-in name")),
     "judge_weight": (Optional[float], typer.Option(None, help="the judge's weight in the total reward")),
-    "system_prompt": (Optional[str], typer.Option(None, help="system prompt (as for train; \"\" for none); "
-                                                             "default: the run's, else the task's for this model")),
-    "cache": (bool, typer.Option(True, "--cache/--no-cache",
-                                 help="reuse a model's answers from an earlier eval or compare with the same model "
-                                      "files, prompts and settings (kept in the cache folder's answers/)")),
+    "system_prompt": (
+        Optional[str],
+        typer.Option(
+            None,
+            help='system prompt (as for train; "" for none); '
+            "default: the run's, else the task's for this model",
+        ),
+    ),
+    "cache": (
+        bool,
+        typer.Option(
+            True,
+            "--cache/--no-cache",
+            help="reuse a model's answers from an earlier eval or compare with the same model "
+            "files, prompts and settings (kept in the cache folder's answers/)",
+        ),
+    ),
 }
 
 
 def _with_evaluation_options(command):
     """Add the shared options to a command's own: typer reads the signature."""
     own = [p for p in inspect.signature(command).parameters.values() if p.kind is not p.VAR_KEYWORD]
-    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hint, default=option)
-              for name, (hint, option) in _EVALUATION_OPTIONS.items()]
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hint, default=option)
+        for name, (hint, option) in _EVALUATION_OPTIONS.items()
+    ]
     command.__signature__ = inspect.Signature(own + shared)
     return command
 
@@ -221,17 +301,31 @@ def _evaluation(options: dict, run_dir, model):
     from .evaluation.compare import build_settings, task_config
     from .run.task_setup import load_task
 
-    config = task_config(run_dir, model, {"task": options["task"], "data": options["data"],
-                                          "reward_file": str(options["reward_file"]) if options["reward_file"]
-                                          else None,
-                                          "reward": options["reward"] or None, "max_tokens": options["max_tokens"],
-                                          "web_kinds": _web_kinds(options["web_kinds"]),
-                                          "decode_concurrency": options["decode_concurrency"],
-                                          **{k: options[k] for k in JUDGE_KEYS},
-                                          "eval_num_problems": options["n"],
-                                          "system_prompt": options["system_prompt"]}, options["config"])
-    settings = build_settings(config, options["split"], options["samples"], options["temperature"], options["seed"],
-                              options["cache"])
+    config = task_config(
+        run_dir,
+        model,
+        {
+            "task": options["task"],
+            "data": options["data"],
+            "reward_file": str(options["reward_file"]) if options["reward_file"] else None,
+            "reward": options["reward"] or None,
+            "max_tokens": options["max_tokens"],
+            "web_kinds": _web_kinds(options["web_kinds"]),
+            "decode_concurrency": options["decode_concurrency"],
+            **{k: options[k] for k in JUDGE_KEYS},
+            "eval_num_problems": options["n"],
+            "system_prompt": options["system_prompt"],
+        },
+        options["config"],
+    )
+    settings = build_settings(
+        config,
+        options["split"],
+        options["samples"],
+        options["temperature"],
+        options["seed"],
+        options["cache"],
+    )
     return load_task(config), settings, config.eval_num_problems
 
 
@@ -254,8 +348,11 @@ def _say_gguf_types(console, specs) -> None:
 @_with_evaluation_options
 def compare_command(
     trained: str = typer.Option(..., help=f"run folder, adapter folder, or {MODEL_HELP}"),
-    base: Optional[str] = typer.Option(None, help="model to compare against (as --trained); default: the run's original "
-                                                  "base model (for a run started from a run, that run's base)"),
+    base: Optional[str] = typer.Option(
+        None,
+        help="model to compare against (as --trained); default: the run's original "
+        "base model (for a run started from a run, that run's base)",
+    ),
     output: Optional[Path] = typer.Option(None, help="report folder; default: RUN/compare for a run"),
     plot: bool = typer.Option(True, help="write rewards.png (needs matplotlib: the plot extra of mlx-grpo)"),
     **options,
@@ -270,7 +367,9 @@ def compare_command(
     try:
         trained_spec = cmp.resolve_model(trained)
         base_spec = cmp.resolve_model(base) if base else cmp.default_base(trained_spec)
-        task_obj, settings, count = _evaluation(options, trained_spec.run_dir or base_spec.run_dir, base_spec.model)
+        task_obj, settings, count = _evaluation(
+            options, trained_spec.run_dir or base_spec.run_dir, base_spec.model
+        )
         _say_gguf_types(console, [base_spec, trained_spec])
         progress = cmp_report.Progress(console)
         report = cmp.compare(base_spec, trained_spec, task_obj, settings, count, progress)
@@ -314,9 +413,14 @@ def eval_command(
 
 
 @app.command()
-def plot(run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...", help="run folders; several are overlaid"),
-         output: Optional[Path] = typer.Option(None, help="PNG to write; default RUN_DIR/plot.png for one run, "
-                                                            "plot.png here for several")):
+def plot(
+    run_dirs: List[Path] = typer.Argument(
+        ..., metavar="RUN_DIR...", help="run folders; several are overlaid"
+    ),
+    output: Optional[Path] = typer.Option(
+        None, help="PNG to write; default RUN_DIR/plot.png for one run, plot.png here for several"
+    ),
+):
     """Plot a run's curves (reward, eval accuracy, KL, grad norm, entropy, length, lr) into a PNG."""
     from .evaluation.plot import PlotError, plot_runs
 
@@ -329,13 +433,19 @@ def plot(run_dirs: List[Path] = typer.Argument(..., metavar="RUN_DIR...", help="
 
 
 @app.command(name="inspect")
-def inspect_command(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run folder"),
-                    step: Optional[int] = typer.Option(None, help="show this step's completion or episode only"),
-                    index: Optional[int] = typer.Option(None, help="which of the step's completions (from 0; "
-                                                                   "default 0), in completions.jsonl's order"),
-                    first_tokens: Optional[int] = typer.Option(None, help="instead: the likeliest first tokens of "
-                                                               "the answer to this many held-out prompts, base and "
-                                                               "trained (loads both models)")):
+def inspect_command(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run folder"),
+    step: Optional[int] = typer.Option(None, help="show this step's completion or episode only"),
+    index: Optional[int] = typer.Option(
+        None, help="which of the step's completions (from 0; default 0), in completions.jsonl's order"
+    ),
+    first_tokens: Optional[int] = typer.Option(
+        None,
+        help="instead: the likeliest first tokens of "
+        "the answer to this many held-out prompts, base and "
+        "trained (loads both models)",
+    ),
+):
     """Summarise a run from its files: settings, first/last/best metrics, health events, checkpoints; and for a
     multi-turn run one episode turn by turn, masked spans marked (--step N --index K picks the one)."""
     from .evaluation.compare import CompareError
@@ -357,18 +467,30 @@ def inspect_command(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help=
         fail(str(e))
     out = Console()
     for line in lines:  # masked spans dimmed as well as bracketed
-        out.print(line, highlight=False, markup=False, soft_wrap=True,
-                  style="dim" if line.lstrip().startswith(OPEN) else None)
+        out.print(
+            line,
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+            style="dim" if line.lstrip().startswith(OPEN) else None,
+        )
 
 
 @app.command("export")
 def export_command(
-    source: str = typer.Argument(..., metavar="SOURCE", help="run folder or adapter folder; its base model is "
-                                 "the one named in its config.yaml or adapter_config.json"),
+    source: str = typer.Argument(
+        ...,
+        metavar="SOURCE",
+        help="run folder or adapter folder; its base model is "
+        "the one named in its config.yaml or adapter_config.json",
+    ),
     gguf: Optional[Path] = typer.Option(None, help="write a GGUF file here (llama.cpp, Ollama, LM Studio)"),
     mlx: Optional[Path] = typer.Option(None, help="write an MLX model folder here (mlx-lm)"),
-    outtype: str = typer.Option("f16", help="GGUF tensor type: f16, q8_0 or q4_0 (norms stay float32); q4_k_m, "
-                                            "q5_k_m or q6_k through llama.cpp's quantizer (llama-cpp-python)"),
+    outtype: str = typer.Option(
+        "f16",
+        help="GGUF tensor type: f16, q8_0 or q4_0 (norms stay float32); q4_k_m, "
+        "q5_k_m or q6_k through llama.cpp's quantizer (llama-cpp-python)",
+    ),
     force: bool = typer.Option(False, help="overwrite an existing output"),
 ):
     """Fuse a run's adapters into its base model and write the result as GGUF and/or an MLX folder."""
@@ -383,7 +505,11 @@ def export_command(
     except (cmp.CompareError, ExportError, GGUFError, FileNotFoundError) as e:
         fail(str(e))
     for path in written:
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+        size = (
+            sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            if path.is_dir()
+            else path.stat().st_size
+        )
         Console().print(f"wrote {path} ({size / 1e6:.1f} MB)", highlight=False, soft_wrap=True)
 
 
@@ -398,7 +524,11 @@ def main():
         # answered below in one line, like every other user error.
         code = app(standalone_mode=False)
     except _UsageError as e:
-        hint = f" (see: mlx-grpo {e.ctx.info_name} --help)" if e.ctx is not None and e.ctx.parent is not None else ""
+        hint = (
+            f" (see: mlx-grpo {e.ctx.info_name} --help)"
+            if e.ctx is not None and e.ctx.parent is not None
+            else ""
+        )
         err.print(f"[bold red]error:[/] {e.format_message()}{hint}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):

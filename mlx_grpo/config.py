@@ -25,37 +25,56 @@ import yaml
 
 from .config_checks import coerce, validate
 from .errors import ConfigError  # noqa: F401 (defined below every floor; public here)
-from .setting_groups import (COMMAND_READS, EVERY_SETTING, GROUP_KEYS, GROUPS, HealthSettings,
-                             ObjectiveSettings, SamplingSettings, TaskOptions, WarmStartSettings, setting)
+from .setting_groups import (
+    COMMAND_READS,
+    EVERY_SETTING,
+    GROUP_KEYS,
+    GROUPS,
+    HealthSettings,
+    ObjectiveSettings,
+    SamplingSettings,
+    TaskOptions,
+    WarmStartSettings,
+    setting,
+)
 
 
 @dataclass
 class TrainConfig:
     # What to train, on what
-    model: str | None = setting(None, "folder, GGUF file, ollama:/lmstudio: name, HF id or packaged model; "
-                                      "None: embedded")
+    model: str | None = setting(
+        None, "folder, GGUF file, ollama:/lmstudio: name, HF id or packaged model; None: embedded"
+    )
     task: str = setting("arith", 'a built-in task, or "custom" with --data and --reward-file')
     data: str | None = setting(None, "JSONL file, folder with train.jsonl/test.jsonl, or a HF dataset name")
     reward_file: str | None = setting(None, "Python file defining reward functions")
     reward: list[str] = setting([], "reward function names (from reward_file or the task)")
     reward_weights: list[float] | None = setting(None, "one per reward; default 1.0 each")
-    reward_timeout: float = setting(60.0, "seconds a reward call may take; then its examples count as "
-                                          "failed (0: no limit)")
-    tools: str | None = setting(None, "Python file whose public functions are tools: each row is a "
-                                      "tool-calling episode")
-    tool_timeout: float = setting(10.0, "seconds a tool call may take; then the model reads a timeout error "
-                                        "as its result")
-    tool_style: str | None = setting(None, "how tool calls are read: hermes, llama3 or mistral (default: "
-                                           "what the chat template teaches)")
+    reward_timeout: float = setting(
+        60.0, "seconds a reward call may take; then its examples count as failed (0: no limit)"
+    )
+    tools: str | None = setting(
+        None, "Python file whose public functions are tools: each row is a tool-calling episode"
+    )
+    tool_timeout: float = setting(
+        10.0, "seconds a tool call may take; then the model reads a timeout error as its result"
+    )
+    tool_style: str | None = setting(
+        None, "how tool calls are read: hermes, llama3 or mistral (default: what the chat template teaches)"
+    )
     system_prompt: str | None = setting(None, "overrides the task's system prompt")
-    prompt_format: str | None = setting(None, 'plain-text frame for a model with no chat template (a base '
-                                              'model): "{prompt}" marks the prompt')
-    stop: list[str] = setting([], 'a completion also ends at a token whose text starts with one of these '
-                                  '(e.g. "\\n")')
-    on_bad_data: str = setting("skip", "skip | error: what bad rows (malformed JSON, no prompt, too long, "
-                                       "...) do")
-    max_prompt_tokens: int | None = setting(None, "longer prompts are bad rows; None: the model's context "
-                                                  "minus max_tokens")
+    prompt_format: str | None = setting(
+        None, 'plain-text frame for a model with no chat template (a base model): "{prompt}" marks the prompt'
+    )
+    stop: list[str] = setting(
+        [], 'a completion also ends at a token whose text starts with one of these (e.g. "\\n")'
+    )
+    on_bad_data: str = setting(
+        "skip", "skip | error: what bad rows (malformed JSON, no prompt, too long, ...) do"
+    )
+    max_prompt_tokens: int | None = setting(
+        None, "longer prompts are bad rows; None: the model's context minus max_tokens"
+    )
 
     # Rollouts
     steps: int = setting(100, "GRPO steps (one rollout batch each)")
@@ -64,55 +83,94 @@ class TrainConfig:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)  # max_tokens ... min_p, one group
     decode_concurrency: int = setting(256, "sequences decoded at once; independent of micro_batch_size")
     max_turns: int = setting(8, "multi-turn tasks (web): the most model turns in one episode")
-    max_episode_tokens: int = setting(1024, "multi-turn tasks: the most tokens of an episode after its "
-                                            "first prompt (turns and observations)")
-    curriculum: str = setting("none", "none | ued: draw the prompts (or task groups) solved about half the "
-                                      "time more often (docs/rare-rewards.md)")
-    curriculum_key: str = setting("kind", 'row column that groups tasks for the curriculum (web: kind, e.g. '
-                                          'fact/1); rows without it, or all with "prompt", are a group each')
-    curriculum_explore: float = setting(0.2, "curriculum: share of draws spread evenly over all groups, "
-                                             "whatever their estimates")
-    prefilter: int = setting(0, "sample this many answers to each training prompt from the base model "
-                                "first; train only on prompts solved in some but not all (0: off; "
-                                "docs/rare-rewards.md)")
-    prefilter_prompts: int = setting(0, "the most training prompts the prefilter samples, in the run's "
-                                        "order (0: all)")
-    guide: bool = setting(False, "in a group with no right answer, one member is the row's reference answer "
-                                 "or scripted episode (off-policy guidance; docs/rare-rewards.md)")
-    guide_negatives: bool = setting(True, "guide: the model's own (all wrong) answers in a guided group get "
-                                          "their negative advantages; false: 0, the group trains the "
-                                          "reference alone")
-    guide_shaping: float = setting(0.0, "guide: a reference token's term is A * p/(p + gamma) with gamma "
-                                        "this (LUFFY's policy shaping; 0: off, trained like a sampled token)")
+    max_episode_tokens: int = setting(
+        1024,
+        "multi-turn tasks: the most tokens of an episode after its first prompt (turns and observations)",
+    )
+    curriculum: str = setting(
+        "none",
+        "none | ued: draw the prompts (or task groups) solved about half the "
+        "time more often (docs/rare-rewards.md)",
+    )
+    curriculum_key: str = setting(
+        "kind",
+        "row column that groups tasks for the curriculum (web: kind, e.g. "
+        'fact/1); rows without it, or all with "prompt", are a group each',
+    )
+    curriculum_explore: float = setting(
+        0.2, "curriculum: share of draws spread evenly over all groups, whatever their estimates"
+    )
+    prefilter: int = setting(
+        0,
+        "sample this many answers to each training prompt from the base model "
+        "first; train only on prompts solved in some but not all (0: off; "
+        "docs/rare-rewards.md)",
+    )
+    prefilter_prompts: int = setting(
+        0, "the most training prompts the prefilter samples, in the run's order (0: all)"
+    )
+    guide: bool = setting(
+        False,
+        "in a group with no right answer, one member is the row's reference answer "
+        "or scripted episode (off-policy guidance; docs/rare-rewards.md)",
+    )
+    guide_negatives: bool = setting(
+        True,
+        "guide: the model's own (all wrong) answers in a guided group get "
+        "their negative advantages; false: 0, the group trains the "
+        "reference alone",
+    )
+    guide_shaping: float = setting(
+        0.0,
+        "guide: a reference token's term is A * p/(p + gamma) with gamma "
+        "this (LUFFY's policy shaping; 0: off, trained like a sampled token)",
+    )
     task_options: TaskOptions = field(default_factory=TaskOptions)  # web_kinds, multihop_*: one group
 
     # Objective
     objective: ObjectiveSettings = field(default_factory=ObjectiveSettings)  # loss ... ref_refresh_alpha
 
     # Rewards and filtering
-    runaway_penalty: float = setting(0.3, "reward factor for completions cut at max_tokens with no end "
-                                          "marker, episodes cut at max_episode_tokens (1: off)")
-    mask_truncated: bool = setting(False, "leave completions cut at max_tokens (episodes at "
-                                          "max_episode_tokens) out of the loss")
-    overlong_buffer: int = setting(0, "DAPO soft overlong penalty over the last N tokens the model may "
-                                      "write: before max_tokens, an episode's model tokens before "
-                                      "max_episode_tokens (0: off)")
-    overlong_penalty: float = setting(1.0, "the soft overlong penalty reached at max_tokens (an episode's: "
-                                           "max_episode_tokens)")
+    runaway_penalty: float = setting(
+        0.3,
+        "reward factor for completions cut at max_tokens with no end "
+        "marker, episodes cut at max_episode_tokens (1: off)",
+    )
+    mask_truncated: bool = setting(
+        False, "leave completions cut at max_tokens (episodes at max_episode_tokens) out of the loss"
+    )
+    overlong_buffer: int = setting(
+        0,
+        "DAPO soft overlong penalty over the last N tokens the model may "
+        "write: before max_tokens, an episode's model tokens before "
+        "max_episode_tokens (0: off)",
+    )
+    overlong_penalty: float = setting(
+        1.0, "the soft overlong penalty reached at max_tokens (an episode's: max_episode_tokens)"
+    )
     dynamic_sampling: bool = setting(False, "DAPO: drop groups whose rewards are all equal from the batch")
-    resample_rounds: int = setting(0, "with dynamic_sampling: at most this many extra rollouts to refill "
-                                      "the batch")
-    reward_threshold: float | None = setting(None, "drop groups whose best reward is below this (seed 003; "
-                                                   "None: off)")
-    shaping: str = setting("always", "always | gated | scaled: how side rewards (all but the first) count: "
-                                     "everywhere, only in groups where the first varies, or times the "
-                                     "first's place in its group (docs/rare-rewards.md)")
-    judge: str | None = setting(None, "a model that grades completions, an extra reward named judge (any "
-                                      "--model source; docs/judge.md)")
-    judge_rubric: str | None = setting(None, "the judge's rubric: a file, or general / ocaml_quality (built "
-                                             "in); default: the task's")
-    judge_weight: float = setting(1.0, "weight of the judge's reward (0: logged beside the others, not "
-                                       "trained on)")
+    resample_rounds: int = setting(
+        0, "with dynamic_sampling: at most this many extra rollouts to refill the batch"
+    )
+    reward_threshold: float | None = setting(
+        None, "drop groups whose best reward is below this (seed 003; None: off)"
+    )
+    shaping: str = setting(
+        "always",
+        "always | gated | scaled: how side rewards (all but the first) count: "
+        "everywhere, only in groups where the first varies, or times the "
+        "first's place in its group (docs/rare-rewards.md)",
+    )
+    judge: str | None = setting(
+        None,
+        "a model that grades completions, an extra reward named judge (any --model source; docs/judge.md)",
+    )
+    judge_rubric: str | None = setting(
+        None, "the judge's rubric: a file, or general / ocaml_quality (built in); default: the task's"
+    )
+    judge_weight: float = setting(
+        1.0, "weight of the judge's reward (0: logged beside the others, not trained on)"
+    )
 
     # Optimisation
     fine_tune_type: str = setting("lora", "lora | dora | full")
@@ -120,56 +178,79 @@ class TrainConfig:
     lora_scale: float = setting(20.0, "LoRA output scale (mlx-lm's convention, not alpha)")
     lora_dropout: float = setting(0.0, "dropout on the LoRA input")
     lora_layers: int = setting(-1, "how many of the last blocks get adapters; -1: all")
-    keep_quantized: bool = setting(False, "keep a quantized base quantized on the CPU (default there: a "
-                                          "float32 copy when it fits in memory, much faster); Metal/CUDA "
-                                          "always keep it")
+    keep_quantized: bool = setting(
+        False,
+        "keep a quantized base quantized on the CPU (default there: a "
+        "float32 copy when it fits in memory, much faster); Metal/CUDA "
+        "always keep it",
+    )
     lr: float = setting(1e-5, "peak learning rate (AdamW)")
     warmup_steps: int = setting(10, "linear warmup, in optimizer updates")
     min_lr_ratio: float = setting(0.1, "cosine decays to lr * min_lr_ratio")
     weight_decay: float = setting(0.0, "AdamW weight decay")
     max_grad_norm: float = setting(1.0, "global gradient-norm clip; the norm before clipping is logged")
-    skip_no_signal: bool = setting(True, "skip the optimizer step and the lr schedule's tick when no group "
-                                         "carries signal (none kept, or no advantage and no KL/entropy "
-                                         "term): AdamW's moments would move the weights on a zero gradient")
-    micro_batch_size: int = setting(16, "sequences per forward/backward (on a CPU fewer when their "
-                                        "activations would pass ~384 MiB; not for bnpo); gradients are "
-                                        "accumulated; below group_size a group is cut into pieces (less "
-                                        "memory, its prompt runs once a piece)")
-    logprob_chunk_size: int | None = setting(None, "positions per vocabulary-projection chunk; None: "
-                                                   "automatic")
+    skip_no_signal: bool = setting(
+        True,
+        "skip the optimizer step and the lr schedule's tick when no group "
+        "carries signal (none kept, or no advantage and no KL/entropy "
+        "term): AdamW's moments would move the weights on a zero gradient",
+    )
+    micro_batch_size: int = setting(
+        16,
+        "sequences per forward/backward (on a CPU fewer when their "
+        "activations would pass ~384 MiB; not for bnpo); gradients are "
+        "accumulated; below group_size a group is cut into pieces (less "
+        "memory, its prompt runs once a piece)",
+    )
+    logprob_chunk_size: int | None = setting(
+        None, "positions per vocabulary-projection chunk; None: automatic"
+    )
 
     # Bookkeeping
     seed: int = setting(0, "the same seed gives the same run")
     output: str | None = setting(None, "run folder; default checkpoints/<task>-<time>")
     resume: str | None = setting(None, "run folder to continue")
-    overwrite: bool = setting(False, "start again in an output folder that holds an earlier run: its run "
-                                     "files are removed first (without it such a run stops; docs/runs.md); "
-                                     "config.yaml records false")
+    overwrite: bool = setting(
+        False,
+        "start again in an output folder that holds an earlier run: its run "
+        "files are removed first (without it such a run stops; docs/runs.md); "
+        "config.yaml records false",
+    )
     save_every: int = setting(50, "checkpoint every N steps, and at the end")
     keep_checkpoints: int = setting(2, "how many step checkpoints to keep")
-    keep_best: bool = setting(False, "also keep the checkpoint with the best eval accuracy (needs "
-                                     "eval_steps; the evaluation after the last step counts for its "
-                                     "checkpoint)")
+    keep_best: bool = setting(
+        False,
+        "also keep the checkpoint with the best eval accuracy (needs "
+        "eval_steps; the evaluation after the last step counts for its "
+        "checkpoint)",
+    )
     eval_steps: int = setting(0, "evaluate every N steps; 0: only before and after training")
-    time_limit_minutes: float = setting(0.0, "stop starting steps when one more (at the mean step time) and "
-                                             "the final evaluation would end past this many minutes of the "
-                                             "run; then save and evaluate as at the end (the lr schedule "
-                                             "still spans `steps`); 0: no limit")
+    time_limit_minutes: float = setting(
+        0.0,
+        "stop starting steps when one more (at the mean step time) and "
+        "the final evaluation would end past this many minutes of the "
+        "run; then save and evaluate as at the end (the lr schedule "
+        "still spans `steps`); 0: no limit",
+    )
     eval_num_problems: int = setting(200, "held-out problems for accuracy (greedy decoding)")
-    eval_before: bool = setting(True, "measure the held-out accuracy before the first step (train, sft, a "
-                                      "warm start's base); false: that time goes to training, but the "
-                                      "summary and metrics have no 'before' accuracy (compare still "
-                                      "measures the base), and under time_limit_minutes GRPO reserves time "
-                                      "for its final check only once a check is timed (the warm start's "
-                                      "last, or one every eval_steps)")
+    eval_before: bool = setting(
+        True,
+        "measure the held-out accuracy before the first step (train, sft, a "
+        "warm start's base); false: that time goes to training, but the "
+        "summary and metrics have no 'before' accuracy (compare still "
+        "measures the base), and under time_limit_minutes GRPO reserves time "
+        "for its final check only once a check is timed (the warm start's "
+        "last, or one every eval_steps)",
+    )
     eval_pass_k: int = setting(0, "also sample k completions per held-out problem, log eval/pass@k (0: off)")
     log_every: int = setting(1, "print a line every N steps when not on a terminal")
     report_to: list[str] = setting([], "also log metrics to wandb and/or tensorboard (if installed)")
 
     # Training health (docs/health.md): when the health rules warn
     health: HealthSettings = field(default_factory=HealthSettings)  # the health_* settings, one group
-    max_nonfinite_steps: int = setting(3, "stop after this many steps in a row with a NaN/Inf loss or "
-                                          "gradient (0: never)")
+    max_nonfinite_steps: int = setting(
+        3, "stop after this many steps in a row with a NaN/Inf loss or gradient (0: never)"
+    )
 
     # A supervised warm start before GRPO (docs/sft.md)
     warm_start: WarmStartSettings = field(default_factory=WarmStartSettings)  # the warm_start_* settings
@@ -190,9 +271,16 @@ class TrainConfig:
         """A config from settings by their flat names, each group's (health_window, beta, ...) put in
         its group (GROUP_KEYS); what is not given keeps its default. Not validated (build_config is)."""
         own = {k: v for k, v in values.items() if k not in GROUP_KEYS}
-        groups = {group: kind(**{GROUP_KEYS[k][1]: v for k, v in values.items()
-                                 if k in GROUP_KEYS and GROUP_KEYS[k][0] == group})
-                  for group, (kind, _) in GROUPS.items()}
+        groups = {
+            group: kind(
+                **{
+                    GROUP_KEYS[k][1]: v
+                    for k, v in values.items()
+                    if k in GROUP_KEYS and GROUP_KEYS[k][0] == group
+                }
+            )
+            for group, (kind, _) in GROUPS.items()
+        }
         return cls(**own, **groups)
 
 
@@ -217,10 +305,15 @@ def _flat_fields() -> dict[str, dataclasses.Field]:
 
 
 FIELDS = _flat_fields()
-JUDGE_KEYS = ("judge", "judge_rubric", "judge_weight")  # the judge's settings: train, eval and compare read them
-_HINTS = {**typing.get_type_hints(TrainConfig),
-          **{flat: typing.get_type_hints(GROUPS[group][0])[name]
-             for flat, (group, name) in GROUP_KEYS.items()}}
+JUDGE_KEYS = (
+    "judge",
+    "judge_rubric",
+    "judge_weight",
+)  # the judge's settings: train, eval and compare read them
+_HINTS = {
+    **typing.get_type_hints(TrainConfig),
+    **{flat: typing.get_type_hints(GROUPS[group][0])[name] for flat, (group, name) in GROUP_KEYS.items()},
+}
 
 
 def _expand(names: tuple[str, ...]) -> frozenset[str]:
@@ -258,8 +351,11 @@ def file_settings_not_read(config_file: str | None, command: str) -> list[str]:
     """The settings a YAML file sets to other than their defaults that `command` does not read: it leaves
     them out (build_config)."""
     values = load_yaml(config_file) if config_file else {}
-    return [name for name, value in values.items() if name not in READS[command]
-            and coerce(name, value, _HINTS[name]) != _default(name)]
+    return [
+        name
+        for name, value in values.items()
+        if name not in READS[command] and coerce(name, value, _HINTS[name]) != _default(name)
+    ]
 
 
 def _default(name: str):
@@ -299,7 +395,9 @@ def check_keys(values: dict, source: str) -> dict:
                     raise _unknown(inner, names, f"{source}: {name}")
                 nested[prefix + short] = (f"{name}.{short}", v)
         elif name in GROUPS:
-            raise ConfigError(f"{source}: {name}: expected a mapping of its settings ({name}: {{name: value}})")
+            raise ConfigError(
+                f"{source}: {name}: expected a mapping of its settings ({name}: {{name: value}})"
+            )
         elif name not in FIELDS:
             raise _unknown(key, FIELDS, source)
         else:
@@ -326,9 +424,12 @@ def load_yaml(path: str | Path) -> dict:
     return check_keys(values, str(path))
 
 
-def build_config(cli_overrides: dict | None = None, config_file: str | None = None,
-                 task_defaults: typing.Callable[[str, str | None], dict] | None = None,
-                 command: str = "train") -> TrainConfig:
+def build_config(
+    cli_overrides: dict | None = None,
+    config_file: str | None = None,
+    task_defaults: typing.Callable[[str, str | None], dict] | None = None,
+    command: str = "train",
+) -> TrainConfig:
     """Defaults < task defaults < YAML file < typed CLI flags, then validated.
 
     task_defaults(task, model) gives the task's recommended settings; it is

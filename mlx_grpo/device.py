@@ -4,6 +4,7 @@ Several choices hang on it (preloading a real BLAS, the float32 copy of a quanti
 activation budget of a micro-batch, the decode's memory, the CPU's own exp and swiglu), and they
 must all agree on what "the CPU" means.
 """
+
 from __future__ import annotations
 
 

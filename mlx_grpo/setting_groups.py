@@ -45,12 +45,15 @@ class SamplingSettings:
 class TaskOptions:
     """A built-in task's own options (the web and multihop tasks read them): flat names, unprefixed."""
 
-    web_kinds: list[str] = setting([], "web task: only these families/levels (fact/1 ... account/3); empty: "
-                                       "all")
-    multihop_hops: list[int] = setting([], "multihop task: questions of these many hops (2, 3, 4); empty: "
-                                           "all")
-    multihop_chains: list[str] = setting([], "multihop task: only these chains of relations (city/country, "
-                                             "founder/born_in, ...); empty: all")
+    web_kinds: list[str] = setting(
+        [], "web task: only these families/levels (fact/1 ... account/3); empty: all"
+    )
+    multihop_hops: list[int] = setting(
+        [], "multihop task: questions of these many hops (2, 3, 4); empty: all"
+    )
+    multihop_chains: list[str] = setting(
+        [], "multihop task: only these chains of relations (city/country, founder/born_in, ...); empty: all"
+    )
 
 
 @dataclass
@@ -64,21 +67,28 @@ class ObjectiveSettings:
     epsilon_low: float = setting(0.2, "ratio clipped below at 1 - epsilon_low")
     epsilon_high: float = setting(0.2, "ratio clipped above at 1 + epsilon_high (clip-higher: > epsilon_low)")
     beta: float = setting(0.0, "KL(k3) weight to the reference model")
-    kl_every: int = setting(10, "with beta = 0, measure KL to the reference every N steps (0: never; full "
-                                "fine-tuning keeps a copy of the starting weights for it)")
+    kl_every: int = setting(
+        10,
+        "with beta = 0, measure KL to the reference every N steps (0: never; full "
+        "fine-tuning keeps a copy of the starting weights for it)",
+    )
     scale_rewards: str = setting("none", "none | group | batch")
     scale_eps: float = setting(1e-4, "added to the std when scaling advantages")
-    delta: float | None = setting(None, "two-sided cap on the unclipped ratio, PPO-clip losses (None: off; "
-                                        "> 1 + epsilon_high)")
+    delta: float | None = setting(
+        None, "two-sided cap on the unclipped ratio, PPO-clip losses (None: off; > 1 + epsilon_high)"
+    )
     sapo_tau_pos: float = setting(1.0, "sapo: gate temperature for tokens with positive advantage")
     sapo_tau_neg: float = setting(1.05, "sapo: gate temperature for tokens with negative advantage")
     entropy_coef: float = setting(0.0, "entropy bonus weight (0: off); the entropy is logged either way")
-    entropy_top_quantile: float = setting(1.0, "train only on this top fraction of tokens by entropy (0.2: "
-                                               "top 20%; 1: all)")
-    ref_refresh_every: int = setting(0, "move the reference toward the policy every N steps (0: never; the "
-                                        "base stays)")
-    ref_refresh_alpha: float = setting(0.6, "on refresh: reference = alpha * policy + (1 - alpha) * "
-                                            "reference")
+    entropy_top_quantile: float = setting(
+        1.0, "train only on this top fraction of tokens by entropy (0.2: top 20%; 1: all)"
+    )
+    ref_refresh_every: int = setting(
+        0, "move the reference toward the policy every N steps (0: never; the base stays)"
+    )
+    ref_refresh_alpha: float = setting(
+        0.6, "on refresh: reference = alpha * policy + (1 - alpha) * reference"
+    )
 
 
 @dataclass
@@ -90,27 +100,36 @@ class HealthSettings:
     clip_frac: float = setting(0.8, "grad norm at max_grad_norm on more than this fraction of the window")
     spike_factor: float = setting(10.0, "grad norm above this multiple of its running median")
     zero_std: float = setting(0.5, "mean fraction of groups with identical rewards above this")
-    reward_drop: float = setting(0.5, "reward/mean falls by more than this many within-batch stds over 2 "
-                                      "windows")
-    loss_spike: float = setting(0.5, "|mean loss| grows by more than this fraction from one window to the "
-                                     "next")
+    reward_drop: float = setting(
+        0.5, "reward/mean falls by more than this many within-batch stds over 2 windows"
+    )
+    loss_spike: float = setting(
+        0.5, "|mean loss| grows by more than this fraction from one window to the next"
+    )
     kl_max: float = setting(1.0, "KL to the reference above this and still rising")
     entropy_drop: float = setting(0.1, "token entropy below this fraction of its value over the first window")
-    truncated_frac: float = setting(0.5, "mean fraction of completions cut at max_tokens (episodes at "
-                                         "max_episode_tokens) above this")
+    truncated_frac: float = setting(
+        0.5, "mean fraction of completions cut at max_tokens (episodes at max_episode_tokens) above this"
+    )
     adv_factor: float = setting(10.0, "largest |advantage| above this multiple of the batch's reward range")
-    min_update: float = setting(1e-4, "updates move the weights by less than this fraction of their norm, "
-                                      "reward flat")
-    judge_unreadable: float = setting(0.2, "the judge's answers could not be read as a score more often "
-                                           "than this")
-    takeover_share: float = setting(0.5, "a side reward carries more than this share of the within-group "
-                                         "reward variance")
-    collapse_share: float = setting(0.5, "one answer is more than this share of completions, or lengths "
-                                         "fall below it")
-    tool_parse_fail: float = setting(0.9, "tool episodes: more than this share of attempted calls could not "
-                                          "be read")
-    tool_call_drop: float = setting(0.1, "tool calls per episode fell below this fraction of their earlier "
-                                         "level")
+    min_update: float = setting(
+        1e-4, "updates move the weights by less than this fraction of their norm, reward flat"
+    )
+    judge_unreadable: float = setting(
+        0.2, "the judge's answers could not be read as a score more often than this"
+    )
+    takeover_share: float = setting(
+        0.5, "a side reward carries more than this share of the within-group reward variance"
+    )
+    collapse_share: float = setting(
+        0.5, "one answer is more than this share of completions, or lengths fall below it"
+    )
+    tool_parse_fail: float = setting(
+        0.9, "tool episodes: more than this share of attempted calls could not be read"
+    )
+    tool_call_drop: float = setting(
+        0.1, "tool calls per episode fell below this fraction of their earlier level"
+    )
     closed_book: float = setting(0.5, "tool episodes: more than this share answered without any call")
 
 
@@ -119,15 +138,25 @@ class WarmStartSettings:
     """A supervised warm start inside `train` (docs/sft.md): sft's stage on demonstrations first, in RUN/warm_start,
     then GRPO continues from it. Each is the flat setting warm_start_<name>; run/warm_start.py reads the group."""
 
-    steps: int = setting(0, "supervised steps on demonstrations before GRPO, in RUN/warm_start (0: no warm "
-                            "start)")
-    lr: float = setting(1e-4, "the warm start's peak learning rate (its own schedule: warmup_steps, then "
-                              "cosine to lr * min_lr_ratio)")
+    steps: int = setting(
+        0, "supervised steps on demonstrations before GRPO, in RUN/warm_start (0: no warm start)"
+    )
+    lr: float = setting(
+        1e-4,
+        "the warm start's peak learning rate (its own schedule: warmup_steps, then "
+        "cosine to lr * min_lr_ratio)",
+    )
     batch_size: int = setting(4, "demonstrations per warm-start step")
-    data: str | None = setting(None, "the warm start's demonstrations, as `sft --data` reads them with this "
-                                     "task; None: the task's own (train split)")
-    web_kinds: list[str] = setting([], "web task: the warm start's demonstrations from these kinds only "
-                                       "(fact/1 ...); empty: the run's web_kinds")
+    data: str | None = setting(
+        None,
+        "the warm start's demonstrations, as `sft --data` reads them with this "
+        "task; None: the task's own (train split)",
+    )
+    web_kinds: list[str] = setting(
+        [],
+        "web task: the warm start's demonstrations from these kinds only "
+        "(fact/1 ...); empty: the run's web_kinds",
+    )
 
 
 # The setting groups: TrainConfig field -> (its dataclass, the prefix of its settings' flat names).
@@ -140,8 +169,11 @@ GROUPS: dict[str, tuple[type, str]] = {
     "warm_start": (WarmStartSettings, "warm_start_"),
 }
 # flat name -> (group, field in the group)
-GROUP_KEYS = {prefix + f.name: (group, f.name) for group, (kind, prefix) in GROUPS.items()
-              for f in dataclasses.fields(kind)}
+GROUP_KEYS = {
+    prefix + f.name: (group, f.name)
+    for group, (kind, prefix) in GROUPS.items()
+    for f in dataclasses.fields(kind)
+}
 
 # The settings each command reads, by flat name or by group (a group's name: all its settings;
 # EVERY_SETTING: all of them). Typed as a flag, a setting a command does not read is refused in one line
@@ -154,10 +186,30 @@ EVERY_SETTING = "*"
 # same rows, the same reward time limit), and how the run computed with its weights (keep_quantized: its own
 # check ran on them, so eval and compare answer on the same).
 EVALUATION_READS = (
-    "task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "prompt_format", "stop",
-    "task_options", "tools", "tool_timeout", "tool_style", "judge", "judge_rubric", "judge_weight",
-    "sampling", "decode_concurrency", "eval_num_problems", "max_turns", "max_episode_tokens",
-    "reward_timeout", "on_bad_data", "max_prompt_tokens", "keep_quantized",
+    "task",
+    "data",
+    "reward_file",
+    "reward",
+    "reward_weights",
+    "system_prompt",
+    "prompt_format",
+    "stop",
+    "task_options",
+    "tools",
+    "tool_timeout",
+    "tool_style",
+    "judge",
+    "judge_rubric",
+    "judge_weight",
+    "sampling",
+    "decode_concurrency",
+    "eval_num_problems",
+    "max_turns",
+    "max_episode_tokens",
+    "reward_timeout",
+    "on_bad_data",
+    "max_prompt_tokens",
+    "keep_quantized",
 )
 COMMAND_READS: dict[str, tuple[str, ...]] = {
     "train": (EVERY_SETTING,),
@@ -166,15 +218,51 @@ COMMAND_READS: dict[str, tuple[str, ...]] = {
     # temperature for eval_pass_k; an episode's max_turns). Not the rollouts, the objective, the rewards or
     # the warm start.
     "sft": (
-        "model", "task", "data", "tool_timeout", "tool_style", "system_prompt", "prompt_format", "stop",
-        "on_bad_data", "steps", "batch_size", "max_tokens", "temperature", "decode_concurrency", "max_turns",
-        "max_episode_tokens", "task_options",
-        "fine_tune_type", "lora_rank", "lora_scale", "lora_dropout", "lora_layers", "keep_quantized", "lr",
-        "warmup_steps", "min_lr_ratio", "weight_decay", "max_grad_norm", "micro_batch_size",
+        "model",
+        "task",
+        "data",
+        "tool_timeout",
+        "tool_style",
+        "system_prompt",
+        "prompt_format",
+        "stop",
+        "on_bad_data",
+        "steps",
+        "batch_size",
+        "max_tokens",
+        "temperature",
+        "decode_concurrency",
+        "max_turns",
+        "max_episode_tokens",
+        "task_options",
+        "fine_tune_type",
+        "lora_rank",
+        "lora_scale",
+        "lora_dropout",
+        "lora_layers",
+        "keep_quantized",
+        "lr",
+        "warmup_steps",
+        "min_lr_ratio",
+        "weight_decay",
+        "max_grad_norm",
+        "micro_batch_size",
         "logprob_chunk_size",
-        "seed", "output", "resume", "overwrite", "save_every", "keep_checkpoints", "eval_steps",
-        "time_limit_minutes", "eval_num_problems", "eval_before", "eval_pass_k", "log_every", "report_to",
-        "health", "max_nonfinite_steps",
+        "seed",
+        "output",
+        "resume",
+        "overwrite",
+        "save_every",
+        "keep_checkpoints",
+        "eval_steps",
+        "time_limit_minutes",
+        "eval_num_problems",
+        "eval_before",
+        "eval_pass_k",
+        "log_every",
+        "report_to",
+        "health",
+        "max_nonfinite_steps",
     ),
     "eval": EVALUATION_READS,
     "compare": EVALUATION_READS,

@@ -143,8 +143,9 @@ def wilcoxon_test(differences, method: str = "auto") -> WilcoxonResult:
     return WilcoxonResult(statistic, _normal_two_sided((statistic - mean) / math.sqrt(variance)), "normal", n)
 
 
-def bootstrap_ci(differences, confidence: float = CONFIDENCE, resamples: int = 10_000,
-                 seed: int = 0) -> tuple[float, float] | None:
+def bootstrap_ci(
+    differences, confidence: float = CONFIDENCE, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float] | None:
     """Percentile bootstrap CI of the mean of paired differences (None when empty).
 
     Each resample draws n prompts with replacement and averages their
@@ -207,8 +208,9 @@ class PairedResult:
         return out
 
 
-def compare_paired(a, b, metric: str = "score", binary: bool | None = None, confidence: float = CONFIDENCE,
-                   seed: int = 0) -> PairedResult:
+def compare_paired(
+    a, b, metric: str = "score", binary: bool | None = None, confidence: float = CONFIDENCE, seed: int = 0
+) -> PairedResult:
     """Paired comparison of per-prompt scores a (base) and b (trained).
 
     binary: each score is 0 or 1 (one sample per prompt, right or wrong): then
@@ -246,8 +248,9 @@ def compare_paired(a, b, metric: str = "score", binary: bool | None = None, conf
     )
 
 
-def compare_paired_part(a_values: list, b_values: list, samples: int, metric: str,
-                        seed: int = 0) -> PairedResult | None:
+def compare_paired_part(
+    a_values: list, b_values: list, samples: int, metric: str, seed: int = 0
+) -> PairedResult | None:
     """compare_paired of a reward part whose values may be None (not applicable, e.g. a judge answer
     that was not a score): per prompt, the mean of its applicable samples; a prompt where either model
     has none is left out. None when no prompt is left."""
@@ -269,6 +272,9 @@ PAIRED_PARTS = ("judge",)
 
 def paired_parts(a_parts: dict, b_parts: dict, samples: int, seed: int = 0) -> dict[str, PairedResult]:
     """compare_paired_part of each of PAIRED_PARTS that both models have and that leaves any prompt."""
-    tested = {name: compare_paired_part(a_parts[name], b_parts[name], samples, name, seed)
-              for name in PAIRED_PARTS if name in a_parts and name in b_parts}
+    tested = {
+        name: compare_paired_part(a_parts[name], b_parts[name], samples, name, seed)
+        for name in PAIRED_PARTS
+        if name in a_parts and name in b_parts
+    }
     return {name: result for name, result in tested.items() if result is not None}

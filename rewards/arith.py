@@ -259,8 +259,7 @@ def last_number(text: str) -> str | None:
 def last_number_reward(prompts, completions, answer, **kwargs) -> list[float]:
     """1.0 where the last number in the completion equals the answer, else 0.0 (a chat model's scorer)."""
     return [
-        1.0 if _same_number(last_number(completion_text(c)), a) else 0.0
-        for c, a in zip(completions, answer)
+        1.0 if _same_number(last_number(completion_text(c)), a) else 0.0 for c, a in zip(completions, answer)
     ]
 
 
@@ -300,11 +299,14 @@ def load_rows(split: str, config) -> list[dict] | None:
     if split == "train":
         return generate_problems(TRAIN_PROBLEMS, seed=config.seed, split="train")
     if split == "validation":
-        return generate_problems(min(config.eval_num_problems, ARITH_VALIDATION_PROBLEMS), seed=0, split="test")
+        return generate_problems(
+            min(config.eval_num_problems, ARITH_VALIDATION_PROBLEMS), seed=0, split="test"
+        )
     if split != "test":
         raise ValueError(f"split must be 'train', 'validation' or 'test', not {split!r}")
-    return generate_problems(ARITH_VALIDATION_PROBLEMS + config.eval_num_problems, seed=0,
-                             split="test")[ARITH_VALIDATION_PROBLEMS:]
+    return generate_problems(ARITH_VALIDATION_PROBLEMS + config.eval_num_problems, seed=0, split="test")[
+        ARITH_VALIDATION_PROBLEMS:
+    ]
 
 
 def recommended_settings(model: str | None) -> dict:
@@ -321,11 +323,36 @@ def recommended_settings(model: str | None) -> dict:
     from mlx_grpo.tasks.registry import is_base_model, is_chat_model
 
     if is_base_model(model):
-        return {"system_prompt": "", "prompt_format": BASE_PROMPT_FORMAT, "stop": ["\n"], "max_tokens": 8,
-                "temperature": 1.0, "lr": 3e-5, "batch_size": 6, "group_size": 8, "warmup_steps": 2,
-                "eval_num_problems": 100}
+        return {
+            "system_prompt": "",
+            "prompt_format": BASE_PROMPT_FORMAT,
+            "stop": ["\n"],
+            "max_tokens": 8,
+            "temperature": 1.0,
+            "lr": 3e-5,
+            "batch_size": 6,
+            "group_size": 8,
+            "warmup_steps": 2,
+            "eval_num_problems": 100,
+        }
     if is_chat_model(model):
-        return {"system_prompt": CHAT_SYSTEM_PROMPT, "max_tokens": 48, "temperature": 0.8, "lr": 3e-5,
-                "batch_size": 6, "group_size": 8, "warmup_steps": 2, "eval_num_problems": 100}
-    return {"max_tokens": 48, "lr": 1e-4, "steps": 100, "batch_size": 8, "group_size": 8, "warmup_steps": 3,
-            "micro_batch_size": 64, "save_every": 50}
+        return {
+            "system_prompt": CHAT_SYSTEM_PROMPT,
+            "max_tokens": 48,
+            "temperature": 0.8,
+            "lr": 3e-5,
+            "batch_size": 6,
+            "group_size": 8,
+            "warmup_steps": 2,
+            "eval_num_problems": 100,
+        }
+    return {
+        "max_tokens": 48,
+        "lr": 1e-4,
+        "steps": 100,
+        "batch_size": 8,
+        "group_size": 8,
+        "warmup_steps": 3,
+        "micro_batch_size": 64,
+        "save_every": 50,
+    }

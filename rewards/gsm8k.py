@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rewards import completion_text
 from rewards.jsonl import jsonl_records
+
 # Re-exported: the GSM8K task's answer reading, by the names notebooks and tests use.
 from rewards.math_answer import (  # noqa: F401
     ANSWER_TOLERANCE,
@@ -66,7 +67,9 @@ HUB_DATASET = ("openai/gsm8k", "main")
 def correctness_reward(prompts, completions, answer, finish_reason=None, **kwargs) -> list[float]:
     """1.0 where the completion's final answer equals the gold number, else 0.0 (a cut one: see is_correct)."""
     reasons = finish_reason or [None] * len(completions)
-    return [1.0 if is_correct(c, a, finish_reason=f) else 0.0 for c, a, f in zip(completions, answer, reasons)]
+    return [
+        1.0 if is_correct(c, a, finish_reason=f) else 0.0 for c, a, f in zip(completions, answer, reasons)
+    ]
 
 
 def format_reward(prompts, completions, **kwargs) -> list[float]:
@@ -94,6 +97,7 @@ def reference_answer(row: dict) -> str | None:
     if not isinstance(solution, str) or "####" not in solution:
         return None
     return re.sub(r"<<[^<>]*>>", "", solution).strip()
+
 
 # The format reward gets a small weight rather than 0: a right answer (1.0)
 # always outranks a tidy wrong one (0.1), but inside a group where every answer
@@ -132,8 +136,10 @@ def _load_hub(name: str, subset: str | None, split: str) -> list[dict]:
         dataset = datasets.load_dataset(name, subset) if subset else datasets.load_dataset(name)
     except Exception as e:  # offline, unknown name, ...: one clear line
         first_line = str(e).splitlines()[0] if str(e) else ""
-        raise ValueError(f"could not load the dataset {name!r} ({type(e).__name__}: {first_line}); "
-                         f"without internet, pass --data with a local copy (train.jsonl/test.jsonl)") from None
+        raise ValueError(
+            f"could not load the dataset {name!r} ({type(e).__name__}: {first_line}); "
+            f"without internet, pass --data with a local copy (train.jsonl/test.jsonl)"
+        ) from None
     if split not in dataset:
         raise ValueError(f"dataset {name!r} has no {split!r} split (it has {', '.join(dataset)})")
     return [to_row(dict(r), f"{name} {split} row {i}") for i, r in enumerate(dataset[split])]
@@ -180,6 +186,11 @@ def recommended_settings(model: str | None) -> dict:
     from mlx_grpo.tasks.registry import is_base_model
 
     if is_base_model(model):
-        return {"system_prompt": "", "prompt_format": BASE_PROMPT_FORMAT, "stop": ["\n\n"], "max_tokens": 256,
-                "eval_num_problems": 200}
+        return {
+            "system_prompt": "",
+            "prompt_format": BASE_PROMPT_FORMAT,
+            "stop": ["\n\n"],
+            "max_tokens": 256,
+            "eval_num_problems": 200,
+        }
     return {"max_tokens": 512, "eval_num_problems": 200}

@@ -57,7 +57,9 @@ _SCALE_LINE = re.compile(r"scale:\s*(-?\d+(?:\.\d+)?)\s*(?:-|to)\s*(-?\d+(?:\.\d
 _ANSWER_LINE = re.compile(r"answer starts:[ \t]?(.*)", re.I)
 _NUMBER = r"(-?\d+(?:\.\d+)?)"
 _OUT_OF = rf"(?:\s*(?:/|out\s+of)\s*{_NUMBER})?"
-_KEYWORD_SCORE = re.compile(rf"\b(?:score|rating|grade)\b[\s:=*]*(?:(?:is|of)\s+)?{_NUMBER}{_OUT_OF}", re.I | re.A)
+_KEYWORD_SCORE = re.compile(
+    rf"\b(?:score|rating|grade)\b[\s:=*]*(?:(?:is|of)\s+)?{_NUMBER}{_OUT_OF}", re.I | re.A
+)
 _BARE_SCORE = re.compile(rf"[\s*]*{_NUMBER}{_OUT_OF}[\s*.!]*", re.I | re.A)
 
 
@@ -91,8 +93,9 @@ def parse_rubric(text: str, name: str = "rubric") -> Rubric:
         if stated := _SCALE_LINE.fullmatch(first.strip()):
             scale = (float(stated.group(1)), float(stated.group(2)))
             if not scale[0] < scale[1]:
-                raise JudgeError(f"rubric {name}: the scale's low end must be below its high end, "
-                                 f"got {first.strip()!r}")
+                raise JudgeError(
+                    f"rubric {name}: the scale's low end must be below its high end, got {first.strip()!r}"
+                )
         elif start := _ANSWER_LINE.fullmatch(first.strip()):
             answer_start = start.group(1)
         else:
@@ -129,7 +132,9 @@ def load_rubric(source: str | None = None) -> Rubric:
 def _shown(value) -> str:
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value):  # chat messages
+    if isinstance(value, list) and all(
+        isinstance(m, dict) and "content" in m for m in value
+    ):  # chat messages
         return "\n".join(f"{m.get('role', 'user')}: {m['content']}" for m in value)
     return json.dumps(value, ensure_ascii=False, default=str)
 
@@ -139,6 +144,7 @@ def judge_prompts(rubric: Rubric, prompts: list, completions: list, columns: dic
     (a completion that writes "{answer}") is never filled in again."""
     filled = []
     for i, completion in enumerate(completions):
+
         def value(match: re.Match) -> str:
             name = match.group(1)
             if name is None:  # {{ or }}
@@ -206,8 +212,9 @@ class JudgeReward:
     # thread the way a hung reward is (rewarding.with_timeout), and max_tokens bounds it.
     no_timeout = True
 
-    def __init__(self, model, tokenizer, rubric: Rubric, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 concurrency: int = 256):
+    def __init__(
+        self, model, tokenizer, rubric: Rubric, max_tokens: int = DEFAULT_MAX_TOKENS, concurrency: int = 256
+    ):
         self.model, self.tokenizer, self.rubric = model, tokenizer, rubric
         fixed_decode.keep_compiled(model)  # it decodes between the policy's rollouts: no recompiling
         self.max_tokens, self.concurrency = max_tokens, concurrency
@@ -240,14 +247,23 @@ class JudgeReward:
         # Past its context a model's answer means nothing: such a prompt is not decoded, and its
         # answer (no score in it) reads as None, with the reason in judge/unreadable_example.
         context = getattr(getattr(self.model, "args", None), "max_position_embeddings", None)
-        answers = [f"(not judged: {len(p)} prompt tokens and {self.max_tokens} to answer pass the judge's "
-                   f"context of {context})" for p in prompts]
+        answers = [
+            f"(not judged: {len(p)} prompt tokens and {self.max_tokens} to answer pass the judge's "
+            f"context of {context})"
+            for p in prompts
+        ]
         fits = [i for i, p in enumerate(prompts) if not context or len(p) + self.max_tokens <= context]
         if fits:
             self.model.eval()
-            completions = sample_completions(self.model, self.tokenizer, [prompts[i] for i in fits], 1,
-                                             SamplingConfig(temperature=0.0, max_tokens=self.max_tokens),
-                                             self.concurrency, seed=0)
+            completions = sample_completions(
+                self.model,
+                self.tokenizer,
+                [prompts[i] for i in fits],
+                1,
+                SamplingConfig(temperature=0.0, max_tokens=self.max_tokens),
+                self.concurrency,
+                seed=0,
+            )
             for i, c in zip(fits, completions):
                 answers[i] = start + c.text
         return answers
@@ -257,8 +273,11 @@ class JudgeReward:
         since, self._since = self._since, _no_counts()
         if not since["judged"]:
             return {}
-        metrics = {"time/judge_s": since["seconds"], "judge/unreadable_frac": since["unreadable"] / since["judged"],
-                   "judge/decoded": since["decoded"]}
+        metrics = {
+            "time/judge_s": since["seconds"],
+            "judge/unreadable_frac": since["unreadable"] / since["judged"],
+            "judge/decoded": since["decoded"],
+        }
         if since["example"] is not None:
             metrics["judge/unreadable_example"] = since["example"]
         return metrics
@@ -268,8 +287,13 @@ def _no_counts() -> dict:
     return {"seconds": 0.0, "judged": 0, "unreadable": 0, "decoded": 0, "example": None}
 
 
-def make_judge_reward(model, rubric: Rubric | str | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
-                      concurrency: int = 256, keep_quantized: bool = False) -> JudgeReward:
+def make_judge_reward(
+    model,
+    rubric: Rubric | str | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    concurrency: int = 256,
+    keep_quantized: bool = False,
+) -> JudgeReward:
     """A reward function named `judge` that asks `model` to grade each completion by `rubric`.
 
     model: any model source load_policy takes (a folder, a GGUF file, an alias,

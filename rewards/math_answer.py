@@ -204,7 +204,9 @@ def gold_answer(solution: str) -> str:
         raise ValueError("no '####' line in the answer")
     number = canonical_number(solution.rsplit("####", 1)[1])
     if number is None:
-        raise ValueError(f"the text after '####' is not a number: {solution.rsplit('####', 1)[1].strip()[:40]!r}")
+        raise ValueError(
+            f"the text after '####' is not a number: {solution.rsplit('####', 1)[1].strip()[:40]!r}"
+        )
     return number
 
 
@@ -242,8 +244,9 @@ def _math_verify_match(raw: str, gold) -> bool | None:
     timeout = 3 if threading.current_thread() is threading.main_thread() else None
     try:
         target = parse("\\boxed{" + raw + "}", parsing_timeout=timeout)
-        return bool(target) and bool(verify(parse(str(gold), parsing_timeout=timeout), target,
-                                            timeout_seconds=timeout))
+        return bool(target) and bool(
+            verify(parse(str(gold), parsing_timeout=timeout), target, timeout_seconds=timeout)
+        )
     except Exception:  # a parse it cannot do is a "no", never a crash
         return False
 

@@ -47,6 +47,7 @@ from benchlib import emit_result, load_average, load_since, machine_line, markdo
 
 # ---------------------------------------------------------------- the machine's own rates
 
+
 def matmul_peak(dtype, sizes=(512, 1024, 2048), seconds=0.5) -> float:
     """Best FLOP/s of a square matmul of the model's dtype on the default device."""
     return 1e9 * max(gflops(n, n, n, seconds / len(sizes), dtype) for n in sizes)
@@ -62,8 +63,13 @@ def machine_limits(model, tokenizer, shape: dict, args) -> dict:
     bare = bare_loop(model, prompt, width, min(args.max_tokens, 64))
     rows = min(args.micro_batch_size, width) * (len(prompt) + args.max_tokens)
     rate = gflops(rows, shape["hidden"], shape["intermediate"], 1.0)
-    return {"decode_width": width, "bare_decode_step_ms": 1000 * bare, "bare_decode_tok_s": width / bare,
-            "update_shape": [rows, shape["hidden"], shape["intermediate"]], "update_shape_sgemm_gflops": rate}
+    return {
+        "decode_width": width,
+        "bare_decode_step_ms": 1000 * bare,
+        "bare_decode_tok_s": width / bare,
+        "update_shape": [rows, shape["hidden"], shape["intermediate"]],
+        "update_shape_sgemm_gflops": rate,
+    }
 
 
 def peer_available() -> bool:
@@ -76,16 +82,26 @@ def peer_available() -> bool:
 
 # ---------------------------------------------------------------- main
 
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", help="model folder or Hugging Face id (default: a random model of --preset)")
     p.add_argument("--preset", choices=PRESETS, default="tiny", help="shape of the random model")
     p.add_argument("--dtype", default="float32", help="random model's dtype (float32, bfloat16, float16)")
-    p.add_argument("--dequantize", action="store_true",
-                   help="run a float32 copy of --model (quantized weights widened), made in a temporary folder")
-    p.add_argument("--quantize", type=int, choices=(0, 4, 8), default=0,
-                   help="random model's weights quantised to 4 or 8 bits (a QLoRA base)")
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="run a float32 copy of --model (quantized weights widened), made in a temporary folder",
+    )
+    p.add_argument(
+        "--quantize",
+        type=int,
+        choices=(0, 4, 8),
+        default=0,
+        help="random model's weights quantised to 4 or 8 bits (a QLoRA base)",
+    )
     p.add_argument("--prompts", type=int, default=2, help="prompts per step")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=32)
@@ -100,20 +116,40 @@ def parse_args(argv=None):
     p.add_argument("--decode-concurrency", type=int, default=256)
     p.add_argument("--logprob-chunk-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-stop", action="store_true",
-                   help="equal work: both trainers decode every completion to --max-tokens (end tokens do not stop)")
-    p.add_argument("--synthetic-rollouts", action="store_true",
-                   help="skip decoding: every completion is max_tokens random tokens (to measure the update alone)")
-    p.add_argument("--variants", default="",
-                   help=f"comma-separated variants of ours to run alongside: {', '.join(VARIANTS)}, or all")
-    p.add_argument("--peer", choices=("auto", "off", "only"), default="auto",
-                   help="also run mlx-lm-lora (auto: when installed), or only it")
-    p.add_argument("--blas", choices=("auto", "stock"), default="auto",
-                   help="auto: OpenBLAS preloaded when installed on Linux, as the mlx-grpo command does; "
-                        "stock: the BLAS MLX came with")
-    p.add_argument("--limits", action="store_true",
-                   help="also measure MLX's bare decode loop at the rollout's width and the matmul rate at the "
-                        "update's shape, and give each trainer's rollout and update as fractions of them")
+    p.add_argument(
+        "--no-stop",
+        action="store_true",
+        help="equal work: both trainers decode every completion to --max-tokens (end tokens do not stop)",
+    )
+    p.add_argument(
+        "--synthetic-rollouts",
+        action="store_true",
+        help="skip decoding: every completion is max_tokens random tokens (to measure the update alone)",
+    )
+    p.add_argument(
+        "--variants",
+        default="",
+        help=f"comma-separated variants of ours to run alongside: {', '.join(VARIANTS)}, or all",
+    )
+    p.add_argument(
+        "--peer",
+        choices=("auto", "off", "only"),
+        default="auto",
+        help="also run mlx-lm-lora (auto: when installed), or only it",
+    )
+    p.add_argument(
+        "--blas",
+        choices=("auto", "stock"),
+        default="auto",
+        help="auto: OpenBLAS preloaded when installed on Linux, as the mlx-grpo command does; "
+        "stock: the BLAS MLX came with",
+    )
+    p.add_argument(
+        "--limits",
+        action="store_true",
+        help="also measure MLX's bare decode loop at the rollout's width and the matmul rate at the "
+        "update's shape, and give each trainer's rollout and update as fractions of them",
+    )
     p.add_argument("--out", help="also write the JSON here")
     return p.parse_args(argv)
 
@@ -132,8 +168,9 @@ def run(args) -> dict:
             model_path, shape = args.model, model_shape(args.model)
         else:
             shape = PRESETS[args.preset]
-            model_path = str(build_random_model(Path(tmp), **shape, seed=args.seed, dtype=args.dtype,
-                                                bits=args.quantize))
+            model_path = str(
+                build_random_model(Path(tmp), **shape, seed=args.seed, dtype=args.dtype, bits=args.quantize)
+            )
         texts = prompt_texts(args.prompts)
         peer_wanted = args.peer == "only" or (args.peer == "auto" and peer_available())
         if args.peer == "only" and not peer_available():
@@ -144,11 +181,15 @@ def run(args) -> dict:
         trainers += [Ours(model_path, texts, args, name, *VARIANTS[name]) for name in variants]
         if peer_wanted:
             from mlx_grpo.run.trainer import make_optimizer
+
             trainers.append(Peer(model_path, texts, args, make_optimizer(ours.config)))
         if args.peer == "only":
             del ours
-        dtype = next(v.dtype for _, v in tree_flatten(trainers[0].model.parameters())
-                     if mx.issubdtype(v.dtype, mx.floating))
+        dtype = next(
+            v.dtype
+            for _, v in tree_flatten(trainers[0].model.parameters())
+            if mx.issubdtype(v.dtype, mx.floating)
+        )
         peak = matmul_peak(dtype, sizes=(512, 1024) if on_cpu() else (2048, 4096, 8192))
 
         results = {t.name: [] for t in trainers}
@@ -161,17 +202,30 @@ def run(args) -> dict:
             trainers[0].model.eval()
             limits = machine_limits(trainers[0].model, trainers[0].tokenizer, shape, args)
 
-        prompt_tokens = [len(d[0]) for d in trainers[-1].dataset] if peer_wanted else \
-            [len(ours._encode(t)) for t in texts]
+        prompt_tokens = (
+            [len(d[0]) for d in trainers[-1].dataset]
+            if peer_wanted
+            else [len(ours._encode(t)) for t in texts]
+        )
         out = {
-            "workload": {"model": args.model or f"random {args.preset}", **shape, "dtype": str(dtype),
-                         "prompts": args.prompts, "group_size": args.group_size, "max_tokens": args.max_tokens,
-                         "steps": args.steps, "lora_rank": args.lora_rank, "lora_layers": args.lora_layers,
-                         "decode_concurrency": args.decode_concurrency, "micro_batch_size": args.micro_batch_size,
-                         "quantized_bits": args.quantize or None,
-                         "logprob_chunk_size": args.logprob_chunk_size, "synthetic_rollouts": args.synthetic_rollouts,
-                         "no_stop": args.no_stop,
-                         "prompt_tokens": prompt_tokens},
+            "workload": {
+                "model": args.model or f"random {args.preset}",
+                **shape,
+                "dtype": str(dtype),
+                "prompts": args.prompts,
+                "group_size": args.group_size,
+                "max_tokens": args.max_tokens,
+                "steps": args.steps,
+                "lora_rank": args.lora_rank,
+                "lora_layers": args.lora_layers,
+                "decode_concurrency": args.decode_concurrency,
+                "micro_batch_size": args.micro_batch_size,
+                "quantized_bits": args.quantize or None,
+                "logprob_chunk_size": args.logprob_chunk_size,
+                "synthetic_rollouts": args.synthetic_rollouts,
+                "no_stop": args.no_stop,
+                "prompt_tokens": prompt_tokens,
+            },
             "device": str(mx.default_device()),
             "machine": machine_line(),
             # 1, 5 and 15-minute load averages at the start and end (a shared machine: other work slows both)
@@ -181,11 +235,22 @@ def run(args) -> dict:
             "matmul_peak_gflops": peak / 1e9,
         }
         for name, steps in results.items():
-            out[name] = summary(steps, args.warmup, shape, args.group_size, 2.0, peak,
-                                decoded=not (args.synthetic_rollouts and name != "mlx_lm_lora"))
+            out[name] = summary(
+                steps,
+                args.warmup,
+                shape,
+                args.group_size,
+                2.0,
+                peak,
+                decoded=not (args.synthetic_rollouts and name != "mlx_lm_lora"),
+            )
             if limits:  # each trainer as a fraction of what the machine does at its shapes
-                out[name]["rollout_frac_of_bare_decode"] = out[name]["rollout_tokens_per_s"] / limits["bare_decode_tok_s"]
-                out[name]["update_frac_of_sgemm"] = out[name]["update_gflops"] / limits["update_shape_sgemm_gflops"]
+                out[name]["rollout_frac_of_bare_decode"] = (
+                    out[name]["rollout_tokens_per_s"] / limits["bare_decode_tok_s"]
+                )
+                out[name]["update_frac_of_sgemm"] = (
+                    out[name]["update_gflops"] / limits["update_shape_sgemm_gflops"]
+                )
         if limits:
             out["limits"] = limits
         if "mlx_grpo" in out and "mlx_lm_lora" in out:
@@ -202,19 +267,31 @@ def run(args) -> dict:
 
 
 TABLE_COLUMNS = [  # (heading, key in a trainer's summary, format)
-    ("step s", "step_s", ".2f"), ("rollout s", "rollout_s", ".2f"), ("update s", "update_s", ".2f"),
-    ("tokens/completion", "mean_completion_tokens", ".1f"), ("step s / 1k tokens", "step_s_per_1k_tokens", ".2f"),
-    ("rollout tok/s", "rollout_tokens_per_s", ".0f"), ("update tok/s", "train_tokens_per_s", ".0f"),
-    ("peak GB", "peak_memory_gb", ".2f"), ("rollout / update peak GB", None, None),
+    ("step s", "step_s", ".2f"),
+    ("rollout s", "rollout_s", ".2f"),
+    ("update s", "update_s", ".2f"),
+    ("tokens/completion", "mean_completion_tokens", ".1f"),
+    ("step s / 1k tokens", "step_s_per_1k_tokens", ".2f"),
+    ("rollout tok/s", "rollout_tokens_per_s", ".0f"),
+    ("update tok/s", "train_tokens_per_s", ".0f"),
+    ("peak GB", "peak_memory_gb", ".2f"),
+    ("rollout / update peak GB", None, None),
 ]
 
 
 def table(out: dict) -> str:
     """The trainers' figures as a Markdown table."""
-    rows = [[name] + [format(figures[key], fmt) if key else
-                      f"{figures['rollout_peak_memory_gb']:.2f} / {figures['update_peak_memory_gb']:.2f}"
-                      for _, key, fmt in TABLE_COLUMNS]
-            for name, figures in out.items() if isinstance(figures, dict) and "step_s" in figures]
+    rows = [
+        [name]
+        + [
+            format(figures[key], fmt)
+            if key
+            else f"{figures['rollout_peak_memory_gb']:.2f} / {figures['update_peak_memory_gb']:.2f}"
+            for _, key, fmt in TABLE_COLUMNS
+        ]
+        for name, figures in out.items()
+        if isinstance(figures, dict) and "step_s" in figures
+    ]
     return markdown_table(["trainer"] + [h for h, _, _ in TABLE_COLUMNS], rows)
 
 

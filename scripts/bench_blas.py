@@ -28,8 +28,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts, also when loaded by path
 
-from mlx_grpo.blas import (CORETYPE, MKL_THREADS, cpu_flags, openblas_identity, pip_mkl_path,  # noqa: E402
-                            system_openblas_path)
+from mlx_grpo.blas import (
+    CORETYPE,
+    MKL_THREADS,
+    cpu_flags,
+    openblas_identity,
+    pip_mkl_path,  # noqa: E402
+    system_openblas_path,
+)
 from benchlib import Timer, cpu_model, emit_result, markdown_table  # noqa: E402
 
 SHAPES = [  # (name, m, k, n)
@@ -61,8 +67,11 @@ def child(seconds: float) -> dict:
     """Runs inside a candidate's process: its BLAS as the process sees it, and every shape's rate."""
     from mlx_grpo.blas import blas_description, matmul_error
 
-    return {"blas": blas_description(), "max_rel_error": matmul_error(),
-            "gflops": {name: gflops(m, k, n, seconds) for name, m, k, n in SHAPES}}
+    return {
+        "blas": blas_description(),
+        "max_rel_error": matmul_error(),
+        "gflops": {name: gflops(m, k, n, seconds) for name, m, k, n in SHAPES},
+    }
 
 
 def own_identity(library: str) -> tuple[str, str] | None:
@@ -70,8 +79,9 @@ def own_identity(library: str) -> tuple[str, str] | None:
     OPENBLAS_CORETYPE, the environment its "(its own choice)" candidate runs in: here a CORETYPE set by
     the user or the machine would name its kernels instead, and loading it would start its threads."""
     env = {k: v for k, v in os.environ.items() if k != CORETYPE}
-    out = subprocess.run([sys.executable, __file__, "--identity", library], env=env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--identity", library], env=env, capture_output=True, text=True, check=True
+    )
     identity = json.loads(out.stdout)
     return tuple(identity) if identity else None
 
@@ -84,11 +94,16 @@ def candidates(cores: list[str], reference: bool) -> list[tuple[str, dict]]:
     if identity:
         version, own = identity
         found.append((f"OpenBLAS {version}, {own} (its own choice)", {"LD_PRELOAD": system, CORETYPE: None}))
-        found += [(f"OpenBLAS {version}, {core} (forced)", {"LD_PRELOAD": system, CORETYPE: core})
-                  for core in cores if core.lower() != own.lower()]
+        found += [
+            (f"OpenBLAS {version}, {core} (forced)", {"LD_PRELOAD": system, CORETYPE: core})
+            for core in cores
+            if core.lower() != own.lower()
+        ]
     mkl = pip_mkl_path()
     if mkl:
-        threads = {name: os.environ.get(name, value) for name, value in MKL_THREADS.items()}  # as mlx-grpo runs it
+        threads = {
+            name: os.environ.get(name, value) for name, value in MKL_THREADS.items()
+        }  # as mlx-grpo runs it
         found.append(("MKL (pip)", {"LD_PRELOAD": mkl, **threads, CORETYPE: None}))
     if reference:
         found.append(("reference (mlx wheel)", {"LD_PRELOAD": None, CORETYPE: None}))
@@ -102,8 +117,13 @@ def run_candidate(changes: dict, seconds: float) -> dict:
             env.pop(key, None)
         else:
             env[key] = value
-    out = subprocess.run([sys.executable, __file__, "--child", "--seconds", str(seconds)], env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--seconds", str(seconds)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -111,8 +131,11 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=1.0, help="time spent on each shape")
     p.add_argument("--rounds", type=int, default=1, help="round-robin passes over the candidates (medians)")
-    p.add_argument("--cores", default="SkylakeX,Cooperlake,Haswell,Prescott",
-                   help="OPENBLAS_CORETYPE values to force, comma-separated ('' for none)")
+    p.add_argument(
+        "--cores",
+        default="SkylakeX,Cooperlake,Haswell,Prescott",
+        help="OPENBLAS_CORETYPE values to force, comma-separated ('' for none)",
+    )
     p.add_argument("--reference", action="store_true", help="also the mlx wheel's reference BLAS (slow)")
     p.add_argument("--json", help="write the JSON here instead of stdout")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -125,8 +148,11 @@ def main(argv=None) -> dict:
         print(json.dumps(openblas_identity(args.identity)))
         return {}
     if os.environ.get(CORETYPE):  # the candidates set or unset it, so the user's choice is not what runs
-        print(f"note: {CORETYPE}={os.environ[CORETYPE]} is set here; the candidates run without it or with "
-              f"--cores' values (list it in --cores to measure it)", file=sys.stderr)
+        print(
+            f"note: {CORETYPE}={os.environ[CORETYPE]} is set here; the candidates run without it or with "
+            f"--cores' values (list it in --cores to measure it)",
+            file=sys.stderr,
+        )
 
     found = candidates([c for c in args.cores.split(",") if c], args.reference)
     if not found:
@@ -145,14 +171,22 @@ def main(argv=None) -> dict:
             "gflops": {name: statistics.median(r["gflops"][name] for r in measured) for name, *_ in SHAPES},
         }
     cpu = cpu_model()
-    report = {"cpu": cpu, "cores": os.cpu_count(), "avx512f": "avx512f" in cpu_flags(),
-              "seconds": args.seconds, "rounds": args.rounds, "results": results}
+    report = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "avx512f": "avx512f" in cpu_flags(),
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "results": results,
+    }
 
     labels = list(results)
     rows = [[name] + [f"{results[lab]['gflops'][name]:.0f}" for lab in labels] for name, *_ in SHAPES]
     rows.append(["max rel error vs float64"] + [f"{results[lab]['max_rel_error']:.0e}" for lab in labels])
-    table = (f"\n{markdown_table(['shape (m x k x n)'] + labels, rows)}\n"
-             f"GFLOP/s, float32 mx.matmul, median of {args.rounds} round(s); CPU: {cpu}, {os.cpu_count()} cores")
+    table = (
+        f"\n{markdown_table(['shape (m x k x n)'] + labels, rows)}\n"
+        f"GFLOP/s, float32 mx.matmul, median of {args.rounds} round(s); CPU: {cpu}, {os.cpu_count()} cores"
+    )
     emit_result(report, args.json, table, indent=1)
     return report
 

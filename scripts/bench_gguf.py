@@ -40,12 +40,19 @@ def greedy_speed(model, tokenizer, tokens: int) -> dict:
     seconds, cpu_seconds = timer.seconds, time.process_time() - cpu_start
     written = len(tokenizer.encode(text))
     # CPU seconds (all threads) say less about the machine's load than the wall clock does.
-    return {"tokens": written, "seconds": round(seconds, 2), "tok_per_s": round(written / seconds, 1),
-            "tok_per_cpu_s": round(written / cpu_seconds, 1), "text": text}
+    return {
+        "tokens": written,
+        "seconds": round(seconds, 2),
+        "tok_per_s": round(written / seconds, 1),
+        "tok_per_cpu_s": round(written / cpu_seconds, 1),
+        "text": text,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m", help="a .gguf file or a packaged model alias")
     parser.add_argument("--tokens", type=int, default=100, help="greedy tokens to time")
     parser.add_argument("--repeats", type=int, default=3, help="timed decodes of each kind, taken in turn")
@@ -64,8 +71,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-gguf-"))
     os.environ["MLX_GRPO_CACHE"] = str(work / "cache")  # a fresh cache: the first import converts
     source = resolve_model_path(args.model)
-    result = {"load_avg_1min": load_average()[0], "model": args.model, "file": source,
-              "file_mb": round(Path(source).stat().st_size / 1e6, 1)}
+    result = {
+        "load_avg_1min": load_average()[0],
+        "model": args.model,
+        "file": source,
+        "file_mb": round(Path(source).stat().st_size / 1e6, 1),
+    }
 
     with Timer() as timer:
         model, tokenizer = load_policy(args.model, keep_quantized=True)
@@ -81,12 +92,20 @@ def main() -> None:
     for _ in range(args.repeats):
         runs["stored"].append(greedy_speed(model, tokenizer, args.tokens))
         runs["float32"].append(greedy_speed(widened, tokenizer, args.tokens))
-    decode = {kind: {"tok_per_s": [r["tok_per_s"] for r in rs],
-                     "median_tok_per_s": statistics.median(r["tok_per_s"] for r in rs),
-                     "median_tok_per_cpu_s": statistics.median(r["tok_per_cpu_s"] for r in rs),
-                     "tokens": rs[0]["tokens"], "text": rs[0]["text"]} for kind, rs in runs.items()}
+    decode = {
+        kind: {
+            "tok_per_s": [r["tok_per_s"] for r in rs],
+            "median_tok_per_s": statistics.median(r["tok_per_s"] for r in rs),
+            "median_tok_per_cpu_s": statistics.median(r["tok_per_cpu_s"] for r in rs),
+            "tokens": rs[0]["tokens"],
+            "text": rs[0]["text"],
+        }
+        for kind, rs in runs.items()
+    }
     decode["same_text"] = decode["stored"]["text"] == decode["float32"]["text"]
-    decode["float32_speedup"] = round(decode["float32"]["median_tok_per_s"] / decode["stored"]["median_tok_per_s"], 2)
+    decode["float32_speedup"] = round(
+        decode["float32"]["median_tok_per_s"] / decode["stored"]["median_tok_per_s"], 2
+    )
     result["decode"] = decode
     del widened
 
@@ -103,8 +122,7 @@ def main() -> None:
             out = work / f"export-{outtype}.gguf"
             with Timer() as timer:
                 ex.export(args.model, str(work / "adapters"), gguf_path=str(out), outtype=outtype)
-            exports[outtype] = {"seconds": round(timer.seconds, 1),
-                                "mb": round(out.stat().st_size / 1e6, 1)}
+            exports[outtype] = {"seconds": round(timer.seconds, 1), "mb": round(out.stat().st_size / 1e6, 1)}
             out.unlink()
     result["export"] = exports
     emit_result(result, None, indent=1)

@@ -33,14 +33,18 @@ from benchlib import Timer, emit_result, load_average, markdown_table  # noqa: E
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m", help="model (as for train --model); default smollm2-135m")
+    p.add_argument(
+        "--model", default="smollm2-135m", help="model (as for train --model); default smollm2-135m"
+    )
     p.add_argument("--prompts", type=int, default=4, help="web tasks (held-out rows)")
     p.add_argument("--samples", type=int, default=8, help="episodes per task (the group)")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--max-episode-tokens", type=int, default=1536)
-    p.add_argument("--concurrency", type=int, default=256, help="decode_concurrency (the budget may lower it)")
+    p.add_argument(
+        "--concurrency", type=int, default=256, help="decode_concurrency (the budget may lower it)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mode", nargs="+", default=["before", "after"], choices=("before", "after"))
     p.add_argument("--repeat", type=int, default=1, help="runs of each mode, interleaved")
@@ -64,13 +68,21 @@ def run_mode(args, mode: str) -> dict:
     from mlx_grpo.run.task_setup import load_task
     from mlx_grpo.tasks.registry import recommended_settings
 
-    config = build_config({"task": "web", "model": args.model, "eval_num_problems": args.prompts,
-                           "max_tokens": args.max_tokens, "max_turns": args.max_turns,
-                           "max_episode_tokens": args.max_episode_tokens}, task_defaults=recommended_settings)
+    config = build_config(
+        {
+            "task": "web",
+            "model": args.model,
+            "eval_num_problems": args.prompts,
+            "max_tokens": args.max_tokens,
+            "max_turns": args.max_turns,
+            "max_episode_tokens": args.max_episode_tokens,
+        },
+        task_defaults=recommended_settings,
+    )
     task = load_task(config)
     model, tokenizer = load_policy(config.model)
     model.eval()
-    rows = task.eval_rows[:args.prompts]
+    rows = task.eval_rows[: args.prompts]
     per_token = kv_bytes_per_token(model)
     mx.random.seed(args.seed)
     mx.eval(model.parameters())
@@ -78,34 +90,57 @@ def run_mode(args, mode: str) -> dict:
     before = mx.get_active_memory()
     stats = Stats()
     with Timer() as timer:
-        episodes = rollout_episodes(model, tokenizer, make_envs(task, rows, args.samples), args.samples,
-                                    replace(config.sampling, temperature=args.temperature, max_tokens=args.max_tokens),
-                                    args.max_turns, args.max_episode_tokens, task.system_prompt, args.concurrency,
-                                    seed=args.seed, reuse_cache=mode == "after", stats=stats)
+        episodes = rollout_episodes(
+            model,
+            tokenizer,
+            make_envs(task, rows, args.samples),
+            args.samples,
+            replace(config.sampling, temperature=args.temperature, max_tokens=args.max_tokens),
+            args.max_turns,
+            args.max_episode_tokens,
+            task.system_prompt,
+            args.concurrency,
+            seed=args.seed,
+            reuse_cache=mode == "after",
+            stats=stats,
+        )
     seconds = timer.seconds
     turns = []
     for t in stats.turns:
         needed = t["rows"] * (t["longest"] + args.max_tokens) * per_token
         above = t["peak_gb"] * 1e9 - before
-        turns.append({**{k: round(v, 3) if isinstance(v, float) else v for k, v in t.items()},
-                      "kv_needed_gb": round(needed / 1e9, 3), "peak_above_start_gb": round(above / 1e9, 3),
-                      "peak_over_kv": round(above / needed, 2)})
-    prompts = sum(len(ep.prompt_tokens) for ep in episodes[::args.samples])
+        turns.append(
+            {
+                **{k: round(v, 3) if isinstance(v, float) else v for k, v in t.items()},
+                "kv_needed_gb": round(needed / 1e9, 3),
+                "peak_above_start_gb": round(above / 1e9, 3),
+                "peak_over_kv": round(above / needed, 2),
+            }
+        )
+    prompts = sum(len(ep.prompt_tokens) for ep in episodes[:: args.samples])
     observations = sum(len(ep.mask) - int(sum(ep.mask)) for ep in episodes)
     prefilled = sum(t["prefilled"] for t in stats.turns)
     rewards = [ep.reward for ep in episodes]
     return {
-        "mode": mode, "model": config.model, "blas": loaded_blas(), "blas_kernels": blas_description(), "rows": len(episodes),
-        "rollout_s": round(seconds, 2), "prefill_s": round(sum(t["prefill_s"] for t in stats.turns), 2),
+        "mode": mode,
+        "model": config.model,
+        "blas": loaded_blas(),
+        "blas_kernels": blas_description(),
+        "rows": len(episodes),
+        "rollout_s": round(seconds, 2),
+        "prefill_s": round(sum(t["prefill_s"] for t in stats.turns), 2),
         "decode_s": round(sum(t["decode_s"] for t in stats.turns), 2),
-        "tokens_prefilled": prefilled, "prompt_and_observation_tokens": prompts + observations,
+        "tokens_prefilled": prefilled,
+        "prompt_and_observation_tokens": prompts + observations,
         "prefilled_over_new": round(prefilled / max(1, prompts + observations), 3),
         "model_tokens": sum(int(sum(ep.mask)) for ep in episodes),
-        "kv_bytes_per_token": per_token, "weights_and_start_gb": round(before / 1e9, 3),
+        "kv_bytes_per_token": per_token,
+        "weights_and_start_gb": round(before / 1e9, 3),
         "max_peak_over_kv": max(t["peak_over_kv"] for t in turns),
         # The whole rollout: its highest peak against the most keys and values any turn's rows need.
-        "rollout_peak_over_kv": round(max(t["peak_above_start_gb"] for t in turns)
-                                      / max(t["kv_needed_gb"] for t in turns), 2),
+        "rollout_peak_over_kv": round(
+            max(t["peak_above_start_gb"] for t in turns) / max(t["kv_needed_gb"] for t in turns), 2
+        ),
         "mean_reward": round(sum(rewards) / len(rewards), 4),
         "max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3),
         "turns": turns,
@@ -113,13 +148,24 @@ def run_mode(args, mode: str) -> dict:
 
 
 def table(result: dict) -> str:
-    cols = ("turn", "rows", "longest", "prefilled", "prefill_s", "decode_s", "peak_gb", "kv_needed_gb",
-            "peak_over_kv")
-    lines = [f"{result['mode']}: {result['rollout_s']} s (prefill {result['prefill_s']}, decode {result['decode_s']}), "
-             f"prefilled {result['tokens_prefilled']} = {result['prefilled_over_new']}x the prompt and observation "
-             f"tokens, peak {result['rollout_peak_over_kv']}x the most keys and values a turn needs, "
-             f"max RSS {result['max_rss_gb']} GB, blas {result['blas']}",
-             markdown_table(list(cols), [[t[c] for c in cols] for t in result["turns"]])]
+    cols = (
+        "turn",
+        "rows",
+        "longest",
+        "prefilled",
+        "prefill_s",
+        "decode_s",
+        "peak_gb",
+        "kv_needed_gb",
+        "peak_over_kv",
+    )
+    lines = [
+        f"{result['mode']}: {result['rollout_s']} s (prefill {result['prefill_s']}, decode {result['decode_s']}), "
+        f"prefilled {result['tokens_prefilled']} = {result['prefilled_over_new']}x the prompt and observation "
+        f"tokens, peak {result['rollout_peak_over_kv']}x the most keys and values a turn needs, "
+        f"max RSS {result['max_rss_gb']} GB, blas {result['blas']}",
+        markdown_table(list(cols), [[t[c] for c in cols] for t in result["turns"]]),
+    ]
     return "\n".join(lines)
 
 
@@ -143,8 +189,11 @@ def main(argv=None):
             result = json.loads(done.stdout.strip().splitlines()[-1])
             results.append(result)
             print(table(result), file=sys.stderr, flush=True)
-    out = {"settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
-           "load_average": load_average(), "runs": results}
+    out = {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("child", "out")},
+        "load_average": load_average(),
+        "runs": results,
+    }
     by_mode = {m: [r["rollout_s"] for r in results if r["mode"] == m] for m in args.mode}
     if all(by_mode.get(m) for m in ("before", "after")):
         out["speedup"] = round(min(by_mode["before"]) / min(by_mode["after"]), 2)

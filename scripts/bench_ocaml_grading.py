@@ -28,8 +28,8 @@ def completions_for(problem: dict) -> list[str]:
     sig = problem["signature"]
     return [
         f"```ocaml\n{problem['solution']}```",
-        f"```ocaml\n{sig}\n  failwith \"todo\"\n```",  # builds, every test fails
-        f"```ocaml\n{sig}\n  \"not the right type\" + 1\n```",  # type error
+        f'```ocaml\n{sig}\n  failwith "todo"\n```',  # builds, every test fails
+        f'```ocaml\n{sig}\n  "not the right type" + 1\n```',  # type error
         f"```ocaml\n{sig}\n  let x = in\n```",  # syntax error
     ]
 

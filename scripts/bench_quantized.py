@@ -29,9 +29,17 @@ def speeds(model: str, keep_quantized: bool, args) -> dict:
     from mlx_grpo.api import Trainer
 
     with Timer() as timer:
-        trainer = Trainer(model=model, task="arith", keep_quantized=keep_quantized, steps=args.steps + 1,
-                          batch_size=args.batch_size, group_size=args.group_size, max_tokens=args.max_tokens,
-                          eval_num_problems=1, seed=args.seed)
+        trainer = Trainer(
+            model=model,
+            task="arith",
+            keep_quantized=keep_quantized,
+            steps=args.steps + 1,
+            batch_size=args.batch_size,
+            group_size=args.group_size,
+            max_tokens=args.max_tokens,
+            eval_num_problems=1,
+            seed=args.seed,
+        )
     load_s = timer.seconds
     history = [trainer.step() for _ in range(args.steps + 1)][1:]  # the first step warms up
     return {
@@ -65,8 +73,11 @@ def logit_difference(model: str, adapters: str | None, seed: int) -> dict:
         save_adapters(policy, Path(adapters), {**config, "model": model})
     floats, tokenizer = load_policy(model, adapters)
     kept, _ = load_policy(model, adapters, keep_quantized=True)
-    prompt = encode_prompt(tokenizer, "Tom has 7 apples. He gives 3 to a friend. How many apples does he have left?",
-                           "Answer with only the final number.")
+    prompt = encode_prompt(
+        tokenizer,
+        "Tom has 7 apples. He gives 3 to a friend. How many apples does he have left?",
+        "Answer with only the final number.",
+    )
     tokens = mx.array([prompt + tokenizer.encode(" 4 apples. That leaves 4.", add_special_tokens=False)])
     a, b = np.array(floats(tokens)[0], dtype=np.float64), np.array(kept(tokens)[0], dtype=np.float64)
     log_a, log_b = _log_softmax(a), _log_softmax(b)
@@ -94,14 +105,21 @@ def mlx_tree_random_b(model):
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
 
-    return tree_unflatten([(k, 0.01 * mx.random.normal(v.shape)) for k, v in tree_flatten(model.trainable_parameters())
-                           if k.endswith("lora_b")])
+    return tree_unflatten(
+        [
+            (k, 0.01 * mx.random.normal(v.shape))
+            for k, v in tree_flatten(model.trainable_parameters())
+            if k.endswith("lora_b")
+        ]
+    )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--adapters", default=None, help="adapters to apply (a run folder); default: random ones")
+    parser.add_argument(
+        "--adapters", default=None, help="adapters to apply (a run folder); default: random ones"
+    )
     parser.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
     parser.add_argument("--batch-size", type=int, default=6)
     parser.add_argument("--group-size", type=int, default=8)
@@ -114,8 +132,12 @@ def main():
     from mlx_grpo.blas import use_openblas
 
     use_openblas()
-    results = {"model": args.model, "machine": machine_line(),
-               "load_average": load_average(), "float32_copy": speeds(args.model, False, args)}
+    results = {
+        "model": args.model,
+        "machine": machine_line(),
+        "load_average": load_average(),
+        "float32_copy": speeds(args.model, False, args),
+    }
     print(json.dumps(results["float32_copy"]), flush=True)
     if not args.skip_quantized:
         results["kept_quantized"] = speeds(args.model, True, args)

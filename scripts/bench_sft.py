@@ -51,13 +51,16 @@ PRESETS = {
     "tiny": BENCH_PRESETS["tiny"],
     "qwen05": BENCH_PRESETS["qwen0.5b"],  # Qwen2.5-0.5B's shape
     # SmolLM2-135M's shape (a Llama: no attention biases)
-    "smollm2": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, model_type="llama"),
+    "smollm2": dict(
+        hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, model_type="llama"
+    ),
 }
 GOAL_SPEEDUP = 1.5  # tokens/s against mlx_lm.lora's, at no more peak memory than its own
 SIDES = ("mlx_grpo", "mlx_lm_lora")
 
 
 # ---------------------------------------------------------------- the workload
+
 
 def fixed_length_text(tokenizer, n: int, rng) -> str:
     """Random lowercase words that encode to `n` tokens (exactly, for a byte-level tokenizer)."""
@@ -70,7 +73,9 @@ def fixed_length_text(tokenizer, n: int, rng) -> str:
     return text
 
 
-def write_rows(folder: Path, tokenizer, rows: int, prompt_tokens: int, completion_tokens: int, seed: int) -> Path:
+def write_rows(
+    folder: Path, tokenizer, rows: int, prompt_tokens: int, completion_tokens: int, seed: int
+) -> Path:
     """train.jsonl of prompt/completion rows, mlx_lm.lora's completions format, which sft reads too."""
     import numpy as np
 
@@ -78,8 +83,10 @@ def write_rows(folder: Path, tokenizer, rows: int, prompt_tokens: int, completio
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "train.jsonl", "w", encoding="utf-8") as f:
         for _ in range(rows):
-            row = {"prompt": fixed_length_text(tokenizer, prompt_tokens, rng),
-                   "completion": fixed_length_text(tokenizer, completion_tokens, rng)}
+            row = {
+                "prompt": fixed_length_text(tokenizer, prompt_tokens, rng),
+                "completion": fixed_length_text(tokenizer, completion_tokens, rng),
+            }
             f.write(json.dumps(row) + "\n")
     return folder
 
@@ -91,12 +98,15 @@ def padded_width_peer(length: int) -> int:
 
 # ---------------------------------------------------------------- one side, in its own process
 
+
 def _process_peaks() -> dict:
     import mlx.core as mx
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return {"peak_memory_gb": mx.get_peak_memory() / 1e9,
-            "rss_peak_gb": rss / (1e9 if sys.platform == "darwin" else 1e6)}
+    return {
+        "peak_memory_gb": mx.get_peak_memory() / 1e9,
+        "rss_peak_gb": rss / (1e9 if sys.platform == "darwin" else 1e6),
+    }
 
 
 def run_sft_side(spec: dict) -> dict:
@@ -108,12 +118,25 @@ def run_sft_side(spec: dict) -> dict:
     from mlx_grpo.run.sft import batch_indices, micro_batches, pad_id_of, sft_step
     from mlx_grpo.run.sft_setup import sft_setup
 
-    config = build_config({
-        "model": spec["model"], "data": spec["data"], "steps": spec["steps"], "batch_size": spec["batch_size"],
-        "micro_batch_size": spec["micro_batch_size"], "lora_rank": spec["lora_rank"],
-        "lora_layers": spec["lora_layers"], "lora_scale": spec["lora_scale"], "lora_dropout": 0.0, "lr": spec["lr"],
-        "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": spec["max_grad_norm"], "seed": spec["seed"],
-        "logprob_chunk_size": spec["logprob_chunk_size"]})
+    config = build_config(
+        {
+            "model": spec["model"],
+            "data": spec["data"],
+            "steps": spec["steps"],
+            "batch_size": spec["batch_size"],
+            "micro_batch_size": spec["micro_batch_size"],
+            "lora_rank": spec["lora_rank"],
+            "lora_layers": spec["lora_layers"],
+            "lora_scale": spec["lora_scale"],
+            "lora_dropout": 0.0,
+            "lr": spec["lr"],
+            "warmup_steps": 0,
+            "weight_decay": 0.0,
+            "max_grad_norm": spec["max_grad_norm"],
+            "seed": spec["seed"],
+            "logprob_chunk_size": spec["logprob_chunk_size"],
+        }
+    )
     run = sft_setup(config)
     model, pad = run.model, pad_id_of(run.tokenizer)
     loaded = _process_peaks()
@@ -121,18 +144,40 @@ def run_sft_side(spec: dict) -> dict:
     records, end = [], time.perf_counter()
     for step in range(1, spec["steps"] + 1):
         batch = [run.train[i] for i in batch_indices(len(run.train), config.batch_size, step, config.seed)]
-        m = sft_step(model, run.optimizer, batch, pad, config.micro_batch_size, config.max_grad_norm,
-                     config.logprob_chunk_size)
+        m = sft_step(
+            model,
+            run.optimizer,
+            batch,
+            pad,
+            config.micro_batch_size,
+            config.max_grad_norm,
+            config.logprob_chunk_size,
+        )
         now = time.perf_counter()
-        widths = [len(part) * max(len(ids) for ids, _ in part)  # each micro-batch padded to its longest
-                  for part in micro_batches(batch, config.micro_batch_size)]
-        records.append({"wall_s": now - end, "own_step_s": m["time/step_s"], "loss": m["loss"],
-                        "tokens": m["tokens"], "trained_tokens": m["trained_tokens"], "padded_tokens": sum(widths)})
+        widths = [
+            len(part) * max(len(ids) for ids, _ in part)  # each micro-batch padded to its longest
+            for part in micro_batches(batch, config.micro_batch_size)
+        ]
+        records.append(
+            {
+                "wall_s": now - end,
+                "own_step_s": m["time/step_s"],
+                "loss": m["loss"],
+                "tokens": m["tokens"],
+                "trained_tokens": m["trained_tokens"],
+                "padded_tokens": sum(widths),
+            }
+        )
         end = now
     mx.eval(model.parameters())
-    return {"steps": records, "row_lengths": sorted({len(ids) for ids, _ in run.train + run.valid}),
-            "trainable_parameters": trainable_parameter_count(model), "load_peak": loaded,
-            "heap": "freed memory kept (models/heap.py)", **_process_peaks()}
+    return {
+        "steps": records,
+        "row_lengths": sorted({len(ids) for ids, _ in run.train + run.valid}),
+        "trainable_parameters": trainable_parameter_count(model),
+        "load_peak": loaded,
+        "heap": "freed memory kept (models/heap.py)",
+        **_process_peaks(),
+    }
 
 
 def run_peer_side(spec: dict) -> dict:
@@ -147,13 +192,28 @@ def run_peer_side(spec: dict) -> dict:
     from mlx_lm.utils import load
 
     folder = tempfile.mkdtemp(prefix="bench-sft-peer-")
-    settings = {**lora.CONFIG_DEFAULTS, "model": spec["model"], "train": True, "data": spec["data"],
-                "fine_tune_type": "lora", "optimizer": "adamw", "optimizer_config": {"adamw": {"weight_decay": 0.0}},
-                "mask_prompt": True, "num_layers": spec["lora_layers"], "batch_size": spec["batch_size"],
-                "iters": spec["steps"], "learning_rate": spec["lr"], "steps_per_report": 1,
-                "steps_per_eval": 10**9, "save_every": 10**9, "adapter_path": folder, "seed": spec["seed"],
-                "lora_parameters": {"rank": spec["lora_rank"], "dropout": 0.0, "scale": spec["lora_scale"]},
-                "max_seq_length": max(2048, spec["row_tokens_max"] + 64), "grad_checkpoint": False}
+    settings = {
+        **lora.CONFIG_DEFAULTS,
+        "model": spec["model"],
+        "train": True,
+        "data": spec["data"],
+        "fine_tune_type": "lora",
+        "optimizer": "adamw",
+        "optimizer_config": {"adamw": {"weight_decay": 0.0}},
+        "mask_prompt": True,
+        "num_layers": spec["lora_layers"],
+        "batch_size": spec["batch_size"],
+        "iters": spec["steps"],
+        "learning_rate": spec["lr"],
+        "steps_per_report": 1,
+        "steps_per_eval": 10**9,
+        "save_every": 10**9,
+        "adapter_path": folder,
+        "seed": spec["seed"],
+        "lora_parameters": {"rank": spec["lora_rank"], "dropout": 0.0, "scale": spec["lora_scale"]},
+        "max_seq_length": max(2048, spec["row_tokens_max"] + 64),
+        "grad_checkpoint": False,
+    }
     args = types.SimpleNamespace(**settings)
     np.random.seed(args.seed)  # as lora.run does
     model, tokenizer = load(args.model)
@@ -169,15 +229,27 @@ def run_peer_side(spec: dict) -> dict:
     start = time.perf_counter()
     lora.train_model(args, model, train_set, [], Reports())  # no validation set: none runs between steps
     ends = [start] + [r["at"] for r in reports]
-    records = [{"wall_s": b - a, "own_step_s": 1.0 / r["iterations_per_second"], "loss": r["train_loss"],
-                "own_tokens_per_s": r["tokens_per_second"],
-                "padded_tokens": spec["batch_size"] * padded_width_peer(max(len(t) for t, _ in rows))}
-               for a, b, r in zip(ends, ends[1:], reports)]
+    records = [
+        {
+            "wall_s": b - a,
+            "own_step_s": 1.0 / r["iterations_per_second"],
+            "loss": r["train_loss"],
+            "own_tokens_per_s": r["tokens_per_second"],
+            "padded_tokens": spec["batch_size"] * padded_width_peer(max(len(t) for t, _ in rows)),
+        }
+        for a, b, r in zip(ends, ends[1:], reports)
+    ]
     from mlx_grpo.models.adapters import trainable_parameter_count
-    return {"steps": records, "row_lengths": sorted({len(t) for t, _ in rows}),
-            "prompt_offsets": sorted({o for _, o in rows}),
-            "trainable_parameters": trainable_parameter_count(model), "load_peak": loaded,
-            "heap": "malloc's defaults", **_process_peaks()}
+
+    return {
+        "steps": records,
+        "row_lengths": sorted({len(t) for t, _ in rows}),
+        "prompt_offsets": sorted({o for _, o in rows}),
+        "trainable_parameters": trainable_parameter_count(model),
+        "load_peak": loaded,
+        "heap": "malloc's defaults",
+        **_process_peaks(),
+    }
 
 
 def side_main(args, runner=None) -> None:
@@ -188,6 +260,7 @@ def side_main(args, runner=None) -> None:
         use_openblas()  # re-executes this process with OpenBLAS preloaded, when there is one
     if args.side == "mlx_grpo":
         from mlx_grpo.models.heap import keep_freed_memory
+
         keep_freed_memory()  # as the mlx-grpo command does
     spec = json.loads(Path(args.spec).read_text())
     runner = runner or (lambda side, spec: run_sft_side(spec) if side == "mlx_grpo" else run_peer_side(spec))
@@ -197,6 +270,7 @@ def side_main(args, runner=None) -> None:
 
 
 # ---------------------------------------------------------------- the parent
+
 
 def peer_problem() -> str | None:
     """Why mlx_lm.lora cannot run here, or None."""
@@ -210,8 +284,18 @@ def peer_problem() -> str | None:
 
 def run_side(side: str, spec_path: Path, folder: Path, blas: str, script: str = __file__) -> dict:
     result = folder / f"{side}.json"
-    command = [sys.executable, str(Path(script).resolve()), "--side", side, "--spec", str(spec_path),
-               "--result", str(result), "--blas", blas]
+    command = [
+        sys.executable,
+        str(Path(script).resolve()),
+        "--side",
+        side,
+        "--spec",
+        str(spec_path),
+        "--result",
+        str(result),
+        "--blas",
+        blas,
+    ]
     load = load_average()
     done = subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT))
     if done.returncode != 0 or not result.is_file():
@@ -258,8 +342,10 @@ def prepare(args, folder: Path) -> tuple[dict, dict]:
 
     if args.model:
         from mlx_grpo.models.loading import model_folder
-        path = (dequantized_copy(args.model, folder / "float32") if args.dequantize
-                else model_folder(args.model))
+
+        path = (
+            dequantized_copy(args.model, folder / "float32") if args.dequantize else model_folder(args.model)
+        )
         shape = model_shape(path)
     else:
         shape = PRESETS[args.preset]
@@ -268,20 +354,48 @@ def prepare(args, folder: Path) -> tuple[dict, dict]:
     rows = args.batch_size * max(1, min(args.steps, 8))  # fixed-length rows: a few batches are all it takes
     data = write_rows(folder / "data", tokenizer, rows, args.prompt_tokens, args.completion_tokens, args.seed)
     sample = json.loads((data / "train.jsonl").read_text().splitlines()[0])
-    messages = [{"role": "user", "content": sample["prompt"]}, {"role": "assistant", "content": sample["completion"]}]
-    row_tokens = len(tokenizer.apply_chat_template(messages, tokenize=True)) if tokenizer.chat_template else \
-        args.prompt_tokens + args.completion_tokens + 8
-    spec = {"model": path, "data": str(data), "steps": args.steps, "batch_size": args.batch_size,
-            "micro_batch_size": args.micro_batch_size or args.batch_size, "lora_rank": args.lora_rank,
-            "lora_layers": args.lora_layers, "lora_scale": args.lora_scale, "lr": args.lr,
-            "max_grad_norm": args.max_grad_norm, "seed": args.seed, "logprob_chunk_size": args.logprob_chunk_size,
-            "row_tokens_max": row_tokens}
-    workload = {"model": args.model or f"random {args.preset}", **shape, "dtype": args.dtype,
-                "batch_size": args.batch_size, "micro_batch_size": spec["micro_batch_size"], "steps": args.steps,
-                "warmup": args.warmup, "prompt_text_tokens": args.prompt_tokens,
-                "completion_text_tokens": args.completion_tokens, "rows": rows, "lora_rank": args.lora_rank,
-                "lora_layers": args.lora_layers, "lora_scale": args.lora_scale, "lr": args.lr,
-                "logprob_chunk_size": args.logprob_chunk_size, "mask_prompt": True}
+    messages = [
+        {"role": "user", "content": sample["prompt"]},
+        {"role": "assistant", "content": sample["completion"]},
+    ]
+    row_tokens = (
+        len(tokenizer.apply_chat_template(messages, tokenize=True))
+        if tokenizer.chat_template
+        else args.prompt_tokens + args.completion_tokens + 8
+    )
+    spec = {
+        "model": path,
+        "data": str(data),
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "micro_batch_size": args.micro_batch_size or args.batch_size,
+        "lora_rank": args.lora_rank,
+        "lora_layers": args.lora_layers,
+        "lora_scale": args.lora_scale,
+        "lr": args.lr,
+        "max_grad_norm": args.max_grad_norm,
+        "seed": args.seed,
+        "logprob_chunk_size": args.logprob_chunk_size,
+        "row_tokens_max": row_tokens,
+    }
+    workload = {
+        "model": args.model or f"random {args.preset}",
+        **shape,
+        "dtype": args.dtype,
+        "batch_size": args.batch_size,
+        "micro_batch_size": spec["micro_batch_size"],
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "prompt_text_tokens": args.prompt_tokens,
+        "completion_text_tokens": args.completion_tokens,
+        "rows": rows,
+        "lora_rank": args.lora_rank,
+        "lora_layers": args.lora_layers,
+        "lora_scale": args.lora_scale,
+        "lr": args.lr,
+        "logprob_chunk_size": args.logprob_chunk_size,
+        "mask_prompt": True,
+    }
     return spec, workload
 
 
@@ -303,7 +417,9 @@ def run(args) -> dict:
         results = {side: run_side(side, spec_path, Path(tmp), args.blas) for side in wanted}
     lengths = {side: r["row_lengths"] for side, r in results.items()}
     if len({tuple(v) for v in lengths.values()}) > 1:
-        raise SystemExit(f"error: the two sides encoded different rows (token lengths {lengths}): not equal work")
+        raise SystemExit(
+            f"error: the two sides encoded different rows (token lengths {lengths}): not equal work"
+        )
     counts = {}
     if "mlx_grpo" in results:  # sft's count of a step's tokens; the same rows on the other side
         first = results["mlx_grpo"]["steps"][0]
@@ -325,59 +441,97 @@ def run(args) -> dict:
         out["speedup"] = ours["tokens_per_s"] / peer["tokens_per_s"]
         out["memory_ratio"] = ours["peak_memory_gb"] / peer["peak_memory_gb"]
         out["rss_ratio"] = ours["rss_peak_gb"] / peer["rss_peak_gb"]
-        out["goal"] = {"speedup_at_least": GOAL_SPEEDUP, "peak_memory_at_most_ratio": 1.0,
-                       "met": out["speedup"] >= GOAL_SPEEDUP and out["memory_ratio"] <= 1.0}
+        out["goal"] = {
+            "speedup_at_least": GOAL_SPEEDUP,
+            "peak_memory_at_most_ratio": 1.0,
+            "met": out["speedup"] >= GOAL_SPEEDUP and out["memory_ratio"] <= 1.0,
+        }
     return out
 
 
 TABLE_COLUMNS = [  # (heading, key, format)
-    ("step s", "step_s", ".3f"), ("own step s", "own_step_s", ".3f"), ("tok/s", "tokens_per_s", ".0f"),
-    ("trained tok/s", "trained_tokens_per_s", ".0f"), ("padding", "padding_share", ".1%"),
-    ("peak GB", "peak_memory_gb", ".2f"), ("load peak GB", "load_peak_memory_gb", ".2f"),
-    ("RSS GB", "rss_peak_gb", ".2f"), ("loss first", "loss_first", ".3f"), ("loss last", "loss_last", ".3f"),
+    ("step s", "step_s", ".3f"),
+    ("own step s", "own_step_s", ".3f"),
+    ("tok/s", "tokens_per_s", ".0f"),
+    ("trained tok/s", "trained_tokens_per_s", ".0f"),
+    ("padding", "padding_share", ".1%"),
+    ("peak GB", "peak_memory_gb", ".2f"),
+    ("load peak GB", "load_peak_memory_gb", ".2f"),
+    ("RSS GB", "rss_peak_gb", ".2f"),
+    ("loss first", "loss_first", ".3f"),
+    ("loss last", "loss_last", ".3f"),
 ]
 
 
 def table(out: dict) -> str:
-    rows = [[side] + [format(out[side][k], f) for _, k, f in TABLE_COLUMNS]
-            for side in SIDES if "step_s" in out.get(side, {})]
+    rows = [
+        [side] + [format(out[side][k], f) for _, k, f in TABLE_COLUMNS]
+        for side in SIDES
+        if "step_s" in out.get(side, {})
+    ]
     lines = [markdown_table(["trainer"] + [h for h, _, _ in TABLE_COLUMNS], rows)]
     if "speedup" in out:
-        lines.append(f"\nspeedup {out['speedup']:.2f}x (goal {GOAL_SPEEDUP}x), peak memory ratio "
-                     f"{out['memory_ratio']:.2f}; BLAS: {out['blas_kernels']}; {out['machine']['cpu']}")
+        lines.append(
+            f"\nspeedup {out['speedup']:.2f}x (goal {GOAL_SPEEDUP}x), peak memory ratio "
+            f"{out['memory_ratio']:.2f}; BLAS: {out['blas_kernels']}; {out['machine']['cpu']}"
+        )
     return "\n".join(lines)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="model folder, GGUF file or Hugging Face id (default: a random model of --preset)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model", help="model folder, GGUF file or Hugging Face id (default: a random model of --preset)"
+    )
     p.add_argument("--preset", choices=PRESETS, default="tiny", help="shape of the random model")
     p.add_argument("--dtype", default="float32", help="random model's dtype (float32, bfloat16, float16)")
-    p.add_argument("--dequantize", action="store_true",
-                   help="run a float32 copy of --model (quantized weights widened): the same weights for both sides")
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="run a float32 copy of --model (quantized weights widened): the same weights for both sides",
+    )
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--micro-batch-size", type=int, default=None, help="sft's micro-batch (default: the batch)")
+    p.add_argument(
+        "--micro-batch-size", type=int, default=None, help="sft's micro-batch (default: the batch)"
+    )
     p.add_argument("--prompt-tokens", type=int, default=64, help="tokens of each row's prompt text")
     p.add_argument("--completion-tokens", type=int, default=171, help="tokens of each row's completion text")
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--warmup", type=int, default=2,
-                   help="first steps left out of the medians (at least 1; mlx_lm.lora traces its compiled step "
-                        "again at step 2, once the optimizer has its state)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="first steps left out of the medians (at least 1; mlx_lm.lora traces its compiled step "
+        "again at step 2, once the optimizer has its state)",
+    )
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--lora-rank", type=int, default=8)
-    p.add_argument("--lora-layers", type=int, default=None,
-                   help="the last N blocks get adapters; -1: all (default: mlx_lm.lora's 16, all of a smaller model)")
+    p.add_argument(
+        "--lora-layers",
+        type=int,
+        default=None,
+        help="the last N blocks get adapters; -1: all (default: mlx_lm.lora's 16, all of a smaller model)",
+    )
     p.add_argument("--lora-scale", type=float, default=20.0)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="sft's clip (mlx_lm.lora has none)")
     p.add_argument("--logprob-chunk-size", type=int, default=None, help="sft's vocabulary-projection chunk")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--order", default="mlx_grpo,mlx_lm_lora", help="which side runs first")
-    p.add_argument("--peer", choices=("auto", "off", "only"), default="auto",
-                   help="also run mlx_lm.lora (auto: when it can be imported), or only it")
-    p.add_argument("--blas", choices=("auto", "stock"), default="auto",
-                   help="auto: both sides with OpenBLAS preloaded when installed on Linux, as the mlx-grpo command "
-                        "does; stock: the BLAS MLX came with")
+    p.add_argument(
+        "--peer",
+        choices=("auto", "off", "only"),
+        default="auto",
+        help="also run mlx_lm.lora (auto: when it can be imported), or only it",
+    )
+    p.add_argument(
+        "--blas",
+        choices=("auto", "stock"),
+        default="auto",
+        help="auto: both sides with OpenBLAS preloaded when installed on Linux, as the mlx-grpo command "
+        "does; stock: the BLAS MLX came with",
+    )
     p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # the child processes'
     p.add_argument("--spec", help=argparse.SUPPRESS)
@@ -385,7 +539,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.side is None:
         if args.warmup < 1 or args.steps <= args.warmup:
-            p.error("--warmup must be at least 1 and below --steps (the first step's time is its compilation)")
+            p.error(
+                "--warmup must be at least 1 and below --steps (the first step's time is its compilation)"
+            )
         if min(args.batch_size, args.prompt_tokens, args.completion_tokens, args.lora_rank) < 1:
             p.error("--batch-size, --prompt-tokens, --completion-tokens and --lora-rank must be at least 1")
         layers = PRESETS[args.preset]["layers"] if not args.model else None

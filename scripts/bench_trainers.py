@@ -19,14 +19,23 @@ from bench_variants import replaced, stops_ignored
 from bench_workload import letter_share, step_flops
 
 
-def summary(steps: list[dict], warmup: int, shape: dict, group: int, backward_factor: float, peak: float,
-            decoded: bool = True) -> dict:
+def summary(
+    steps: list[dict],
+    warmup: int,
+    shape: dict,
+    group: int,
+    backward_factor: float,
+    peak: float,
+    decoded: bool = True,
+) -> dict:
     """A trainer's steps after the first `warmup`: median seconds, tokens/s and FLOP/s (`peak`: the matmul
     peak they are a share of), peak memory, and the reward curve (of every step)."""
     timed = steps[warmup:] or steps
     med = lambda key: statistics.median(s[key] for s in timed)  # noqa: E731
     generated = [sum(s["completion_lengths"]) for s in timed]
-    flops = [step_flops(shape, s["prompt_lengths"], s["completion_lengths"], group, backward_factor) for s in timed]
+    flops = [
+        step_flops(shape, s["prompt_lengths"], s["completion_lengths"], group, backward_factor) for s in timed
+    ]
     if not decoded:  # synthetic rollouts: nothing was decoded
         flops = [(0.0, u) for _, u in flops]
     achieved = statistics.median((r + u) / s["step_s"] for (r, u), s in zip(flops, timed))
@@ -67,11 +76,24 @@ class Ours:
         from mlx_grpo.tasks.registry import Task
 
         settings = dict(
-            model=model_path, task="custom", steps=args.steps, batch_size=len(texts), group_size=args.group_size,
-            max_tokens=args.max_tokens, temperature=args.temperature, lr=args.lr, warmup_steps=0,
-            scale_rewards="group", kl_every=0, lora_rank=args.lora_rank, lora_layers=args.lora_layers,
-            max_grad_norm=args.max_grad_norm, micro_batch_size=args.micro_batch_size,
-            decode_concurrency=args.decode_concurrency, logprob_chunk_size=args.logprob_chunk_size, seed=args.seed,
+            model=model_path,
+            task="custom",
+            steps=args.steps,
+            batch_size=len(texts),
+            group_size=args.group_size,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            lr=args.lr,
+            warmup_steps=0,
+            scale_rewards="group",
+            kl_every=0,
+            lora_rank=args.lora_rank,
+            lora_layers=args.lora_layers,
+            max_grad_norm=args.max_grad_norm,
+            micro_batch_size=args.micro_batch_size,
+            decode_concurrency=args.decode_concurrency,
+            logprob_chunk_size=args.logprob_chunk_size,
+            seed=args.seed,
             runaway_penalty=1.0,  # the peer has no length penalty: the same reward for both
         )
         settings.update(overrides or {})
@@ -80,12 +102,22 @@ class Ours:
         self.config = TrainConfig.from_flat({k: v for k, v in settings.items() if k in FIELDS})
         self.model, self.tokenizer = load_policy(model_path)
         mx.random.seed(args.seed)  # the same adapter initialisation as the peer
-        prepare_for_training(self.model, "lora", {"rank": args.lora_rank, "scale": 20.0, "dropout": 0.0,
-                                                  "num_layers": args.lora_layers})
+        prepare_for_training(
+            self.model,
+            "lora",
+            {"rank": args.lora_rank, "scale": 20.0, "dropout": 0.0, "num_layers": args.lora_layers},
+        )
         self.optimizer = make_optimizer(self.config)
-        self.task = Task(name="bench", train_rows=[{"prompt": t} for t in texts], eval_rows=[],
-                         reward_functions=[letter_share], reward_weights=[1.0], system_prompt=None,
-                         accuracy_reward=None, warnings=[])
+        self.task = Task(
+            name="bench",
+            train_rows=[{"prompt": t} for t in texts],
+            eval_rows=[],
+            reward_functions=[letter_share],
+            reward_weights=[1.0],
+            system_prompt=None,
+            accuracy_reward=None,
+            warnings=[],
+        )
         self.step_number = 0
         self.no_stop = args.no_stop
 
@@ -102,23 +134,32 @@ class Ours:
             return result
 
         collect = trainer.collect_rollouts
-        with self.patch(), replaced(trainer, "collect_rollouts", rollouts_then_peak), \
-                (stops_ignored(self.tokenizer) if self.no_stop else contextlib.nullcontext()):
-            metrics, records = trainer.train_step(self.model, self.tokenizer, self.optimizer, self.task, self.config,
-                                                  self.step_number, None)
+        with (
+            self.patch(),
+            replaced(trainer, "collect_rollouts", rollouts_then_peak),
+            stops_ignored(self.tokenizer) if self.no_stop else contextlib.nullcontext(),
+        ):
+            metrics, records = trainer.train_step(
+                self.model, self.tokenizer, self.optimizer, self.task, self.config, self.step_number, None
+            )
         prompts = {}
         for r in records:
             prompts.setdefault(r["prompt"], len(self._encode(r["prompt"])))
         return {
-            "step_s": metrics["time/step_s"], "rollout_s": metrics["time/rollout_s"],
+            "step_s": metrics["time/step_s"],
+            "rollout_s": metrics["time/rollout_s"],
             "update_s": metrics["time/step_s"] - metrics["time/rollout_s"],
-            "peak_gb": max(rollout_peak[0], metrics["memory/peak_gb"]), "rollout_peak_gb": rollout_peak[0],
-            "update_peak_gb": metrics["memory/peak_gb"], "reward": metrics["reward/mean"],
-            "prompt_lengths": list(prompts.values()), "completion_lengths": [r["length"] for r in records],
+            "peak_gb": max(rollout_peak[0], metrics["memory/peak_gb"]),
+            "rollout_peak_gb": rollout_peak[0],
+            "update_peak_gb": metrics["memory/peak_gb"],
+            "reward": metrics["reward/mean"],
+            "prompt_lengths": list(prompts.values()),
+            "completion_lengths": [r["length"] for r in records],
         }
 
     def _encode(self, text):
         from mlx_grpo.tasks.data import encode_prompt
+
         return encode_prompt(self.tokenizer, text)
 
 
@@ -137,17 +178,31 @@ class Peer:
         self.trainer = grpo_trainer
         self.model, self.tokenizer = load_policy(model_path)
         mx.random.seed(args.seed)
-        prepare_for_training(self.model, "lora", {"rank": args.lora_rank, "scale": 20.0, "dropout": 0.0,
-                                                  "num_layers": args.lora_layers})
+        prepare_for_training(
+            self.model,
+            "lora",
+            {"rank": args.lora_rank, "scale": 20.0, "dropout": 0.0, "num_layers": args.lora_layers},
+        )
         self.optimizer = optimizer
         self.dataset = [(encode_prompt(self.tokenizer, t), [], t, "") for t in texts]
         self.folder = tempfile.mkdtemp(prefix="bench-peer-")
         self.no_stop = args.no_stop
         self.args = grpo_trainer.GRPOTrainingArgs(
-            batch_size=len(texts), iters=1, group_size=args.group_size, beta=0.0,
-            max_completion_length=args.max_tokens, temperature=args.temperature, top_p=1.0, top_k=0, min_p=0.0,
-            steps_per_report=1, steps_per_eval=10**9, steps_per_save=10**9, max_seq_length=4096,
-            adapter_file=os.path.join(self.folder, "adapters.safetensors"), grpo_loss_type="grpo",
+            batch_size=len(texts),
+            iters=1,
+            group_size=args.group_size,
+            beta=0.0,
+            max_completion_length=args.max_tokens,
+            temperature=args.temperature,
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            steps_per_report=1,
+            steps_per_eval=10**9,
+            steps_per_save=10**9,
+            max_seq_length=4096,
+            adapter_file=os.path.join(self.folder, "adapters.safetensors"),
+            grpo_loss_type="grpo",
         )
 
     def step(self) -> dict:
@@ -173,18 +228,32 @@ class Peer:
         self.trainer.generate_grpo = timed_generate
         mx.reset_peak_memory()
         try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-                    (stops_ignored(self.tokenizer) if self.no_stop else contextlib.nullcontext()):
-                self.trainer.train_grpo(self.model, None, self.tokenizer, self.optimizer, self.dataset,
-                                        reward_funcs=[letter_share], args=self.args, training_callback=Report(),
-                                        end_answer_token="")
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+                stops_ignored(self.tokenizer) if self.no_stop else contextlib.nullcontext(),
+            ):
+                self.trainer.train_grpo(
+                    self.model,
+                    None,
+                    self.tokenizer,
+                    self.optimizer,
+                    self.dataset,
+                    reward_funcs=[letter_share],
+                    args=self.args,
+                    training_callback=Report(),
+                    end_answer_token="",
+                )
         finally:
             self.trainer.generate_grpo = original
         return {
-            "step_s": times["end"] - times["start"], "rollout_s": times["rollout"] - times["start"],
+            "step_s": times["end"] - times["start"],
+            "rollout_s": times["rollout"] - times["start"],
             "update_s": times["end"] - times["rollout"],
-            "peak_gb": max(out["rollout_peak"], mx.get_peak_memory() / 1e9), "rollout_peak_gb": out["rollout_peak"],
+            "peak_gb": max(out["rollout_peak"], mx.get_peak_memory() / 1e9),
+            "rollout_peak_gb": out["rollout_peak"],
             "update_peak_gb": mx.get_peak_memory() / 1e9,
-            "reward": out["reward"], "prompt_lengths": [len(d[0]) for d in self.dataset],
+            "reward": out["reward"],
+            "prompt_lengths": [len(d[0]) for d in self.dataset],
             "completion_lengths": out["lengths"],
         }

@@ -44,6 +44,7 @@ def stops_ignored(tokenizer):
 
 # ---------------------------------------------------------------- variants (timing only)
 
+
 def without_shared_prefill():
     """Rollouts prefill every group member's prompt separately, as without sharing."""
     from mlx_grpo.sampling import fixed_decode
@@ -52,8 +53,10 @@ def without_shared_prefill():
 
     def separate(model, prompts, prefix_length, max_tokens):
         rows = [shared(model, [p], prefix_length, max_tokens) for p in prompts]
-        return ([mx.concatenate(layer) for layer in zip(*(keys for keys, _ in rows))],
-                [mx.concatenate(layer) for layer in zip(*(values for _, values in rows))])
+        return (
+            [mx.concatenate(layer) for layer in zip(*(keys for keys, _ in rows))],
+            [mx.concatenate(layer) for layer in zip(*(values for _, values in rows))],
+        )
 
     return replaced(fixed_decode, "_prefilled_buffers", separate)
 
@@ -98,8 +101,13 @@ def without_shared_prompt_forward():
     def per_sequence(model, parts, refs, after_prompt, loss_of):
         for i, mb in enumerate(parts):
             g = mb.group_size
-            rows = dataclasses.replace(mb, prompts=mx.repeat(mb.prompts, g, axis=0),
-                                       left_padding=mx.repeat(mb.left_padding, g), group_size=1, piece_of=None)
+            rows = dataclasses.replace(
+                mb,
+                prompts=mx.repeat(mb.prompts, g, axis=0),
+                left_padding=mx.repeat(mb.left_padding, g),
+                group_size=1,
+                piece_of=None,
+            )
 
             def loss_fn(model, rows=rows, ref=refs[i] if refs else None):
                 logp, entropy = after_prompt(model, prompt_pass(model, rows.prompts, rows.left_padding), rows)
@@ -129,8 +137,16 @@ def synthetic_rollouts():
         for i, prompt in enumerate(prompts):
             for _ in range(group_size):
                 tokens = [int(t) for t in rng.integers(3, vocab, sampling.max_tokens)]  # no end token
-                out.append(Completion(i, list(prompt), tokens, [-math.log(vocab)] * len(tokens), "length",
-                                      tokenizer.decode(tokens)))
+                out.append(
+                    Completion(
+                        i,
+                        list(prompt),
+                        tokens,
+                        [-math.log(vocab)] * len(tokens),
+                        "length",
+                        tokenizer.decode(tokens),
+                    )
+                )
         return out
 
     stack = contextlib.ExitStack()

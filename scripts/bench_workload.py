@@ -27,6 +27,7 @@ def dequantized_copy(model: str, folder: Path) -> str:
     from mlx_lm.convert import convert
 
     from mlx_grpo.models.loading import model_folder
+
     with contextlib.redirect_stdout(io.StringIO()):
         convert(model_folder(model), mlx_path=str(folder), dequantize=True, dtype="float32")
     return str(folder)
@@ -46,17 +47,25 @@ def model_shape(path: str) -> dict:
     from mlx_lm.utils import load_config
 
     from mlx_grpo.models.loading import model_folder
+
     local = Path(model_folder(path))  # a GGUF file or alias: its converted folder
     if not local.exists():
         from mlx_lm.utils import _download
+
         local = Path(_download(path))
     c = load_config(local)
-    return dict(hidden=c["hidden_size"], layers=c["num_hidden_layers"], heads=c["num_attention_heads"],
-                kv_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
-                intermediate=c["intermediate_size"], vocab=c["vocab_size"])
+    return dict(
+        hidden=c["hidden_size"],
+        layers=c["num_hidden_layers"],
+        heads=c["num_attention_heads"],
+        kv_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
+        intermediate=c["intermediate_size"],
+        vocab=c["vocab_size"],
+    )
 
 
 # ---------------------------------------------------------------- FLOPs
+
 
 def forward_flops(shape: dict, tokens: float, context: float) -> float:
     """Matmul FLOPs of a forward pass over `tokens` positions seeing `context` keys on average."""
@@ -68,8 +77,9 @@ def forward_flops(shape: dict, tokens: float, context: float) -> float:
     return 2 * tokens * (weights + attention)
 
 
-def step_flops(shape: dict, prompt_lengths: list[int], completion_lengths: list[int], group: int,
-               backward_factor: float) -> tuple[float, float]:
+def step_flops(
+    shape: dict, prompt_lengths: list[int], completion_lengths: list[int], group: int, backward_factor: float
+) -> tuple[float, float]:
     """(rollout, update) useful FLOPs of one step.
 
     Useful work counts each prompt once per group (what a shared prefill needs)
@@ -82,7 +92,7 @@ def step_flops(shape: dict, prompt_lengths: list[int], completion_lengths: list[
         prefill = forward_flops(shape, p, p / 2)
         rollout += prefill
         update += prefill
-        for k in completion_lengths[i * group:(i + 1) * group]:
+        for k in completion_lengths[i * group : (i + 1) * group]:
             decode = forward_flops(shape, k, p + k / 2)
             rollout += decode
             update += decode

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------- the clock
 
+
 class Timer:
     """Wall-clock seconds (time.perf_counter) of a `with` block; read inside the block, the seconds so far."""
 
@@ -50,6 +51,7 @@ def run_seconds(run, repeats: int) -> list[float]:
 
 # ---------------------------------------------------------------- the machine
 
+
 def load_average() -> list[float]:
     """The 1, 5 and 15-minute load averages, to two places (on a shared machine other work slows a figure)."""
     return [round(x, 2) for x in os.getloadavg()]
@@ -74,7 +76,9 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 def command_output(command: list[str]) -> str | None:
     """A command's stdout (run in the repository), or None when it cannot run."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT), timeout=30).stdout.strip()
+        return subprocess.run(
+            command, capture_output=True, text=True, cwd=str(ROOT), timeout=30
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -91,9 +95,16 @@ def machine() -> dict:
             return None
 
     dirty = command_output(["git", "status", "--porcelain", "--untracked-files=no"])
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "uptime": command_output(["uptime"]),
-            "commit": command_output(["git", "rev-parse", "HEAD"]), "dirty": bool(dirty),
-            "mlx": installed("mlx"), "mlx_lm": installed("mlx-lm"), "python": platform.python_version()}
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "uptime": command_output(["uptime"]),
+        "commit": command_output(["git", "rev-parse", "HEAD"]),
+        "dirty": bool(dirty),
+        "mlx": installed("mlx"),
+        "mlx_lm": installed("mlx-lm"),
+        "python": platform.python_version(),
+    }
 
 
 def machine_line() -> str:
@@ -106,6 +117,7 @@ def machine_line() -> str:
 
 
 # ---------------------------------------------------------------- the output
+
 
 def markdown_table(headings: list[str], rows: list[list]) -> str:
     """A Markdown table: the headings, the rule, then one line per row (its cells as str() gives them)."""

@@ -32,8 +32,16 @@ def parse(text: str, source: Path = SOURCE) -> list[dict]:
     for number, line in enumerate(text.splitlines(), start=1):
         header = re.match(r"## (\S+) (\S+) (\S+)\s*$", line)
         if header:
-            current = {"id": header[1], "difficulty": header[2], "topic": header[3], "prompt": "",
-                       "signature": "", "preamble": "", "tests": [], "solution": ""}
+            current = {
+                "id": header[1],
+                "difficulty": header[2],
+                "topic": header[3],
+                "prompt": "",
+                "signature": "",
+                "preamble": "",
+                "tests": [],
+                "solution": "",
+            }
             problems.append(current)
             in_solution = False
             continue
@@ -63,8 +71,10 @@ def parse(text: str, source: Path = SOURCE) -> list[dict]:
 
 def _check_unique(problems: list[dict]) -> None:
     """Ids, and the names of the functions asked for, each once."""
-    for what, values in (("ids", [p["id"] for p in problems]),
-                         ("function names", [_name(p["signature"]) for p in problems])):
+    for what, values in (
+        ("ids", [p["id"] for p in problems]),
+        ("function names", [_name(p["signature"]) for p in problems]),
+    ):
         duplicates = sorted({v for v in values if values.count(v) > 1})
         if duplicates:
             raise SystemExit(f"duplicate {what}: {', '.join(duplicates)}")
@@ -122,8 +132,9 @@ def check(problems: list[dict]) -> int:
     bad = [(p["id"], g) for p, g in zip(problems, grades) if g.score != 1.0]
     for pid, g in bad:
         print(f"FAIL {pid}: {g.stage} {g.tests_passed}/{g.tests_total} {g.error}")
-    print(f"{len(problems) - len(bad)}/{len(problems)} references score 1.0 "
-          f"({time.monotonic() - start:.1f} s)")
+    print(
+        f"{len(problems) - len(bad)}/{len(problems)} references score 1.0 ({time.monotonic() - start:.1f} s)"
+    )
     return 1 if bad else 0
 
 

@@ -130,10 +130,12 @@ def build_tokenizer():
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=2000,  # an upper bound: training stops once every word is whole
@@ -181,8 +183,15 @@ def save_tokenizer(tokenizer, out: Path) -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def model_config(vocab_size: int, eos_id: int, hidden: int = 64, layers: int = 2,
-                 intermediate: int = 256, heads: int = 4, kv_heads: int = 2) -> dict:
+def model_config(
+    vocab_size: int,
+    eos_id: int,
+    hidden: int = 64,
+    layers: int = 2,
+    intermediate: int = 256,
+    heads: int = 4,
+    kv_heads: int = 2,
+) -> dict:
     """config.json of the tiny Qwen2 model."""
     return {
         "model_type": "qwen2",
@@ -330,8 +339,15 @@ def main() -> None:
     print(f"tokenizer: {hf_tokenizer.get_vocab_size()} tokens")
     eos_id = hf_tokenizer.token_to_id(IM_END)
     pad_id = hf_tokenizer.token_to_id(PAD)
-    config = model_config(hf_tokenizer.get_vocab_size(), eos_id, args.hidden, args.layers,
-                          args.intermediate, args.heads, args.kv_heads)
+    config = model_config(
+        hf_tokenizer.get_vocab_size(),
+        eos_id,
+        args.hidden,
+        args.layers,
+        args.intermediate,
+        args.heads,
+        args.kv_heads,
+    )
     (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     # Load the tokenizer the way users will (mlx-lm's wrapper around transformers).
@@ -362,8 +378,10 @@ def main() -> None:
     test = arith.generate_problems(args.eval_problems, seed=0, split="test")
     eval_start = time.time()
     metrics = evaluate(model, tokenizer, test, eos_id, seed=args.seed)
-    print(f"eval ({time.time() - eval_start:.0f}s): greedy {metrics['greedy_accuracy']:.3f}  "
-          f"sampled {metrics['sampled_accuracy']:.3f}  pass@8 {metrics['pass@8']:.3f}")
+    print(
+        f"eval ({time.time() - eval_start:.0f}s): greedy {metrics['greedy_accuracy']:.3f}  "
+        f"sampled {metrics['sampled_accuracy']:.3f}  pass@8 {metrics['pass@8']:.3f}"
+    )
     for t, m in metrics["per_template"].items():
         print(f"  {t:9s} {m}")
 

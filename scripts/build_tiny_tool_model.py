@@ -118,7 +118,12 @@ def practice_turns(row: dict) -> list[str]:
     2-hop episode and its copy into the answer was learnt only by lucky initialisations (1 run in 4);
     copied into a call here as well, it was learnt by one of those that had missed it (step 300)."""
     steps = row["question_decomposition"]
-    return [call(question_company(row)), call(steps[0]["answer"]), call(steps[1]["answer"]), answer(row["answer"])]
+    return [
+        call(question_company(row)),
+        call(steps[0]["answer"]),
+        call(steps[1]["answer"]),
+        answer(row["answer"]),
+    ]
 
 
 def copy_probe(model, tokenizer, join, rows: list[dict]) -> list[float]:
@@ -176,13 +181,20 @@ def build_tokenizer(texts: list[str]):
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(base.QWEN2_SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(base.QWEN2_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1600, min_frequency=2, special_tokens=base.SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=1600,
+        min_frequency=2,
+        special_tokens=base.SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     # Every word once more on a line of its own, where no space precedes it: the merges that make it one
     # token are then learnt even for words that always follow a space (most names), which the merges
     # without_space_merges drops would otherwise have been the only ones to join.
@@ -203,9 +215,12 @@ def without_space_merges(tokenizer):
     pairs = [m.split(" ") if isinstance(m, str) else m for m in merges]
     # The same for a double quote (the answer's '"Pabangi"', a title's '"Facy'): Qwen2's split keeps one
     # punctuation mark with the word that follows it, so a quote could otherwise join a frequent name.
-    state["model"]["merges"] = [m for m, (a, b) in zip(merges, pairs)
-                                if not ((a + b).startswith("Ġ") and set(a + b) != {"Ġ"})
-                                and not ((a + b).startswith('"') and any(c.isalpha() for c in a + b))]
+    state["model"]["merges"] = [
+        m
+        for m, (a, b) in zip(merges, pairs)
+        if not ((a + b).startswith("Ġ") and set(a + b) != {"Ġ"})
+        and not ((a + b).startswith('"') and any(c.isalpha() for c in a + b))
+    ]
     return Tokenizer.from_str(json.dumps(state))
 
 
@@ -256,15 +271,28 @@ def accuracy(folder: Path, rows: list[dict], samples: int, seed: int) -> dict:
     model, tokenizer = load_policy(str(folder))
     out = {}
     for name, temperature, group in (("greedy", 0.0, 1), ("sampled", 1.0, samples)):
-        envs = [MultihopEnv(r, [exact_match_reward], [1.0], SYSTEM_PROMPT, 5.0) for r in rows for _ in range(group)]
-        episodes = rollout_episodes(model, tokenizer, envs, group, SamplingConfig(temperature, max_tokens=MAX_TOKENS),
-                                    MAX_TURNS, MAX_EPISODE_TOKENS, seed=seed)
+        envs = [
+            MultihopEnv(r, [exact_match_reward], [1.0], SYSTEM_PROMPT, 5.0)
+            for r in rows
+            for _ in range(group)
+        ]
+        episodes = rollout_episodes(
+            model,
+            tokenizer,
+            envs,
+            group,
+            SamplingConfig(temperature, max_tokens=MAX_TOKENS),
+            MAX_TURNS,
+            MAX_EPISODE_TOKENS,
+            seed=seed,
+        )
         solved = [bool(ep.info.get("solved")) for ep in episodes]
         out[f"{name}_accuracy"] = round(sum(solved) / len(solved), 4)
         out[f"{name}_calls"] = round(sum(ep.info.get("tools/calls", 0) for ep in episodes) / len(episodes), 3)
         if name == "sampled":
-            out[f"pass@{samples}"] = round(sum(any(solved[i:i + group]) for i in range(0, len(solved), group))
-                                           / len(rows), 4)
+            out[f"pass@{samples}"] = round(
+                sum(any(solved[i : i + group]) for i in range(0, len(solved), group)) / len(rows), 4
+            )
         else:
             out["greedy_examples"] = [ep.text for ep in episodes[:3]]
     return out
@@ -273,7 +301,9 @@ def accuracy(folder: Path, rows: list[dict], samples: int, seed: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--copy-steps", type=int, default=400, help="phase 1: right episodes, every token, a round")
+    parser.add_argument(
+        "--copy-steps", type=int, default=400, help="phase 1: right episodes, every token, a round"
+    )
     parser.add_argument("--copy-rounds", type=int, default=3, help="phase 1: at most this many rounds")
     parser.add_argument("--steps", type=int, default=150, help="phase 2: the imperfect episodes")
     parser.add_argument("--batch-size", type=int, default=16)
@@ -297,18 +327,29 @@ def main() -> None:
     staging.mkdir(parents=True)
 
     # Rendering needs only the chat template: a first tokenizer renders the corpus the real one is learnt from.
-    rows = synthetic_rows("train", [2], args.examples, seed=10_000 + args.seed, chains=CHAINS)  # worlds no run trains or tests on
+    rows = synthetic_rows(
+        "train", [2], args.examples, seed=10_000 + args.seed, chains=CHAINS
+    )  # worlds no run trains or tests on
     turns = [model_turns(r, rng) for r in rows]
     bootstrap = write_tokenizer(build_tokenizer(["user", "assistant"]), staging)
     corpus = [t for r, ts in zip(rows[:1500], turns) for t in episode_texts(bootstrap, r, ts)]
-    corpus += [t for r in rows[1500:2500] for t in episode_texts(bootstrap, r, model_turns(r, rng, noisy=False))]
+    corpus += [
+        t for r in rows[1500:2500] for t in episode_texts(bootstrap, r, model_turns(r, rng, noisy=False))
+    ]
     practice = synthetic_rows("train", [3], args.examples, seed=30_000 + args.seed, chains=PRACTICE_CHAIN)
     corpus += [t for r in practice[:1000] for t in episode_texts(bootstrap, r, practice_turns(r))]
     hf_tokenizer = build_tokenizer(corpus)
     tokenizer = write_tokenizer(hf_tokenizer, staging)
     eos_id, pad_id = hf_tokenizer.token_to_id(base.IM_END), hf_tokenizer.token_to_id(base.PAD)
-    config = base.model_config(hf_tokenizer.get_vocab_size(), eos_id, hidden=args.hidden, layers=args.layers,
-                               intermediate=4 * args.hidden, heads=args.heads, kv_heads=args.heads)
+    config = base.model_config(
+        hf_tokenizer.get_vocab_size(),
+        eos_id,
+        hidden=args.hidden,
+        layers=args.layers,
+        intermediate=4 * args.hidden,
+        heads=args.heads,
+        kv_heads=args.heads,
+    )
     config["max_position_embeddings"] = 4096
     (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     print(f"tokenizer: {hf_tokenizer.get_vocab_size()} tokens")
@@ -320,8 +361,10 @@ def main() -> None:
     mx.eval(model.parameters())
     examples = [episode_ids(tokenizer, join, r, ts) for r, ts in zip(rows, turns)]
     mean_len = sum(len(ids) for ids, _ in examples) / len(examples)
-    print(f"model: {base.count_parameters(model):,} parameters; data: {len(examples)} episodes, "
-          f"{mean_len:.0f} tokens each")
+    print(
+        f"model: {base.count_parameters(model):,} parameters; data: {len(examples)} episodes, "
+        f"{mean_len:.0f} tokens each"
+    )
 
     # Phase 1 teaches the copies: right episodes only (the 2-hop ones and the 3-hop practice), with the
     # loss on every token. The paragraphs then copy too (a read's result opens with the title asked
@@ -339,35 +382,66 @@ def main() -> None:
     # seed had all three at step 200, another still missed the answer's at 400 with the lr decayed):
     # train in rounds, each with its own warmup and decay, until the probe shows all three.
     for round_ in range(args.copy_rounds):
-        history += base.train(model, right_batches, args.copy_steps, args.lr, max(1, args.copy_steps // 20),
-                              log_every=50)
+        history += base.train(
+            model, right_batches, args.copy_steps, args.lr, max(1, args.copy_steps // 20), log_every=50
+        )
         probes["after_copy_phase"] = copy_probe(model, tokenizer, join, probe_rows)
         print(f"p(right company, city, country), teacher-forced: {probes['after_copy_phase']}", flush=True)
         if min(probes["after_copy_phase"]) > 0.9:
             break
     else:
-        raise SystemExit(f"the copies were not learnt in {args.copy_rounds} rounds "
-                         f"(p {probes['after_copy_phase']}): try another --seed")
+        raise SystemExit(
+            f"the copies were not learnt in {args.copy_rounds} rounds "
+            f"(p {probes['after_copy_phase']}): try another --seed"
+        )
     probes["copy_rounds"] = round_ + 1
-    history += base.train(model, batches(examples, args.batch_size, rng, pad_id), args.steps, args.lr / 2,
-                          max(1, args.steps // 10), log_every=50)
+    history += base.train(
+        model,
+        batches(examples, args.batch_size, rng, pad_id),
+        args.steps,
+        args.lr / 2,
+        max(1, args.steps // 10),
+        log_every=50,
+    )
     probes["after_choice_phase"] = copy_probe(model, tokenizer, join, probe_rows)
     print(f"p(right company, city, country), teacher-forced: {probes['after_choice_phase']}", flush=True)
     train_seconds = time.time() - train_start
-    mx.save_safetensors(str(staging / "model.safetensors"), dict(tree_flatten(model.parameters())),
-                        metadata={"format": "mlx"})
+    mx.save_safetensors(
+        str(staging / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"}
+    )
 
-    test = synthetic_rows("test", [2], args.eval_rows, seed=0, chains=CHAINS)  # the task's own held-out questions
+    test = synthetic_rows(
+        "test", [2], args.eval_rows, seed=0, chains=CHAINS
+    )  # the task's own held-out questions
     metrics = accuracy(staging, test, samples=8, seed=args.seed)
     print({k: v for k, v in metrics.items() if k != "greedy_examples"})
     info = {
-        "seed": args.seed, "parameters": base.count_parameters(model), "config": config,
-        "data": {"hops": 2, "chains": CHAINS, "episodes": len(examples), "mean_tokens": round(mean_len, 1), "p_call": P_CALL,
-                 "p_read_on": P_READ_ON},
-        "sft": {"copy_steps": args.copy_steps, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-                "train_seconds": round(train_seconds, 1), "loss_history": history, "copy_probe": probes},
-        "eval": {"rows": f"synthetic_rows('test', [2], {args.eval_rows}, seed=0, chains={CHAINS})", "max_turns": MAX_TURNS,
-                 "max_tokens": MAX_TOKENS, **metrics},
+        "seed": args.seed,
+        "parameters": base.count_parameters(model),
+        "config": config,
+        "data": {
+            "hops": 2,
+            "chains": CHAINS,
+            "episodes": len(examples),
+            "mean_tokens": round(mean_len, 1),
+            "p_call": P_CALL,
+            "p_read_on": P_READ_ON,
+        },
+        "sft": {
+            "copy_steps": args.copy_steps,
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "train_seconds": round(train_seconds, 1),
+            "loss_history": history,
+            "copy_probe": probes,
+        },
+        "eval": {
+            "rows": f"synthetic_rows('test', [2], {args.eval_rows}, seed=0, chains={CHAINS})",
+            "max_turns": MAX_TURNS,
+            "max_tokens": MAX_TOKENS,
+            **metrics,
+        },
         "build_seconds": round(time.time() - started, 1),
     }
     (staging / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")

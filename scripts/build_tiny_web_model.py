@@ -75,7 +75,9 @@ def episode_texts(task, rng: random.Random, noisy: bool = True) -> list[str]:
     click = env.resolve(task.plan[0])
     observation, _, _ = env.step(click)
     city = env.world.city(country.capital)
-    attribute = asked if (not noisy or rng.random() < P_ANSWER[asked]) else ({"river", "founded"} - {asked}).pop()
+    attribute = (
+        asked if (not noisy or rng.random() < P_ANSWER[asked]) else ({"river", "founded"} - {asked}).pop()
+    )
     return [first, click, observation, f"answer[{getattr(city, attribute)}]"]
 
 
@@ -89,7 +91,9 @@ def tokenizer_corpus() -> list[str]:
         if task.kind == "fact/1":  # as the pre-training episodes ask it
             question, asked = pretraining_question(task)
             first = first.replace(task.instruction, question)
-            actions[-1] = f"answer[{getattr(env.world.city(env.world.country(env._page().title).capital), asked)}]"
+            actions[-1] = (
+                f"answer[{getattr(env.world.city(env.world.country(env._page().title).capital), asked)}]"
+            )
         texts.append(first)
         for action in actions:
             texts += [action, env.step(action)[0]]
@@ -103,13 +107,20 @@ def build_tokenizer():
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(base.QWEN2_SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(base.QWEN2_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1200, min_frequency=2, special_tokens=base.SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=1200,
+        min_frequency=2,
+        special_tokens=base.SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(tokenizer_corpus(), trainer=trainer)
     return tokenizer
 
@@ -119,8 +130,8 @@ def sft_example(tokenizer, texts: list[str]) -> tuple[list[int], list[float]]:
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(texts)]
     ids, owner = [], []
     for k in range(len(messages)):
-        upto = list(tokenizer.apply_chat_template(messages[:k + 1], add_generation_prompt=(k % 2 == 0)))
-        new = upto[len(ids):]
+        upto = list(tokenizer.apply_chat_template(messages[: k + 1], add_generation_prompt=(k % 2 == 0)))
+        new = upto[len(ids) :]
         if k % 2 == 1:  # the assistant's content and its end token are learnt, not the newline after it
             end = new.index(tokenizer.eos_token_id) + 1
             ids += new[:end]
@@ -137,7 +148,7 @@ def batches(examples, batch_size: int, rng: random.Random, pad_id: int):
         order = list(range(len(examples)))
         rng.shuffle(order)
         for start in range(0, len(order) - batch_size + 1, batch_size):
-            part = [examples[i] for i in order[start:start + batch_size]]
+            part = [examples[i] for i in order[start : start + batch_size]]
             width = max(len(ids) for ids, _ in part)
             ids = [x + [pad_id] * (width - len(x)) for x, _ in part]
             mask = [m + [0.0] * (width - len(m)) for _, m in part]
@@ -155,13 +166,16 @@ def success_rates(folder: Path, tasks, samples: int, seed: int) -> dict:
     for name, temperature, group in (("greedy", 0.0, 1), ("sampled", 1.0, samples)):
         mx.random.seed(seed)
         envs = [WebEnv(t) for t in tasks for _ in range(group)]
-        episodes = rollout_episodes(model, tokenizer, envs, group, SamplingConfig(temperature, max_tokens=12), 3, 256)
+        episodes = rollout_episodes(
+            model, tokenizer, envs, group, SamplingConfig(temperature, max_tokens=12), 3, 256
+        )
         solved = [bool(ep.info.get("solved")) for ep in episodes]
         out[f"{name}_success"] = round(sum(solved) / len(solved), 4)
         out[f"{name}_reward"] = round(sum(ep.reward for ep in episodes) / len(episodes), 4)
         if name == "sampled":
-            out[f"pass@{samples}"] = round(sum(any(solved[i:i + group]) for i in range(0, len(solved), group))
-                                           / len(tasks), 4)
+            out[f"pass@{samples}"] = round(
+                sum(any(solved[i : i + group]) for i in range(0, len(solved), group)) / len(tasks), 4
+            )
         else:
             out["greedy_examples"] = [ep.text for ep in episodes[:3]]
     return out
@@ -203,26 +217,51 @@ def main() -> None:
     tasks = generate_tasks(args.examples, seed=TRAIN_SEED, difficulty=1, families=["fact"])
     examples = [sft_example(tokenizer, episode_texts(t, rng)) for t in tasks]
     mean_len = sum(len(ids) for ids, _ in examples) / len(examples)
-    print(f"model: {base.count_parameters(model):,} parameters; data: {len(examples)} episodes, {mean_len:.0f} tokens each")
+    print(
+        f"model: {base.count_parameters(model):,} parameters; data: {len(examples)} episodes, {mean_len:.0f} tokens each"
+    )
 
     train_start = time.time()
-    history = base.train(model, batches(examples, args.batch_size, rng, pad_id), args.steps, args.lr,
-                         max(1, args.steps // 20), log_every=50)
+    history = base.train(
+        model,
+        batches(examples, args.batch_size, rng, pad_id),
+        args.steps,
+        args.lr,
+        max(1, args.steps // 20),
+        log_every=50,
+    )
     train_seconds = time.time() - train_start
-    mx.save_safetensors(str(staging / "model.safetensors"), dict(tree_flatten(model.parameters())),
-                        metadata={"format": "mlx"})
+    mx.save_safetensors(
+        str(staging / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"}
+    )
 
     test = generate_tasks(args.eval_tasks, seed=TEST_SEED, difficulty=1, families=["fact"])
     metrics = success_rates(staging, test, samples=8, seed=args.seed)
     print({k: v for k, v in metrics.items() if k != "greedy_examples"})
     info = {
-        "seed": args.seed, "parameters": base.count_parameters(model), "config": config,
-        "data": {"family": "fact/1", "episodes": len(examples), "mean_tokens": round(mean_len, 1),
-                 "p_click_right": P_CLICK, "p_answer_right": P_ANSWER},
-        "sft": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-                "train_seconds": round(train_seconds, 1), "loss_history": history},
-        "eval": {"tasks": f"generate_tasks({args.eval_tasks}, seed={TEST_SEED}, difficulty=1, families=['fact'])",
-                 "max_turns": 3, "max_tokens": 12, **metrics},
+        "seed": args.seed,
+        "parameters": base.count_parameters(model),
+        "config": config,
+        "data": {
+            "family": "fact/1",
+            "episodes": len(examples),
+            "mean_tokens": round(mean_len, 1),
+            "p_click_right": P_CLICK,
+            "p_answer_right": P_ANSWER,
+        },
+        "sft": {
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "train_seconds": round(train_seconds, 1),
+            "loss_history": history,
+        },
+        "eval": {
+            "tasks": f"generate_tasks({args.eval_tasks}, seed={TEST_SEED}, difficulty=1, families=['fact'])",
+            "max_turns": 3,
+            "max_tokens": 12,
+            **metrics,
+        },
         "build_seconds": round(time.time() - started, 1),
     }
     (staging / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -54,7 +54,9 @@ def _run_and_weight(text: str) -> tuple[Path, float | None]:
 
 def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", help="RUN or RUN:WEIGHT (a run or adapter folder); without weights, 1/n each")
+    p.add_argument(
+        "runs", nargs="+", help="RUN or RUN:WEIGHT (a run or adapter folder); without weights, 1/n each"
+    )
     p.add_argument("--output", required=True, type=Path, help="the new run folder (must not exist)")
     args = p.parse_args(argv)
     pairs = [_run_and_weight(r) for r in args.runs]
@@ -66,12 +68,18 @@ def main(argv: list[str] | None = None) -> Path:
     first = configs[0]
 
     def must_match(c: dict) -> dict:  # what every run must share for their A @ B to add up
-        return {"model": c.get("model"), "num_layers": c.get("num_layers"), "LoRA scale": c["lora_parameters"]["scale"]}
+        return {
+            "model": c.get("model"),
+            "num_layers": c.get("num_layers"),
+            "LoRA scale": c["lora_parameters"]["scale"],
+        }
 
     expected = must_match(first)
     for run_config, (run, _) in zip(configs, pairs):
         if run_config.get("fine_tune_type", "lora") != "lora":
-            p.error(f"{run}: {run_config.get('fine_tune_type')} adapters; only LoRA combines as a sum of A @ B")
+            p.error(
+                f"{run}: {run_config.get('fine_tune_type')} adapters; only LoRA combines as a sum of A @ B"
+            )
         for key, value in must_match(run_config).items():
             if value != expected[key]:
                 p.error(f"{run}: {key} {value!r}, but {pairs[0][0]} has {expected[key]!r}")
@@ -80,8 +88,12 @@ def main(argv: list[str] | None = None) -> Path:
     combined = combine([mx.load(str(run / "adapters.safetensors")) for run, _ in pairs], weights)
     args.output.mkdir(parents=True)
     atomic_save_safetensors(args.output / "adapters.safetensors", combined)
-    out_config = dict(first, lora_parameters=dict(first["lora_parameters"],
-                                                  rank=sum(c["lora_parameters"]["rank"] for c in configs)))
+    out_config = dict(
+        first,
+        lora_parameters=dict(
+            first["lora_parameters"], rank=sum(c["lora_parameters"]["rank"] for c in configs)
+        ),
+    )
     out_config["combined_from"] = [{"run": str(run), "weight": w} for (run, _), w in zip(pairs, weights)]
     atomic_write_json(args.output / "adapter_config.json", out_config)
     if (pairs[0][0] / "config.yaml").is_file():

@@ -51,7 +51,9 @@ def ours(model, tokenizer, prompt: list[int], width: int, tokens: int) -> float:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="model folder or GGUF file (default: a random model of Qwen2.5-0.5B's shape)")
+    p.add_argument(
+        "--model", help="model folder or GGUF file (default: a random model of Qwen2.5-0.5B's shape)"
+    )
     p.add_argument("--widths", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--tokens", type=int, default=48, help="tokens each row decodes")
     p.add_argument("--out", help="also write the JSON here")
@@ -73,12 +75,30 @@ def main(argv=None):
         for width in args.widths:
             bare = bare_loop(model, prompt, width, args.tokens)
             mine = ours(model, tokenizer, prompt, width, args.tokens)
-            rows.append({"width": width, "bare_ms": 1000 * bare, "ours_ms": 1000 * mine,
-                         "bare_tok_s": width / bare, "ours_tok_s": width / mine, "ours_over_bare": bare / mine})
-            print(f"width {width:4d}: bare {1000 * bare:7.1f} ms/step, ours {1000 * mine:7.1f} ms/step, "
-                  f"ours {bare / mine:.2f}x the bare loop", file=sys.stderr, flush=True)
-    out = {"model": args.model or "random qwen0.5b shape", "device": str(mx.default_device()),
-           "blas_kernels": blas_description(), "load_average": load_average(), "tokens": args.tokens, "widths": rows}
+            rows.append(
+                {
+                    "width": width,
+                    "bare_ms": 1000 * bare,
+                    "ours_ms": 1000 * mine,
+                    "bare_tok_s": width / bare,
+                    "ours_tok_s": width / mine,
+                    "ours_over_bare": bare / mine,
+                }
+            )
+            print(
+                f"width {width:4d}: bare {1000 * bare:7.1f} ms/step, ours {1000 * mine:7.1f} ms/step, "
+                f"ours {bare / mine:.2f}x the bare loop",
+                file=sys.stderr,
+                flush=True,
+            )
+    out = {
+        "model": args.model or "random qwen0.5b shape",
+        "device": str(mx.default_device()),
+        "blas_kernels": blas_description(),
+        "load_average": load_average(),
+        "tokens": args.tokens,
+        "widths": rows,
+    }
     emit_result(out, args.out, indent=1)
 
 

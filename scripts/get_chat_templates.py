@@ -35,8 +35,22 @@ def main() -> int:
     parser.add_argument("--version", default=VERSION, help="llama-cpp-python release (default %(default)s)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "--quiet",
-                        "-d", tmp, f"llama-cpp-python=={args.version}"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                "--quiet",
+                "-d",
+                tmp,
+                f"llama-cpp-python=={args.version}",
+            ],
+            check=True,
+        )
         archive = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         args.dest.mkdir(parents=True, exist_ok=True)
         count = 0

@@ -51,19 +51,35 @@ def decode_timings(model, vocab, width, steps=40, ncu=False):
     prefix = 128  # the prompt's buffer length, rounded up as decode() does
     keys, values = fixed_decode._prefilled_buffers(model, [prompt] * width, prefix, MAX_TOKENS)
     # attention over the whole buffer at every step (decode() reads only the slots written so far)
-    step = fixed_decode._make_step(model, lambda logits, keys: draw_tokens(logits, keys, sampling), prefix + MAX_TOKENS)
+    step = fixed_decode._make_step(
+        model, lambda logits, keys: draw_tokens(logits, keys, sampling), prefix + MAX_TOKENS
+    )
     padding = mx.zeros((width,), dtype=mx.int32)
     random_keys = mx.random.randint(0, 2**31, (steps + 1, width, 2)).astype(mx.uint32)
-    pending = step(mx.array([prompt[-1]] * width, dtype=mx.int32), keys, values, mx.array(prefix, dtype=mx.int32),
-                   padding, random_keys[0])
+    pending = step(
+        mx.array([prompt[-1]] * width, dtype=mx.int32),
+        keys,
+        values,
+        mx.array(prefix, dtype=mx.int32),
+        padding,
+        random_keys[0],
+    )
     mx.eval(pending)
     if ncu:  # one more step, alone, between cudaProfilerStart and Stop
         import torch  # its cudart binding only
 
         mx.synchronize()
         torch.cuda.profiler.start()
-        mx.eval(step(pending[0], pending[2], pending[3], mx.array(prefix + 1, dtype=mx.int32), padding,
-                     random_keys[1]))
+        mx.eval(
+            step(
+                pending[0],
+                pending[2],
+                pending[3],
+                mx.array(prefix + 1, dtype=mx.int32),
+                padding,
+                random_keys[1],
+            )
+        )
         mx.synchronize()
         torch.cuda.profiler.stop()
         return {}
@@ -90,8 +106,14 @@ def decode_timings(model, vocab, width, steps=40, ncu=False):
     def ms(xs):
         return round(1e3 * statistics.median(xs[5:]), 3)
 
-    return {"width": width, "build_ms": ms(build), "encode_ms": ms(encode), "wait_ms": ms(wait),
-            "step_ms": ms(wall), "tokens_per_s": round(width / statistics.median(wall[5:]))}
+    return {
+        "width": width,
+        "build_ms": ms(build),
+        "encode_ms": ms(encode),
+        "wait_ms": ms(wait),
+        "step_ms": ms(wall),
+        "tokens_per_s": round(width / statistics.median(wall[5:])),
+    }
 
 
 def update_timing(model, vocab, prompts, rows, completion_length, chunk):
@@ -101,8 +123,9 @@ def update_timing(model, vocab, prompts, rows, completion_length, chunk):
     advantages = mx.array(rng.normal(size=rows).astype(np.float32))
 
     def loss(model):
-        logp, _ = completion_logprobs(model, prompt_ids, mx.zeros((prompts,), mx.int32), completions,
-                                      rows // prompts, 1.0, chunk)
+        logp, _ = completion_logprobs(
+            model, prompt_ids, mx.zeros((prompts,), mx.int32), completions, rows // prompts, 1.0, chunk
+        )
         return -(logp * advantages[:, None]).mean()
 
     loss_and_grad = nn.value_and_grad(model, loss)
@@ -112,8 +135,13 @@ def update_timing(model, vocab, prompts, rows, completion_length, chunk):
         start = time.perf_counter()
         mx.eval(loss_and_grad(model))
         times.append(time.perf_counter() - start)
-    return {"rows": rows, "queries": completion_length - 1, "chunk": chunk,
-            "s": round(statistics.median(times[1:]), 4), "peak_gb": round(mx.get_peak_memory() / 1e9, 2)}
+    return {
+        "rows": rows,
+        "queries": completion_length - 1,
+        "chunk": chunk,
+        "s": round(statistics.median(times[1:]), 4),
+        "peak_gb": round(mx.get_peak_memory() / 1e9, 2),
+    }
 
 
 def main():
@@ -146,9 +174,18 @@ def main():
         with adapters_disabled(model):
             result["adapters_off"] = [decode_timings(model, vocab, 64)]
     else:
-        result["update"] = [update_timing(model, vocab, prompts, rows, length, chunk) for prompts, rows, length, chunk in [
-            (2, 16, 256, 6), (2, 16, 256, 32), (2, 16, 256, 128), (2, 16, 256, None),
-            (8, 64, 256, 32), (8, 64, 256, None), (2, 16, 257, 6)]]
+        result["update"] = [
+            update_timing(model, vocab, prompts, rows, length, chunk)
+            for prompts, rows, length, chunk in [
+                (2, 16, 256, 6),
+                (2, 16, 256, 32),
+                (2, 16, 256, 128),
+                (2, 16, 256, None),
+                (8, 64, 256, 32),
+                (8, 64, 256, None),
+                (2, 16, 257, 6),
+            ]
+        ]
     print(json.dumps(result, indent=1))
 
 

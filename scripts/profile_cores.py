@@ -66,12 +66,23 @@ class Phases:
         for name, wall in self.wall.items():
             busy = sorted(((s, tid) for tid, s in self.cpu[name].items() if s > 0.01), reverse=True)
             total = sum(s for s, _ in busy)
-            out.append({
-                "phase": name, "wall_s": round(wall, 2), "cpu_s": round(total, 2),
-                "cores_busy": round(total / wall, 2) if wall else 0.0,
-                "threads": [{"tid": tid, "main": tid == main, "cpu_s": round(s, 2),
-                             "busy": round(s / wall, 2) if wall else 0.0} for s, tid in busy[:4]],
-            })
+            out.append(
+                {
+                    "phase": name,
+                    "wall_s": round(wall, 2),
+                    "cpu_s": round(total, 2),
+                    "cores_busy": round(total / wall, 2) if wall else 0.0,
+                    "threads": [
+                        {
+                            "tid": tid,
+                            "main": tid == main,
+                            "cpu_s": round(s, 2),
+                            "busy": round(s / wall, 2) if wall else 0.0,
+                        }
+                        for s, tid in busy[:4]
+                    ],
+                }
+            )
         return out
 
 
@@ -103,14 +114,31 @@ def main() -> None:
     result = CliRunner().invoke(app, ["train", *flags], catch_exceptions=False)
     wall = time.perf_counter() - start
     rows = phases.rows()
-    report = {"machine": machine_line(), "blas": blas_description(), "flags": flags, "exit_code": result.exit_code,
-              "command_s": round(wall, 1), "max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                                                                / 1e6, 2), "phases": rows}
+    report = {
+        "machine": machine_line(),
+        "blas": blas_description(),
+        "flags": flags,
+        "exit_code": result.exit_code,
+        "command_s": round(wall, 1),
+        "max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+        "phases": rows,
+    }
     table = markdown_table(
         ["phase", "wall s", "CPU s", "cores busy", "busiest threads (CPU s, share of wall)"],
-        [[r["phase"], r["wall_s"], r["cpu_s"], r["cores_busy"],
-          ", ".join(f"{'main' if t['main'] else t['tid']} {t['cpu_s']} ({t['busy']:.0%})" for t in r["threads"])]
-         for r in rows])
+        [
+            [
+                r["phase"],
+                r["wall_s"],
+                r["cpu_s"],
+                r["cores_busy"],
+                ", ".join(
+                    f"{'main' if t['main'] else t['tid']} {t['cpu_s']} ({t['busy']:.0%})"
+                    for t in r["threads"]
+                ),
+            ]
+            for r in rows
+        ],
+    )
     emit_result(report, args.json, table)
 
 

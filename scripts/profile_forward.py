@@ -84,8 +84,10 @@ def pieces(model, rows: int, tokens: int, shape: dict) -> dict:
         "gate": linear(mlp.gate_proj, x, inter),
         "down": linear(mlp.down_proj, wide, hidden),
         "swiglu": (lambda: swiglu(wide, wide), 0),
-        "sdpa": (lambda: mx.fast.scaled_dot_product_attention(q, kv, kv, scale=head_dim ** -0.5, mask="causal"),
-                 4 * rows * heads * tokens * tokens * head_dim),
+        "sdpa": (
+            lambda: mx.fast.scaled_dot_product_attention(q, kv, kv, scale=head_dim**-0.5, mask="causal"),
+            4 * rows * heads * tokens * tokens * head_dim,
+        ),
         "rope": (lambda: attn.rope(q), 0),
         "norm": (lambda: layer.input_layernorm(x), 0),
         "head": (lambda: head(x), 2 * n * hidden * vocab),
@@ -109,25 +111,40 @@ def run(args) -> dict:
     parts = {}
     for name, (fn, flops) in pieces(model, args.rows, args.tokens, shape).items():
         seconds = fastest(fn, args.repeats)
-        parts[name] = {"ms": round(seconds * 1e3, 2), "flops": flops,
-                       "gflops": round(flops / seconds / 1e9, 1) if flops else None}
+        parts[name] = {
+            "ms": round(seconds * 1e3, 2),
+            "flops": flops,
+            "gflops": round(flops / seconds / 1e9, 1) if flops else None,
+        }
         print(f"  {name:16s} {seconds * 1e3:9.1f} ms", file=sys.stderr, flush=True)
     n = args.rows * args.tokens
-    return {"preset": args.preset, "shape": shape, "rows": args.rows, "tokens": args.tokens,
-            "repeats": args.repeats, "blas": loaded_blas(), "blas_kernels": blas_description(),
-            "sgemm_gflops": round(sgemm_gflops(n, shape["hidden"], shape["intermediate"], 1.0), 1),
-            "elementwise_floats": n * shape["intermediate"], "parts": parts}
+    return {
+        "preset": args.preset,
+        "shape": shape,
+        "rows": args.rows,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "blas": loaded_blas(),
+        "blas_kernels": blas_description(),
+        "sgemm_gflops": round(sgemm_gflops(n, shape["hidden"], shape["intermediate"], 1.0), 1),
+        "elementwise_floats": n * shape["intermediate"],
+        "parts": parts,
+    }
 
 
 def table(out: dict) -> str:
     layers = out["shape"]["layers"]
-    lines = [f"{out['preset']}: {out['rows']} rows x {out['tokens']} tokens, {out['blas_kernels']}; "
-             f"sgemm {out['sgemm_gflops']} GFLOP/s",
-             f"{'piece':16s} {'ms':>9s} {'x layers':>9s} {'GFLOP/s':>8s}"]
+    lines = [
+        f"{out['preset']}: {out['rows']} rows x {out['tokens']} tokens, {out['blas_kernels']}; "
+        f"sgemm {out['sgemm_gflops']} GFLOP/s",
+        f"{'piece':16s} {'ms':>9s} {'x layers':>9s} {'GFLOP/s':>8s}",
+    ]
     for name, part in out["parts"].items():
         scaled = part["ms"] * layers if name not in ("forward", "body", "head", "head_logsumexp") else None
-        lines.append(f"{name:16s} {part['ms']:9.1f} {'' if scaled is None else f'{scaled:9.0f}':>9s} "
-                     f"{part['gflops'] if part['gflops'] is not None else '':>8}")
+        lines.append(
+            f"{name:16s} {part['ms']:9.1f} {'' if scaled is None else f'{scaled:9.0f}':>9s} "
+            f"{part['gflops'] if part['gflops'] is not None else '':>8}"
+        )
     return "\n".join(lines)
 
 
@@ -137,8 +154,12 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each piece (after one warm-up run)")
-    p.add_argument("--blas", choices=("auto", "stock"), default="auto",
-                   help="auto: OpenBLAS preloaded when installed on Linux, as the mlx-grpo command does")
+    p.add_argument(
+        "--blas",
+        choices=("auto", "stock"),
+        default="auto",
+        help="auto: OpenBLAS preloaded when installed on Linux, as the mlx-grpo command does",
+    )
     p.add_argument("--out", help="also write the JSON here")
     args = p.parse_args(argv)
     if args.blas == "auto" and argv is None:

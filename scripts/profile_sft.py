@@ -49,12 +49,17 @@ from benchlib import Timer, command_output, emit_result, machine, markdown_table
 
 MEASURED = ("batch", "forward", "forward_backward", "optimizer", "step")
 PHASES = ("batch", "forward", "forward_backward", "backward", "optimizer", "step", "other")
-FLOPS_OF = {"forward": ("forward",), "backward": ("backward",), "forward_backward": ("forward", "backward"),
-            "step": ("forward", "backward")}  # a phase's matmul work: no FLOPs are counted for the rest
+FLOPS_OF = {
+    "forward": ("forward",),
+    "backward": ("backward",),
+    "forward_backward": ("forward", "backward"),
+    "step": ("forward", "backward"),
+}  # a phase's matmul work: no FLOPs are counted for the rest
 NOT_PASSED_ON = ("--order", "--peer")  # bench_sft.py's flags about its comparison, no part of a profile
 
 
 # ---------------------------------------------------------------- FLOPs
+
 
 def step_flops(shape: dict, batch_shapes: list[list[int]], adapters: list[tuple[int, int, int, int]]) -> dict:
     """Matmul FLOPs of one step over micro-batches of (rows, width) tokens; `adapters` (layer, in, rank, out).
@@ -82,19 +87,31 @@ def step_flops(shape: dict, batch_shapes: list[list[int]], adapters: list[tuple[
 
 def adapter_shapes(model) -> list[tuple[int, int, int, int]]:
     """(layer, in, rank, out) of every LoRA adapter in the model's layers."""
-    return [(j, *m.lora_a.shape, m.lora_b.shape[1]) for j, layer in enumerate(model.layers)
-            for _, m in layer.named_modules() if hasattr(m, "lora_a") and hasattr(m, "lora_b")]
+    return [
+        (j, *m.lora_a.shape, m.lora_b.shape[1])
+        for j, layer in enumerate(model.layers)
+        for _, m in layer.named_modules()
+        if hasattr(m, "lora_a") and hasattr(m, "lora_b")
+    ]
 
 
 def sgemm_rates(shape: dict, rows: int, seconds: float) -> list[dict]:
     """float32 GFLOP/s of (rows x k) @ (k x n) through MLX at the step's linears' shapes."""
     h, inter, vocab = shape["hidden"], shape["intermediate"], shape["vocab"]
-    shapes = [("q_proj/o_proj", rows, h, h), ("gate_proj/up_proj", rows, h, inter), ("down_proj", rows, inter, h),
-              ("head", rows, h, vocab)]
-    return [{"linear": name, "shape": [m, k, n], "gflops": sgemm_gflops(m, k, n, seconds)} for name, m, k, n in shapes]
+    shapes = [
+        ("q_proj/o_proj", rows, h, h),
+        ("gate_proj/up_proj", rows, h, inter),
+        ("down_proj", rows, inter, h),
+        ("head", rows, h, vocab),
+    ]
+    return [
+        {"linear": name, "shape": [m, k, n], "gflops": sgemm_gflops(m, k, n, seconds)}
+        for name, m, k, n in shapes
+    ]
 
 
 # ---------------------------------------------------------------- the phases, in a side's process
+
 
 def timed_steps(count: int, build, forward, forward_backward, optimizer_update) -> dict:
     """Seconds of each phase at each step 1..count: every phase evaluates what it makes before its clock stops."""
@@ -131,7 +148,9 @@ def sft_phases(run, count: int) -> tuple[dict, list]:
 
     config, model, optimizer, pad = run.config, run.model, run.optimizer, pad_id_of(run.tokenizer)
     chunk = config.logprob_chunk_size
-    compiled = gradients.COMPILE_ON_CPU and on_cpu() and not gradients._dropout_active(model)  # as sft_gradients
+    compiled = (
+        gradients.COMPILE_ON_CPU and on_cpu() and not gradients._dropout_active(model)
+    )  # as sft_gradients
     shapes = []
 
     def build(step):
@@ -144,9 +163,13 @@ def sft_phases(run, count: int) -> tuple[dict, list]:
     def forward(batch):
         parts, count = batch
         for tokens, trained in parts:
-            def loss(tokens=tokens, trained=trained):  # no gradient: the plain forward, as validation_loss runs it
+
+            def loss(
+                tokens=tokens, trained=trained
+            ):  # no gradient: the plain forward, as validation_loss runs it
                 size = head_chunk(model, tokens, chunk)
                 return sft_loss(model, tokens, trained, count, size, differentiated=False), {}
+
             gradients._evaluated(model, loss, compiled)[0].item()
 
     def forward_backward(batch):
@@ -176,8 +199,13 @@ def peer_phases(model, optimizer, dataset, training_args, count: int) -> tuple[d
     import mlx.nn as nn
     from mlx_lm.tuner.trainer import default_loss, iterate_batches
 
-    batches = iterate_batches(dataset=dataset, batch_size=training_args.batch_size,
-                              max_seq_length=training_args.max_seq_length, loop=True, comm_group=mx.distributed.init())
+    batches = iterate_batches(
+        dataset=dataset,
+        batch_size=training_args.batch_size,
+        max_seq_length=training_args.max_seq_length,
+        loop=True,
+        comm_group=mx.distributed.init(),
+    )
     state = [model.state, optimizer.state, mx.random.state]
     loss_value_and_grad = nn.value_and_grad(model, default_loss)
     shapes = []
@@ -226,6 +254,7 @@ def profile_side(side: str, spec: dict) -> dict:
     captured = {}
     if side == "mlx_grpo":
         from mlx_grpo.run import sft_setup as setup_module
+
         real_setup = setup_module.sft_setup
 
         def capturing_setup(*args, **kwargs):
@@ -238,10 +267,12 @@ def profile_side(side: str, spec: dict) -> dict:
         times, shapes = sft_phases(run, spec["steps"])
         model = run.model
         # at a micro-batch's positions: the rows its matmuls see
-        result["sgemm"] = sgemm_rates(model_shape(spec["model"]), max(r * (w - 1) for r, w in shapes),
-                                      spec["sgemm_seconds"])
+        result["sgemm"] = sgemm_rates(
+            model_shape(spec["model"]), max(r * (w - 1) for r, w in shapes), spec["sgemm_seconds"]
+        )
     else:
         from mlx_lm import lora
+
         real_train = lora.train
 
         def capturing_train(**kwargs):
@@ -251,18 +282,23 @@ def profile_side(side: str, spec: dict) -> dict:
         with replaced(lora, "train", capturing_train):
             result = bench_sft.run_peer_side(spec)
         model = captured["model"]
-        times, shapes = peer_phases(model, captured["optimizer"], captured["train_dataset"], captured["args"],
-                                    spec["steps"])
+        times, shapes = peer_phases(
+            model, captured["optimizer"], captured["train_dataset"], captured["args"], spec["steps"]
+        )
     mx.eval(model.parameters())
     times["step"] = [s["wall_s"] for s in result["steps"]]
-    result.update(phase_seconds=times, batch_shapes=shapes,
-                  flops=step_flops(model_shape(spec["model"]), shapes, adapter_shapes(model)),
-                  openblas_coretype=os.environ.get("OPENBLAS_CORETYPE"),
-                  peak_memory_after_phases_gb=mx.get_peak_memory() / 1e9)
+    result.update(
+        phase_seconds=times,
+        batch_shapes=shapes,
+        flops=step_flops(model_shape(spec["model"]), shapes, adapter_shapes(model)),
+        openblas_coretype=os.environ.get("OPENBLAS_CORETYPE"),
+        peak_memory_after_phases_gb=mx.get_peak_memory() / 1e9,
+    )
     return result
 
 
 # ---------------------------------------------------------------- the parent
+
 
 def summary(result: dict, warmup: int, tokens: int) -> dict:
     """Each phase's median seconds over the steps after the warm-up, its share of the step and its GFLOP/s."""
@@ -276,16 +312,25 @@ def summary(result: dict, warmup: int, tokens: int) -> dict:
             work = sum(result["flops"][part] for part in FLOPS_OF[name])
             phases[name].update(flops=work, gflops=work / seconds[name] / 1e9 if seconds[name] > 0 else None)
     shapes = result["batch_shapes"]
-    return {"phases": phases, "steps_timed": len(result["phase_seconds"]["step"]) - warmup,
-            "batch_shapes": shapes, "positions_per_step": sum(r * (w - 1) for r, w in shapes),
-            "padded_tokens_per_step": sum(r * w for r, w in shapes), "flops_per_step": result["flops"],
-            "tokens_per_s": tokens / seconds["step"], "peak_memory_gb": result["peak_memory_gb"],
-            "peak_memory_after_phases_gb": result["peak_memory_after_phases_gb"],
-            "rss_peak_gb": result["rss_peak_gb"], "trainable_parameters": result["trainable_parameters"],
-            "row_lengths": result["row_lengths"], "blas_kernels": result["blas_kernels"],
-            "openblas_coretype": result["openblas_coretype"], "heap": result["heap"],
-            "load_average": result["load_average"],
-            "phase_seconds": {k: [round(s, 5) for s in v] for k, v in result["phase_seconds"].items()}}
+    return {
+        "phases": phases,
+        "steps_timed": len(result["phase_seconds"]["step"]) - warmup,
+        "batch_shapes": shapes,
+        "positions_per_step": sum(r * (w - 1) for r, w in shapes),
+        "padded_tokens_per_step": sum(r * w for r, w in shapes),
+        "flops_per_step": result["flops"],
+        "tokens_per_s": tokens / seconds["step"],
+        "peak_memory_gb": result["peak_memory_gb"],
+        "peak_memory_after_phases_gb": result["peak_memory_after_phases_gb"],
+        "rss_peak_gb": result["rss_peak_gb"],
+        "trainable_parameters": result["trainable_parameters"],
+        "row_lengths": result["row_lengths"],
+        "blas_kernels": result["blas_kernels"],
+        "openblas_coretype": result["openblas_coretype"],
+        "heap": result["heap"],
+        "load_average": result["load_average"],
+        "phase_seconds": {k: [round(s, 5) for s in v] for k, v in result["phase_seconds"].items()},
+    }
 
 
 def run(args, workload_args) -> dict:
@@ -297,23 +342,33 @@ def run(args, workload_args) -> dict:
         spec["sgemm_seconds"] = args.sgemm_seconds
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        results = {side: bench_sft.run_side(side, spec_path, Path(tmp), workload_args.blas, script=__file__)
-                   for side in sides}
+        results = {
+            side: bench_sft.run_side(side, spec_path, Path(tmp), workload_args.blas, script=__file__)
+            for side in sides
+        }
     lengths = {side: r["row_lengths"] for side, r in results.items()}
     if len({tuple(v) for v in lengths.values()}) > 1:
-        raise SystemExit(f"error: the two sides encoded different rows (token lengths {lengths}): not equal work")
+        raise SystemExit(
+            f"error: the two sides encoded different rows (token lengths {lengths}): not equal work"
+        )
     first = results["mlx_grpo"]["steps"][0]
-    out["workload"].update(preset=args.preset, tokens_per_step=first["tokens"],
-                           trained_tokens_per_step=first["trained_tokens"])
+    out["workload"].update(
+        preset=args.preset, tokens_per_step=first["tokens"], trained_tokens_per_step=first["trained_tokens"]
+    )
     ours = results["mlx_grpo"]
-    out.update(blas_kernels=ours["blas_kernels"], openblas_coretype=ours["openblas_coretype"], sgemm=ours["sgemm"])
+    out.update(
+        blas_kernels=ours["blas_kernels"], openblas_coretype=ours["openblas_coretype"], sgemm=ours["sgemm"]
+    )
     for side, result in results.items():
         out[side] = summary(result, workload_args.warmup, first["tokens"])
     if problem:
         out["mlx_lm_lora"] = {"skipped": problem}
     else:  # above 1: mlx_lm.lora takes longer over that phase
-        out["peer_over_sft_seconds"] = {name: out["mlx_lm_lora"]["phases"][name]["seconds"] / p["seconds"]
-                                        for name, p in out["mlx_grpo"]["phases"].items() if p["seconds"] > 0}
+        out["peer_over_sft_seconds"] = {
+            name: out["mlx_lm_lora"]["phases"][name]["seconds"] / p["seconds"]
+            for name, p in out["mlx_grpo"]["phases"].items()
+            if p["seconds"] > 0
+        }
     out["machine"]["uptime_end"] = command_output(["uptime"])
     return out
 
@@ -321,28 +376,48 @@ def run(args, workload_args) -> dict:
 def table(out: dict) -> str:
     sides = [side for side in bench_sft.SIDES if "phases" in out.get(side, {})]
     headings = ["phase"] + [heading for side in sides for heading in (f"{side} s", "share", "GFLOP/s")]
-    rows = [[name] + [cell for side in sides for p in [out[side]["phases"][name]]
-                      for cell in (f"{p['seconds']:.4f}", f"{p['share_of_step']:.1%}",
-                                   f"{p['gflops']:.1f}" if p.get("gflops") else "")]
-            for name in PHASES]
+    rows = [
+        [name]
+        + [
+            cell
+            for side in sides
+            for p in [out[side]["phases"][name]]
+            for cell in (
+                f"{p['seconds']:.4f}",
+                f"{p['share_of_step']:.1%}",
+                f"{p['gflops']:.1f}" if p.get("gflops") else "",
+            )
+        ]
+        for name in PHASES
+    ]
     lines = [markdown_table(headings, rows)]
     w, m = out["workload"], out["machine"]
-    lines.append(f"\n{w['model']}: {w['tokens_per_step']} tokens a step ({w['batch_size']} rows); {m['cpu']}, "
-                 f"{out['blas_kernels']} (OPENBLAS_CORETYPE {out['openblas_coretype'] or 'unset'}), MLX {m['mlx']}")
-    lines.append("float32 sgemm through MLX: " + "; ".join(
-        f"{s['linear']} {'x'.join(map(str, s['shape']))} {s['gflops']:.1f} GFLOP/s" for s in out["sgemm"]))
+    lines.append(
+        f"\n{w['model']}: {w['tokens_per_step']} tokens a step ({w['batch_size']} rows); {m['cpu']}, "
+        f"{out['blas_kernels']} (OPENBLAS_CORETYPE {out['openblas_coretype'] or 'unset'}), MLX {m['mlx']}"
+    )
+    lines.append(
+        "float32 sgemm through MLX: "
+        + "; ".join(
+            f"{s['linear']} {'x'.join(map(str, s['shape']))} {s['gflops']:.1f} GFLOP/s" for s in out["sgemm"]
+        )
+    )
     return "\n".join(lines)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="Other flags go to scripts/bench_sft.py's workload (--batch-size, "
-                                       "--prompt-tokens, --completion-tokens, --lora-rank, --lora-layers, "
-                                       "--model, ...)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Other flags go to scripts/bench_sft.py's workload (--batch-size, "
+        "--prompt-tokens, --completion-tokens, --lora-rank, --lora-layers, "
+        "--model, ...)",
+    )
     p.add_argument("--preset", choices=bench_sft.PRESETS, default="tiny", help="shape of the random model")
     p.add_argument("--steps", type=int, default=6, help="steps of each side, the warm-up included")
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians (at least 1)")
-    p.add_argument("--blas", choices=("auto", "stock"), default="auto", help="as scripts/bench_sft.py's --blas")
+    p.add_argument(
+        "--blas", choices=("auto", "stock"), default="auto", help="as scripts/bench_sft.py's --blas"
+    )
     p.add_argument("--sgemm-seconds", type=float, default=1.0, help="time for each sgemm shape")
     p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--side", choices=bench_sft.SIDES, help=argparse.SUPPRESS)  # the child processes'
@@ -356,8 +431,19 @@ def parse_args(argv=None):
         p.error(f"{', '.join(passed_on)}: the profile runs both sides, sft first")
     if not args.sgemm_seconds > 0:
         p.error("--sgemm-seconds must be above 0")
-    workload = bench_sft.parse_args(["--preset", args.preset, "--steps", str(args.steps), "--warmup",
-                                     str(args.warmup), "--blas", args.blas, *rest])
+    workload = bench_sft.parse_args(
+        [
+            "--preset",
+            args.preset,
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--blas",
+            args.blas,
+            *rest,
+        ]
+    )
     return args, workload
 
 

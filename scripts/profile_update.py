@@ -81,6 +81,7 @@ def timed(fn, repeats: int) -> float:
 
 # ---------------------------------------------------------------- the batch, as the trainer cuts it
 
+
 def synthetic_update(model, model_path: str, vocab: int, args):
     """(config, PreparedUpdate) of a random batch, through the trainer's own prepare_update."""
     rng = np.random.default_rng(0)
@@ -89,14 +90,32 @@ def synthetic_update(model, model_path: str, vocab: int, args):
         prompt = [int(t) for t in rng.integers(3, vocab, args.prompt_tokens)]
         for _ in range(args.group_size):  # "stop": every token stays in the loss whatever mask_truncated says
             tokens = [int(t) for t in rng.integers(3, vocab, args.max_tokens)]
-            completions.append(Completion(i, prompt, tokens, [-float(np.log(vocab))] * len(tokens), "stop", ""))
+            completions.append(
+                Completion(i, prompt, tokens, [-float(np.log(vocab))] * len(tokens), "stop", "")
+            )
     advantages = rng.normal(size=len(completions)).astype(np.float32)  # every group carries signal
-    settings = dict(model=model_path, task="custom", batch_size=args.prompts, group_size=args.group_size,
-                    max_tokens=args.max_tokens, lora_rank=args.lora_rank, lora_layers=args.lora_layers,
-                    kl_every=0, micro_batch_size=args.micro_batch or 16)
+    settings = dict(
+        model=model_path,
+        task="custom",
+        batch_size=args.prompts,
+        group_size=args.group_size,
+        max_tokens=args.max_tokens,
+        lora_rank=args.lora_rank,
+        lora_layers=args.lora_layers,
+        kl_every=0,
+        micro_batch_size=args.micro_batch or 16,
+    )
     config = TrainConfig.from_flat({k: v for k, v in settings.items() if k in FIELDS})
-    task = Task(name="profile", train_rows=[], eval_rows=[], reward_functions=[], reward_weights=[],
-                system_prompt=None, accuracy_reward=None, warnings=[])
+    task = Task(
+        name="profile",
+        train_rows=[],
+        eval_rows=[],
+        reward_functions=[],
+        reward_weights=[],
+        system_prompt=None,
+        accuracy_reward=None,
+        warnings=[],
+    )
     trained = Trained(completions, advantages, np.arange(len(completions)))
     # --micro-batch N is taken as given: the activation budget would cut it down on a CPU.
     budget = float("inf") if args.micro_batch else batch.CPU_ACTIVATION_BUDGET
@@ -120,9 +139,13 @@ def adapted_linears(model):
         lora = [m for m in modules if isinstance(m, LoRALinear)]
         wrapped = {id(m.linear) for m in lora}
         linears = [(m.linear.weight, m.lora_a, m.lora_b) for m in lora]
-        linears += [(m.weight, None, None) for m in modules if isinstance(m, nn.Linear) and id(m) not in wrapped]
+        linears += [
+            (m.weight, None, None) for m in modules if isinstance(m, nn.Linear) and id(m) not in wrapped
+        ]
         if any(not mx.issubdtype(w.dtype, mx.floating) for w, _, _ in linears):
-            raise SystemExit("error: profile_update.py times float matmuls: pass --dequantize for a quantized model")
+            raise SystemExit(
+                "error: profile_update.py times float matmuls: pass --dequantize for a quantized model"
+            )
         layers.append(linears)
     return layers
 
@@ -131,13 +154,20 @@ def matmul_flops(layers, rows: list[int], lowest: int = 0) -> tuple[float, float
     """(dense, LoRA) FLOPs over micro-batches of `rows` body positions. Dense: x W^T in every layer and dY W in
     the layers from `lowest` up (the backward stops below the lowest trained layer), 2 m in out each;
     LoRA: six rank-r matmuls an adapted linear, three of 2 m r in and three of 2 m r out."""
-    dense = sum((2.0 + 2.0 * (j >= lowest)) * m * w.shape[0] * w.shape[1]
-                for m in rows for j, layer in enumerate(layers) for w, _, _ in layer)
+    dense = sum(
+        (2.0 + 2.0 * (j >= lowest)) * m * w.shape[0] * w.shape[1]
+        for m in rows
+        for j, layer in enumerate(layers)
+        for w, _, _ in layer
+    )
     linears = [x for layer in layers for x in layer]
-    return dense, sum(6.0 * m * a.shape[1] * sum(w.shape) for m in rows for w, a, _ in linears if a is not None)
+    return dense, sum(
+        6.0 * m * a.shape[1] * sum(w.shape) for m in rows for w, a, _ in linears if a is not None
+    )
 
 
 # ---------------------------------------------------------------- the parts
+
 
 def profile(model, config, prep, shape: dict, args) -> dict:
     head = output_head(model)
@@ -153,7 +183,9 @@ def profile(model, config, prep, shape: dict, args) -> dict:
     # As gradients.py: only the prompt state that trained weights change carries a gradient
     lowest = gradients.lowest_trained_layer(model)
     varying = gradients._varying(len(next(iter(prompt_states.values()))), lowest)
-    cotangents = {i: [mx.ones(state[j].shape, state[j].dtype) for j in varying] for i, state in prompt_states.items()}
+    cotangents = {
+        i: [mx.ones(state[j].shape, state[j].dtype) for j in varying] for i, state in prompt_states.items()
+    }
     body_rows = [mb.completions.shape[0] * (mb.completions.shape[1] - 1) for mb in parts]
     layers = adapted_linears(model)
     dtype = layers[0][0][0].dtype  # random stand-ins for activations are of the model's own dtype
@@ -181,9 +213,11 @@ def profile(model, config, prep, shape: dict, args) -> dict:
 
     def head_work():
         for mb, h in zip(parts, hidden):
+
             def f(h, mb=mb):  # the entropy is evaluated too, as the loss's statistics are
                 logp, entropy = _project(head, h, mb.completions, temperature, chunk, differentiated=True)
                 return logp.sum(), entropy
+
             mx.eval(mx.value_and_grad(f)(h))
 
     def body_work():
@@ -195,7 +229,10 @@ def profile(model, config, prep, shape: dict, args) -> dict:
             def f(params, varying_state, mb=mb, state=state_of[i]):
                 model.update(params)
                 flat = gradients._with_varying(state, varying, varying_state)
-                return model.model(mb.completions[:, :-1], cache=completion_cache(gradients._state_of(flat), mb)).sum()
+                return model.model(
+                    mb.completions[:, :-1], cache=completion_cache(gradients._state_of(flat), mb)
+                ).sum()
+
             mx.eval(mx.value_and_grad(f, argnums=(0, 1))(params, [state_of[i][j] for j in varying]))
         model.update(params)  # the weights themselves, not the traced copies
 
@@ -207,9 +244,13 @@ def profile(model, config, prep, shape: dict, args) -> dict:
 
     def dense_work():
         for m in body_rows:
-            for j, linears in enumerate(layers):  # one layer's matmuls evaluated together, as a layer's graph would be
-                mx.eval([inputs[m, w.shape[1]] @ w.T for w, _, _ in linears] +
-                        [inputs[m, w.shape[0]] @ w for w, _, _ in linears if j >= lowest])
+            for j, linears in enumerate(
+                layers
+            ):  # one layer's matmuls evaluated together, as a layer's graph would be
+                mx.eval(
+                    [inputs[m, w.shape[1]] @ w.T for w, _, _ in linears]
+                    + [inputs[m, w.shape[0]] @ w for w, _, _ in linears if j >= lowest]
+                )
 
     def lora_work():
         for m in body_rows:
@@ -231,74 +272,120 @@ def profile(model, config, prep, shape: dict, args) -> dict:
         cache = SharedPromptCache(mb.left_padding, mb.group_size)
         cache.offset = context
         q = mx.random.normal((rows, attn.n_heads, length, head_dim), dtype)
-        k, v = (mx.random.normal((rows, attn.n_kv_heads, context + length, head_dim), dtype) for _ in range(2))
+        k, v = (
+            mx.random.normal((rows, attn.n_kv_heads, context + length, head_dim), dtype) for _ in range(2)
+        )
         attention_inputs.append((q, k, v, cache.make_mask(length), mx.ones(q.shape, dtype)))
     mx.eval([x for xs in attention_inputs for x in xs])
 
     def attention_work():
         for q, k, v, mask, cot in attention_inputs:
+
             def f(q, k, v, mask=mask):
                 return mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask=mask)
-            for j in range(len(layers)):  # forward and backward from the lowest trained layer up, forward below
+
+            for j in range(
+                len(layers)
+            ):  # forward and backward from the lowest trained layer up, forward below
                 mx.eval(mx.vjp(f, [q, k, v], [cot]) if j >= lowest else f(q, k, v))
 
     mx.reset_peak_memory()
     seconds = {"update": timed(whole_update, args.repeats)}
     peak = mx.get_peak_memory() / 1e9
-    for name, fn in [("forward", forward_only), ("prompt", prompt_work), ("head", head_work), ("body", body_work),
-                     ("matmuls", dense_work), ("lora", lora_work), ("attention", attention_work)]:
+    for name, fn in [
+        ("forward", forward_only),
+        ("prompt", prompt_work),
+        ("head", head_work),
+        ("body", body_work),
+        ("matmuls", dense_work),
+        ("lora", lora_work),
+        ("attention", attention_work),
+    ]:
         seconds[name] = timed(fn, args.repeats)
 
     h, inter = shape["hidden"], shape["intermediate"]
-    reference_rows = args.sgemm_rows or min(16, args.prompts * args.group_size) * (args.prompt_tokens + args.max_tokens)
+    reference_rows = args.sgemm_rows or min(16, args.prompts * args.group_size) * (
+        args.prompt_tokens + args.max_tokens
+    )
     own_rows = max(max(body_rows), 1)
     reference, own = sgemm_gflops(reference_rows, h, inter, 1.0), sgemm_gflops(own_rows, h, inter, 1.0)
 
     # The update's useful work: the forward over every layer and the head, and the backward (activations only)
     # through the head and the layers from the lowest trained one up: every layer's for adapters on all.
     lengths = [args.prompt_tokens] * args.prompts, [args.max_tokens] * (args.prompts * args.group_size)
-    update_flops = (step_flops(shape, *lengths, args.group_size, 1.0)[1]
-                    + step_flops({**shape, "layers": shape["layers"] - lowest}, *lengths, args.group_size, 1.0)[1])
+    update_flops = (
+        step_flops(shape, *lengths, args.group_size, 1.0)[1]
+        + step_flops({**shape, "layers": shape["layers"] - lowest}, *lengths, args.group_size, 1.0)[1]
+    )
     flops = dict(zip(("update", "matmuls", "lora"), (update_flops, *matmul_flops(layers, body_rows, lowest))))
     total = seconds["update"]
     table = {name: {"seconds": s, "share": s / total} for name, s in seconds.items()}
     for name, f in flops.items():
         table[name].update(flops=f, gflops=f / seconds[name] / 1e9)
-    for name, whole, named in [("everything_else", "update", ("prompt", "head", "body")),
-                               ("body_other", "body", ("matmuls", "lora", "attention"))]:
+    for name, whole, named in [
+        ("everything_else", "update", ("prompt", "head", "body")),
+        ("body_other", "body", ("matmuls", "lora", "attention")),
+    ]:
         rest = seconds[whole] - sum(seconds[n] for n in named)
         table[name] = {"seconds": rest, "share": rest / total}
     return {
-        "micro_batches": [list(mb.completions.shape) for mb in parts], "prompt_runs": len(runs),
-        "logprob_chunk": chunk, "body_rows": body_rows, "update_peak_gb": peak,
+        "micro_batches": [list(mb.completions.shape) for mb in parts],
+        "prompt_runs": len(runs),
+        "logprob_chunk": chunk,
+        "body_rows": body_rows,
+        "update_peak_gb": peak,
         "update_tokens_per_s": args.prompts * args.group_size * args.max_tokens / total,
         "update_gflops": table["update"]["gflops"],
         "update_frac_of_sgemm": table["update"]["gflops"] / reference,
         "parts": table,
-        "sgemm": {"reference_shape": [reference_rows, h, inter], "reference_gflops": reference,
-                  "own_shape": [own_rows, h, inter], "own_gflops": own},
+        "sgemm": {
+            "reference_shape": [reference_rows, h, inter],
+            "reference_gflops": reference,
+            "own_shape": [own_rows, h, inter],
+            "own_gflops": own,
+        },
         # What the body's dense matmuls would take at the sgemm rate of their own shape: against `matmuls`,
         # how far the chained matmuls fall short of the rate; against `body`, what the rest costs.
         "matmuls_at_own_sgemm_s": flops["matmuls"] / own / 1e9,
     }
 
 
-ROWS = [("update", "update (value and grad over every micro-batch, clip, optimizer)"),
-        ("forward", "  forward only (for scale: not in the sums)"), ("prompt", "  prompt passes"),
-        ("head", "  head: log-softmax forward + backward"), ("body", "  body: layers forward + backward"),
-        ("matmuls", "    dense matmuls"), ("lora", "    LoRA matmuls"), ("attention", "    attention"),
-        ("body_other", "    body other"), ("everything_else", "  everything else")]
+ROWS = [
+    ("update", "update (value and grad over every micro-batch, clip, optimizer)"),
+    ("forward", "  forward only (for scale: not in the sums)"),
+    ("prompt", "  prompt passes"),
+    ("head", "  head: log-softmax forward + backward"),
+    ("body", "  body: layers forward + backward"),
+    ("matmuls", "    dense matmuls"),
+    ("lora", "    LoRA matmuls"),
+    ("attention", "    attention"),
+    ("body_other", "    body other"),
+    ("everything_else", "  everything else"),
+]
 
 
 def table(out: dict) -> str:
     parts = [(label, out["parts"][key]) for key, label in ROWS]
-    lines = [markdown_table(["part", "seconds", "share of update", "GFLOP/s"],
-                            [[label, f"{p['seconds']:.4g}", f"{100 * p['share']:.1f}%",
-                              f"{p['gflops']:.1f}" if "gflops" in p else ""] for label, p in parts])]
+    lines = [
+        markdown_table(
+            ["part", "seconds", "share of update", "GFLOP/s"],
+            [
+                [
+                    label,
+                    f"{p['seconds']:.4g}",
+                    f"{100 * p['share']:.1f}%",
+                    f"{p['gflops']:.1f}" if "gflops" in p else "",
+                ]
+                for label, p in parts
+            ],
+        )
+    ]
     s = out["sgemm"]
-    lines.append(f"sgemm {'x'.join(map(str, s['reference_shape']))}: {s['reference_gflops']:.1f} GFLOP/s "
-                 f"(update {out['update_frac_of_sgemm']:.2f}x of it); own shape {'x'.join(map(str, s['own_shape']))}: "
-                 f"{s['own_gflops']:.1f} GFLOP/s, the dense matmuls at that rate {out['matmuls_at_own_sgemm_s']:.4g} s")
+    lines.append(
+        f"sgemm {'x'.join(map(str, s['reference_shape']))}: {s['reference_gflops']:.1f} GFLOP/s "
+        f"(update {out['update_frac_of_sgemm']:.2f}x of it); own shape {'x'.join(map(str, s['own_shape']))}: "
+        f"{s['own_gflops']:.1f} GFLOP/s, the dense matmuls at that rate {out['matmuls_at_own_sgemm_s']:.4g} s"
+    )
     return "\n".join(lines)
 
 
@@ -313,20 +400,30 @@ def main(argv=None) -> dict:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens in every completion")
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-layers", type=int, default=-1, help="-1: every layer")
-    p.add_argument("--micro-batch", type=int, help="sequences per micro-batch (default: as the trainer picks)")
-    p.add_argument("--sgemm-rows", type=int,
-                   help="rows of the reference sgemm (default: bench.py --limits' for this workload)")
+    p.add_argument(
+        "--micro-batch", type=int, help="sequences per micro-batch (default: as the trainer picks)"
+    )
+    p.add_argument(
+        "--sgemm-rows",
+        type=int,
+        help="rows of the reference sgemm (default: bench.py --limits' for this workload)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each part (after one warm-up run)")
-    p.add_argument("--traced", action="store_true",
-                   help="run the update's pieces traced, not compiled whole (update/gradients.py COMPILE_ON_CPU)")
+    p.add_argument(
+        "--traced",
+        action="store_true",
+        help="run the update's pieces traced, not compiled whole (update/gradients.py COMPILE_ON_CPU)",
+    )
     p.add_argument("--json", help="also write the JSON here")
     args = p.parse_args(argv)
     if argv is None:
         use_openblas()  # re-executes with OpenBLAS preloaded, as the mlx-grpo command does
         keep_freed_memory()  # as the mlx-grpo command does (models/heap.py)
     load_start = load_average()
-    with replaced(gradients, "COMPILE_ON_CPU", not args.traced), \
-            tempfile.TemporaryDirectory(prefix="profile-update-") as tmp:
+    with (
+        replaced(gradients, "COMPILE_ON_CPU", not args.traced),
+        tempfile.TemporaryDirectory(prefix="profile-update-") as tmp,
+    ):
         if args.model:
             path = dequantized_copy(args.model, Path(tmp) / "float32") if args.dequantize else args.model
             shape = model_shape(path)
@@ -335,16 +432,30 @@ def main(argv=None) -> dict:
             path = str(build_random_model(Path(tmp) / "m", **shape))
         model, _ = load_policy(path)
         mx.random.seed(0)
-        prepare_for_training(model, "lora", {"rank": args.lora_rank, "scale": 20.0, "dropout": 0.0,
-                                             "num_layers": args.lora_layers})
+        prepare_for_training(
+            model,
+            "lora",
+            {"rank": args.lora_rank, "scale": 20.0, "dropout": 0.0, "num_layers": args.lora_layers},
+        )
         config, prep = synthetic_update(model, path, shape["vocab"], args)
-        out = {"workload": {"model": args.model or f"random {args.preset}", **shape, "prompts": args.prompts,
-                            "prompt_tokens": args.prompt_tokens, "group_size": args.group_size,
-                            "max_tokens": args.max_tokens, "lora_rank": args.lora_rank,
-                            "lora_layers": args.lora_layers, "micro_batch": args.micro_batch,
-                            "repeats": args.repeats, "update_compiled": not args.traced},
-               "device": str(mx.default_device()), "blas_kernels": blas_description(),
-               **profile(model, config, prep, shape, args)}
+        out = {
+            "workload": {
+                "model": args.model or f"random {args.preset}",
+                **shape,
+                "prompts": args.prompts,
+                "prompt_tokens": args.prompt_tokens,
+                "group_size": args.group_size,
+                "max_tokens": args.max_tokens,
+                "lora_rank": args.lora_rank,
+                "lora_layers": args.lora_layers,
+                "micro_batch": args.micro_batch,
+                "repeats": args.repeats,
+                "update_compiled": not args.traced,
+            },
+            "device": str(mx.default_device()),
+            "blas_kernels": blas_description(),
+            **profile(model, config, prep, shape, args),
+        }
     out["load_average"] = load_since(load_start)
     emit_result(out, args.json, table(out), indent=1)
     return out

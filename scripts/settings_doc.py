@@ -47,8 +47,9 @@ def _cell(text: str) -> str:
 
 
 def _row(name: str, helps: dict[str, str]) -> str:
-    return (f"| `{name}` | {_cell(_default(FIELDS[name]))} | {_cell(helps[name])} | "
-            f"{', '.join(readers(name))} |")
+    return (
+        f"| `{name}` | {_cell(_default(FIELDS[name]))} | {_cell(helps[name])} | {', '.join(readers(name))} |"
+    )
 
 
 def train_settings() -> list[str]:
@@ -59,8 +60,12 @@ def train_settings() -> list[str]:
         if section:
             if lines:
                 lines.append("")
-            lines += [f"**{section.group(1)}**", "", "| key | default | meaning | read by |",
-                      "| --- | --- | --- | --- |"]
+            lines += [
+                f"**{section.group(1)}**",
+                "",
+                "| key | default | meaning | read by |",
+                "| --- | --- | --- | --- |",
+            ]
         elif field and field.group(1) in GROUPS:  # a group's settings, by their flat names
             kind, prefix = GROUPS[field.group(1)]
             lines += [_row(prefix + f.name, helps) for f in dataclasses.fields(kind)]
@@ -76,12 +81,12 @@ def _names(names) -> str:
 # What each command that reads settings does with them, under its options (train's page is settings.md).
 _READING = {
     "sft": "sft's settings are the flags above. A setting it does not read, typed as a flag, is refused, naming "
-           "the commands that read it (`sft does not read group_size (train reads it)`); in a `--config` file "
-           "(a train recipe serves sft too: `sft --config configs/ocaml.yaml`) it is left out, and sft names "
-           "the ones it leaves out.",
+    "the commands that read it (`sft does not read group_size (train reads it)`); in a `--config` file "
+    "(a train recipe serves sft too: `sft --config configs/ocaml.yaml`) it is left out, and sft names "
+    "the ones it leaves out.",
     "eval": "From a run's `config.yaml` or a `--config` file, {command} reads {names}; the file's other settings "
-            "are left out (a training recipe serves {command} too). A setting typed as a flag that {command} "
-            "does not read is refused, naming the commands that read it.",
+    "are left out (a training recipe serves {command} too). A setting typed as a flag that {command} "
+    "does not read is refused, naming the commands that read it.",
 }
 _READING["compare"] = _READING["eval"]
 
@@ -112,26 +117,38 @@ def command_options() -> list[str]:
 
 
 def render() -> str:
-    head = ["# Settings", "",
-            "Generated from `mlx_grpo/config.py` and the CLI by `python scripts/settings_doc.py`; do not edit by "
-            "hand.", "",
-            "Every train setting is a config key and a flag (`lr` is `--lr`, `group_size` is `--group-size`). "
-            "`mlx-grpo train --help` prints the same list. `train` reads every setting; the other commands "
-            "read those their column names (`sft` as flags, `eval` and `compare` from a config file): "
-            "[commands.md](commands.md).", "",
-            "In a YAML file the settings of a group (" + ", ".join(f"`{g}`" for g in GROUPS) + ") may also be "
-            "given as a mapping of their names within the group: `health: {window: 4}` is `health_window: 4`, "
-            "`sampling: {temperature: 0.7}` is `temperature: 0.7` (not both ways in one file).", ""]
-    tail = ["", "The other commands' options (`eval`, `compare`, `sft`, `inspect`, ...) are in [commands.md](commands.md)."]
+    head = [
+        "# Settings",
+        "",
+        "Generated from `mlx_grpo/config.py` and the CLI by `python scripts/settings_doc.py`; do not edit by "
+        "hand.",
+        "",
+        "Every train setting is a config key and a flag (`lr` is `--lr`, `group_size` is `--group-size`). "
+        "`mlx-grpo train --help` prints the same list. `train` reads every setting; the other commands "
+        "read those their column names (`sft` as flags, `eval` and `compare` from a config file): "
+        "[commands.md](commands.md).",
+        "",
+        "In a YAML file the settings of a group (" + ", ".join(f"`{g}`" for g in GROUPS) + ") may also be "
+        "given as a mapping of their names within the group: `health: {window: 4}` is `health_window: 4`, "
+        "`sampling: {temperature: 0.7}` is `temperature: 0.7` (not both ways in one file).",
+        "",
+    ]
+    tail = [
+        "",
+        "The other commands' options (`eval`, `compare`, `sft`, `inspect`, ...) are in [commands.md](commands.md).",
+    ]
     return "\n".join(head + train_settings() + tail) + "\n"
 
 
 def render_commands() -> str:
-    head = ["# Options of the other commands", "",
-            "Generated from the CLI by `python scripts/settings_doc.py`; do not edit by hand. `--help` after a "
-            "command prints the same. `train`'s settings are in [settings.md](settings.md), with the commands "
-            "that read each. A setting typed as a flag to a command that does not read it is refused in one "
-            "line naming the commands that do."]
+    head = [
+        "# Options of the other commands",
+        "",
+        "Generated from the CLI by `python scripts/settings_doc.py`; do not edit by hand. `--help` after a "
+        "command prints the same. `train`'s settings are in [settings.md](settings.md), with the commands "
+        "that read each. A setting typed as a flag to a command that does not read it is refused in one "
+        "line naming the commands that do.",
+    ]
     return "\n".join(head + command_options()) + "\n"
 
 

@@ -44,8 +44,9 @@ def decode(model, prompts: list[list[int]], max_tokens: int, eos_id: int, temper
     return outputs
 
 
-def complete_all(model, tokenizer, problems, samples: int, max_tokens: int, eos_id: int,
-                 temperature: float) -> list[list[str]]:
+def complete_all(
+    model, tokenizer, problems, samples: int, max_tokens: int, eos_id: int, temperature: float
+) -> list[list[str]]:
     """``samples`` completions (decoded text) per problem; prompts batched by length."""
     encoded = [prompt_ids(tokenizer, p["prompt"]) for p in problems]
     by_length: dict[int, list[int]] = {}
@@ -60,8 +61,9 @@ def complete_all(model, tokenizer, problems, samples: int, max_tokens: int, eos_
     return texts
 
 
-def evaluate(model, tokenizer, problems, eos_id: int, seed: int, samples: int = 8,
-             max_tokens: int = 40) -> dict:
+def evaluate(
+    model, tokenizer, problems, eos_id: int, seed: int, samples: int = 8, max_tokens: int = 40
+) -> dict:
     """Greedy accuracy, sampled accuracy (T = 1.0) and pass@samples, overall and per template."""
     answers = [p["answer"] for p in problems]
     greedy = [t[0] for t in complete_all(model, tokenizer, problems, 1, max_tokens, eos_id, 0.0)]

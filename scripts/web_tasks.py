@@ -24,14 +24,16 @@ from rewards.web_browsing.tasks import DIFFICULTIES, FAMILIES, make_task  # noqa
 
 
 def parse_seeds(text: str) -> list[int]:
-    """"1000-1007" -> 1000..1007 (both ends); "5" -> [5]; "1,4,9" -> those."""
+    """ "1000-1007" -> 1000..1007 (both ends); "5" -> [5]; "1,4,9" -> those."""
     seeds = []
     try:
         for part in text.split(","):
             first, _, last = part.strip().partition("-")
             seeds += range(int(first), int(last or first) + 1)
     except ValueError:
-        raise ValueError(f"--seeds: expected a range such as 1000-1007 or a list such as 1,4,9, not {text!r}") from None
+        raise ValueError(
+            f"--seeds: expected a range such as 1000-1007 or a list such as 1,4,9, not {text!r}"
+        ) from None
     if not seeds:
         raise ValueError(f"--seeds: {text!r} names no seed")
     return seeds

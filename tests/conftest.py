@@ -61,5 +61,7 @@ def variety_task(tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(40)))
     rewards = tmp_path / "rewards.py"
-    rewards.write_text("def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n")
+    rewards.write_text(
+        "def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n"
+    )
     return dict(data=str(data), reward_file=str(rewards), reward=["variety"])

@@ -35,7 +35,7 @@ CORPUS = [
     "    indented\tand\ttabbed   spaces    everywhere  \n\n\n",
     "Café déjà vu, naïve façade; Straße; Ελληνικά; русский текст; 日本語のテキスト; 中文字符; 😀🎉",
     "#### 42\nAnswer with only the final number. 3.14159 2,718 1e10 0x1F",
-    "<div class=\"x\">{\"key\": [1, 2, 3]}</div> // comment /* block */",
+    '<div class="x">{"key": [1, 2, 3]}</div> // comment /* block */',
 ] * 3
 # What the tokenizer tests encode: every kind of text above, and some it never saw.
 SAMPLE_TEXTS = [
@@ -57,10 +57,20 @@ MODEL_TYPES = {
     "mistral": ("llama", "llama", {"sliding_window": None}),  # llama.cpp's converter writes Mistral as llama
     "qwen2": ("qwen2", "qwen2", {}),
     "qwen3": ("qwen3", "qwen3", {"head_dim": 32}),
-    "gemma3_text": ("gemma3_text", "gemma3", {"head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": 4,
-                                              "sliding_window_pattern": 6, "rope_local_base_freq": 10000.0,
-                                              "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-                                              "num_hidden_layers": 6}),
+    "gemma3_text": (
+        "gemma3_text",
+        "gemma3",
+        {
+            "head_dim": 32,
+            "query_pre_attn_scalar": 32,
+            "sliding_window": 4,
+            "sliding_window_pattern": 6,
+            "rope_local_base_freq": 10000.0,
+            "rope_theta": 1000000.0,
+            "rms_norm_eps": 1e-6,
+            "num_hidden_layers": 6,
+        },
+    ),
     "phi3": ("phi3", "phi3", {"partial_rotary_factor": 0.5, "original_max_position_embeddings": 512}),
     "olmo2": ("olmo2", "olmo2", {}),  # one llama.cpp knows and we do not (for the refusals)
 }
@@ -72,8 +82,12 @@ def train_bpe(vocab_size: int = 320) -> dict:
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS, trainer)
     saved = json.loads(tok.to_str())
     vocab = saved["model"]["vocab"]
@@ -90,9 +104,17 @@ def write_hf_tokenizer(folder: Path, bpe: dict) -> None:
     tok = Tokenizer.from_str(bpe["json"])
     tok.decoder = decoders.ByteLevel()
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIALS[1], "eos_token": SPECIALS[2],
-        "pad_token": SPECIALS[2], "chat_template": CHAT_TEMPLATE}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": SPECIALS[1],
+                "eos_token": SPECIALS[2],
+                "pad_token": SPECIALS[2],
+                "chat_template": CHAT_TEMPLATE,
+            }
+        )
+    )
 
 
 def model_class(model_type: str):
@@ -102,22 +124,48 @@ def model_class(model_type: str):
     return importlib.import_module(f"mlx_lm.models.{MODEL_TYPES[model_type][0]}")
 
 
-def build_hf_model(folder: Path, arch: str, vocab: int, hidden: int = 64, layers: int | None = None, heads: int = 4,
-                   kv_heads: int = 2, intermediate: int = 128, tied: bool = True, seed: int = 0, **extra) -> dict:
+def build_hf_model(
+    folder: Path,
+    arch: str,
+    vocab: int,
+    hidden: int = 64,
+    layers: int | None = None,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    tied: bool = True,
+    seed: int = 0,
+    **extra,
+) -> dict:
     """A random model of mlx-lm model type `arch` in Hugging Face layout (config.json + model.safetensors)."""
-    config = {"model_type": arch, "hidden_size": hidden, "num_hidden_layers": 2,
-              "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-              "rms_norm_eps": 1e-5, "vocab_size": vocab, "tie_word_embeddings": tied, "rope_theta": 10000.0,
-              "max_position_embeddings": 512, "eos_token_id": 2, "bos_token_id": 1,
-              **MODEL_TYPES[arch][2], **extra}
+    config = {
+        "model_type": arch,
+        "hidden_size": hidden,
+        "num_hidden_layers": 2,
+        "intermediate_size": intermediate,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 512,
+        "eos_token_id": 2,
+        "bos_token_id": 1,
+        **MODEL_TYPES[arch][2],
+        **extra,
+    }
     if layers is not None:
         config["num_hidden_layers"] = layers
     module = model_class(arch)
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
     # Norm weights away from their start and biases away from 0, so that a misplaced one shows.
-    params = {k: (v + mx.random.normal(v.shape) * 0.2 if v.ndim == 1 else v)
-              for k, v in tree_flatten(model.parameters()) if not (tied and k == "lm_head.weight")}
+    params = {
+        k: (v + mx.random.normal(v.shape) * 0.2 if v.ndim == 1 else v)
+        for k, v in tree_flatten(model.parameters())
+        if not (tied and k == "lm_head.weight")
+    }
     folder.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(folder / "model.safetensors"), params)
     (folder / "config.json").write_text(json.dumps(config))
@@ -138,8 +186,7 @@ def hf_model(weights: dict, config: dict, **overrides):
 def llama_cpp_order(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf row order for llama Q/K: interleave the two halves of each head."""
     out_rows = w.shape[0]
-    return (w.reshape(heads, 2, out_rows // heads // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+    return w.reshape(heads, 2, out_rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def gguf_name(name: str, model_type: str = "llama") -> str:
@@ -159,8 +206,9 @@ def gguf_tensors(weights: dict[str, np.ndarray], config: dict) -> dict[str, np.n
     out = {}
     for name, w in weights.items():
         if model_type in ("llama", "mistral") and (".q_proj." in name or ".k_proj." in name):
-            w = llama_cpp_order(w, config["num_attention_heads"] if ".q_proj." in name
-                                else config["num_key_value_heads"])
+            w = llama_cpp_order(
+                w, config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
+            )
         if model_type == "gemma3_text" and name.endswith("norm.weight"):
             w = w + 1.0
         out[gguf_name(name, model_type)] = w
@@ -172,16 +220,24 @@ def _architecture_metadata(writer, config: dict, prefix: str) -> None:
     arch = MODEL_TYPES[config["model_type"]][1]
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     head_dim = config.get("head_dim") or hidden // heads
-    for key, value in (("context_length", config["max_position_embeddings"]), ("embedding_length", hidden),
-                       ("block_count", config["num_hidden_layers"]),
-                       ("feed_forward_length", config["intermediate_size"]), ("attention.head_count", heads),
-                       ("attention.head_count_kv", config["num_key_value_heads"])):
+    for key, value in (
+        ("context_length", config["max_position_embeddings"]),
+        ("embedding_length", hidden),
+        ("block_count", config["num_hidden_layers"]),
+        ("feed_forward_length", config["intermediate_size"]),
+        ("attention.head_count", heads),
+        ("attention.head_count_kv", config["num_key_value_heads"]),
+    ):
         writer.add_uint32(f"{prefix}.{key}", value)
     writer.add_float32(f"{prefix}.rope.freq_base", config["rope_theta"])
     writer.add_float32(f"{prefix}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
     if arch == "phi3":  # rope on part of each head; llama.cpp ignores phi3's sliding window
-        writer.add_uint32(f"{prefix}.rope.dimension_count", int(config["partial_rotary_factor"] * hidden) // heads)
-        writer.add_uint32(f"{prefix}.rope.scaling.original_context_length", config["original_max_position_embeddings"])
+        writer.add_uint32(
+            f"{prefix}.rope.dimension_count", int(config["partial_rotary_factor"] * hidden) // heads
+        )
+        writer.add_uint32(
+            f"{prefix}.rope.scaling.original_context_length", config["original_max_position_embeddings"]
+        )
         writer.add_uint32(f"{prefix}.attention.sliding_window", 0)
     elif arch in ("llama", "qwen2"):
         writer.add_uint32(f"{prefix}.rope.dimension_count", head_dim)
@@ -192,10 +248,19 @@ def _architecture_metadata(writer, config: dict, prefix: str) -> None:
         writer.add_uint32(f"{prefix}.attention.sliding_window", config["sliding_window"])
 
 
-def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: dict, pre: str = "qwen2",
-               tensor_type: str = "F32", arch: str | None = None, add_bos: bool = False,
-               raw: dict[str, str] | None = None, blocks: dict[str, tuple[str, np.ndarray]] | None = None,
-               spm: dict | None = None) -> Path:
+def write_gguf(
+    path: Path,
+    config: dict,
+    weights: dict[str, np.ndarray],
+    bpe: dict,
+    pre: str = "qwen2",
+    tensor_type: str = "F32",
+    arch: str | None = None,
+    add_bos: bool = False,
+    raw: dict[str, str] | None = None,
+    blocks: dict[str, tuple[str, np.ndarray]] | None = None,
+    spm: dict | None = None,
+) -> Path:
     """A GGUF file of a Hugging Face model: 2-D weights stored as tensor_type, 1-D ones as F32.
 
     raw: {gguf tensor name: type} of tensors written as zero bytes of that type
@@ -234,8 +299,11 @@ def write_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], bpe: di
             writer.add_tensor(name, blocks[name][1], raw_dtype=gguf.GGMLQuantizationType[blocks[name][0]])
         elif name in (raw or {}):
             rtype = gguf.GGMLQuantizationType[raw[name]]
-            writer.add_tensor(name, np.zeros(gguf.quants.quant_shape_to_byte_shape(w.shape, rtype), np.uint8),
-                              raw_dtype=rtype)
+            writer.add_tensor(
+                name,
+                np.zeros(gguf.quants.quant_shape_to_byte_shape(w.shape, rtype), np.uint8),
+                raw_dtype=rtype,
+            )
         elif w.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, w.astype(np.float32))
         elif qtype == gguf.GGMLQuantizationType.F16:
@@ -254,9 +322,16 @@ def stored_values(weights: dict[str, np.ndarray], tensor_type: str) -> dict[str,
     import gguf
 
     qtype = gguf.GGMLQuantizationType[tensor_type]
-    return {k: (w if w.ndim == 1 else gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)
-                .astype(np.float32).reshape(w.shape))
-            for k, w in weights.items()}
+    return {
+        k: (
+            w
+            if w.ndim == 1
+            else gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)
+            .astype(np.float32)
+            .reshape(w.shape)
+        )
+        for k, w in weights.items()
+    }
 
 
 def numpy_weights(folder: Path) -> dict[str, np.ndarray]:
@@ -285,7 +360,9 @@ def byte_to_char() -> dict[int, str]:
     return {b: chr(b) if b in keep else chr(next(extra)) for b in range(256)}
 
 
-def reference_encode(text: str, tokens: list[str], merges: list[str], types: list[int], pre: str) -> list[int]:
+def reference_encode(
+    text: str, tokens: list[str], merges: list[str], types: list[int], pre: str
+) -> list[int]:
     import regex
 
     ids = {t: i for i, t in enumerate(tokens)}
@@ -305,7 +382,7 @@ def reference_encode(text: str, tokens: list[str], merges: list[str], types: lis
             for piece in pieces:
                 end = 0
                 for match in regex.finditer(pattern, piece):
-                    split += [piece[end:match.start()], match.group()]
+                    split += [piece[end : match.start()], match.group()]
                     end = match.end()
                 split.append(piece[end:])
             pieces = [p for p in split if p]
@@ -320,6 +397,6 @@ def reference_encode(text: str, tokens: list[str], merges: list[str], types: lis
                 rank, i = min(pairs)
                 if rank == len(ranks):
                     break
-                symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+                symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
             out += [ids[s] for s in symbols]
     return out

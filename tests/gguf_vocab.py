@@ -17,8 +17,14 @@ def write_vocab_file(path: Path, metadata: dict, name: str | None = None) -> Pat
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("context_length", 512), ("embedding_length", 64), ("block_count", 1),
-                       ("feed_forward_length", 128), ("attention.head_count", 4), ("attention.head_count_kv", 4)):
+    for key, value in (
+        ("context_length", 512),
+        ("embedding_length", 64),
+        ("block_count", 1),
+        ("feed_forward_length", 128),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 4),
+    ):
         writer.add_uint32(f"llama.{key}", value)
     writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     if name:
@@ -52,7 +58,14 @@ def llama_cpp_detokenize(llama, ids: list[int]) -> str:
 
     size = 64 + 64 * len(ids)
     text = ctypes.create_string_buffer(size)
-    n = llama_cpp.llama_detokenize(llama._model.vocab, (llama_cpp.llama_token * max(len(ids), 1))(*ids), len(ids),
-                                   text, size, False, True)
+    n = llama_cpp.llama_detokenize(
+        llama._model.vocab,
+        (llama_cpp.llama_token * max(len(ids), 1))(*ids),
+        len(ids),
+        text,
+        size,
+        False,
+        True,
+    )
     assert n >= 0
     return text.raw[:n].decode("utf-8", errors="replace")

@@ -46,8 +46,13 @@ def test_accuracy_values_reuse_the_task_scores_or_score_alone():
     answers = [SimpleNamespace(text=t, finish_reason="stop") for t in ["4", "5", "?", " 9"]]
     calls = []
     task = _task(calls, among_rewards=True)
-    scores = score_completions(task.reward_functions, task.reward_weights, ["p", "p", "q", "q"],
-                               [a.text for a in answers], {"answer": ["4", "4", "9", "9"]})
+    scores = score_completions(
+        task.reward_functions,
+        task.reward_weights,
+        ["p", "p", "q", "q"],
+        [a.text for a in answers],
+        {"answer": ["4", "4", "9", "9"]},
+    )
     assert calls == [4]
     assert accuracy_values(task, rows, 2, answers, scores) == [1.0, 0.0, None, 1.0]
     assert calls == [4]  # taken from the scores, not run again
@@ -62,12 +67,19 @@ def _literal_thresholds(tree) -> list[int]:
     """Lines comparing against the literal 0.5, or reading an episode's info["solved"] with a default."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value == 0.5
-                                                 for c in node.comparators):
+        if isinstance(node, ast.Compare) and any(
+            isinstance(c, ast.Constant) and c.value == 0.5 for c in node.comparators
+        ):
             found.append(node.lineno)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "solved"
-                and len(node.args) == 2):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == "solved"
+            and len(node.args) == 2
+        ):
             found.append(node.lineno)
     return found
 
@@ -75,6 +87,9 @@ def _literal_thresholds(tree) -> list[int]:
 def test_the_threshold_and_the_solved_test_are_written_once():
     planted = ast.parse("ok = (v or 0.0) >= 0.5\ns = ep.info.get('solved', ep.reward >= 1.0)\n")
     assert _literal_thresholds(planted) == [1, 2]
-    copies = {str(p.relative_to(PACKAGE)): lines for p in sorted(PACKAGE.rglob("*.py"))
-              if p.name != "accuracy.py" and (lines := _literal_thresholds(ast.parse(p.read_text())))}
+    copies = {
+        str(p.relative_to(PACKAGE)): lines
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.name != "accuracy.py" and (lines := _literal_thresholds(ast.parse(p.read_text())))
+    }
     assert copies == {}

@@ -27,8 +27,15 @@ from mlx_grpo.update.losses import BatchShape
 def _completion_logprobs(model, mb, config, differentiated=False):
     # differentiated: the head's gradient taken the trainer's way, so that a gradient is compared to
     # the trainer's to the last bit, not to float32 rounding (tests/test_logprobs.py checks that way)
-    return completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, mb.group_size, config.sampling.temperature,
-                               differentiated=differentiated)
+    return completion_logprobs(
+        model,
+        mb.prompts,
+        mb.left_padding,
+        mb.completions,
+        mb.group_size,
+        config.sampling.temperature,
+        differentiated=differentiated,
+    )
 
 
 def test_runaway_penalty_multiplies_and_keeps_the_ranking():
@@ -46,8 +53,9 @@ def test_overlong_penalty_is_dapo_eq_13():
     np.testing.assert_allclose(overlong_penalty([10, 15, 16, 18, 20], 20, 5), [0, 0, -0.2, -0.6, -1.0])
     np.testing.assert_allclose(overlong_penalty([16, 20], 20, 5, penalty=0.5), [-0.1, -0.5])
     np.testing.assert_allclose(overlong_penalty([20], 20, 0), [0.0])
-    shaped = shape_rewards([1.0, 1.0], [20, 10], [True, False], max_tokens=20, runaway_factor=0.3,
-                           overlong_buffer=5)
+    shaped = shape_rewards(
+        [1.0, 1.0], [20, 10], [True, False], max_tokens=20, runaway_factor=0.3, overlong_buffer=5
+    )
     np.testing.assert_allclose(shaped, [0.3 - 1.0, 1.0])
 
 
@@ -55,9 +63,12 @@ def test_group_filters():
     rewards = [1, 1, 1, 0, 1, 0, 0.2, 0.1, 0.1, 0, 0, 0]
     np.testing.assert_array_equal(groups_to_keep(rewards, 3), [True] * 4)
     np.testing.assert_array_equal(groups_to_keep(rewards, 3, drop_equal=True), [False, True, True, False])
-    np.testing.assert_array_equal(groups_to_keep(rewards, 3, reward_threshold=0.5), [True, True, False, False])
-    np.testing.assert_array_equal(groups_to_keep(rewards, 3, drop_equal=True, reward_threshold=0.5),
-                                  [False, True, False, False])
+    np.testing.assert_array_equal(
+        groups_to_keep(rewards, 3, reward_threshold=0.5), [True, True, False, False]
+    )
+    np.testing.assert_array_equal(
+        groups_to_keep(rewards, 3, drop_equal=True, reward_threshold=0.5), [False, True, False, False]
+    )
 
 
 def _on_policy_parts(model, config, seed=3):
@@ -68,7 +79,9 @@ def _on_policy_parts(model, config, seed=3):
     parts = micro_batches(build_batch(comps, advantages, 3), 6)
     for mb in parts:
         mb.behaviour_logp = mx.stop_gradient(_completion_logprobs(model, mb, config)[0])
-    sizes = BatchShape(12, int(sum(mb.mask.sum().item() for mb in parts)), len(parts), config.sampling.max_tokens)
+    sizes = BatchShape(
+        12, int(sum(mb.mask.sum().item() for mb in parts)), len(parts), config.sampling.max_tokens
+    )
     return parts, sizes
 
 
@@ -87,16 +100,25 @@ def _weights(model):
 
 def test_one_iteration_is_reinforce_and_more_iterations_clip(tiny_model_path):
     # Plain SGD makes "same update" mean "same gradient" (Adam's first step is ~sign(g)).
-    base = {"group_size": 3, "lr": 1.0, "micro_batch_size": 6, "warmup_steps": 0, "steps": 2,
-            "max_grad_norm": 1e6}
+    base = {
+        "group_size": 3,
+        "lr": 1.0,
+        "micro_batch_size": 6,
+        "warmup_steps": 0,
+        "steps": 2,
+        "max_grad_norm": 1e6,
+    }
     results = {}
     for iterations in (1, 3):
         for eps in (1e-3, 10.0):
-            config = build_config({**base, "num_iterations": iterations, "epsilon_low": min(eps, 0.99),
-                                   "epsilon_high": eps})
+            config = build_config(
+                {**base, "num_iterations": iterations, "epsilon_low": min(eps, 0.99), "epsilon_high": eps}
+            )
             model = _fresh_policy(tiny_model_path)
             parts, sizes = _on_policy_parts(model, config)
-            metrics = update(model, optim.SGD(learning_rate=config.lr), update_settings(config), sizes, parts, None, None)
+            metrics = update(
+                model, optim.SGD(learning_rate=config.lr), update_settings(config), sizes, parts, None, None
+            )
             results[iterations, eps] = (_weights(model), metrics)
 
     # One update on fresh rollouts: the ratio is 1, the clip never fires, and the
@@ -137,10 +159,18 @@ def test_reference_refresh_mixes_toward_the_policy():
 
 OPTION_SETS = {
     "dynamic-sampling": dict(dynamic_sampling=True, resample_rounds=2, reward_threshold=0.2, loss="dapo"),
-    "cispo-refresh": dict(loss="cispo", epsilon_high=0.28, beta=0.05, ref_refresh_every=1, ref_refresh_alpha=0.5),
+    "cispo-refresh": dict(
+        loss="cispo", epsilon_high=0.28, beta=0.05, ref_refresh_every=1, ref_refresh_alpha=0.5
+    ),
     # Stops at common letters, so that some completions end and others are cut (and masked) whatever the draws.
-    "gspo-entropy": dict(loss="gspo", entropy_coef=0.01, entropy_top_quantile=0.5, mask_truncated=True,
-                         overlong_buffer=4, stop=list("etaoinsr")),
+    "gspo-entropy": dict(
+        loss="gspo",
+        entropy_coef=0.01,
+        entropy_top_quantile=0.5,
+        mask_truncated=True,
+        overlong_buffer=4,
+        stop=list("etaoinsr"),
+    ),
     "sapo-delta": dict(loss="sapo", scale_rewards="group"),
     "grpo-delta": dict(loss="grpo", delta=1.5, scale_rewards="batch", runaway_penalty=0.5),
 }
@@ -164,6 +194,7 @@ def test_options_train_and_resume_bitwise(name, tmp_path, custom_run):  # noqa: 
     def stop_after_first_checkpoint(kind, data):
         if kind == "checkpoint" and data["step"] == 2:
             raise Interrupt
+
     interrupted = tmp_path / "interrupted"
     with pytest.raises(Interrupt):
         train(custom_run(interrupted, **options), on_event=stop_after_first_checkpoint)
@@ -205,6 +236,7 @@ def test_pass_at_k_evaluation_counts_any_right_sample(tiny_model_path, monkeypat
 
     def reward(prompts, completions, **kw):
         return [next(verdicts) for _ in completions]
+
     task = SimpleNamespace(eval_rows=rows, accuracy_reward=reward, system_prompt=None)
     model, tokenizer = load_policy(str(tiny_model_path))
     assert evaluate.evaluate_pass_at_k(model, tokenizer, task, 2, 4, 1.0) == pytest.approx(2 / 3)

@@ -32,10 +32,16 @@ def _fake_parts_package(monkeypatch, tmp_path, expected=hashlib.sha256(WHOLE).he
 
     module.assemble = assemble
     monkeypatch.setitem(sys.modules, "fake_parts_model", module)
-    monkeypatch.setattr(aliases.importlib.util, "find_spec",
-                        lambda name: types.SimpleNamespace(submodule_search_locations=[str(tmp_path)]))
-    monkeypatch.setitem(aliases.PACKAGED_MODELS, "fake-model",
-                        PackagedModel("fake_parts_model", "fake.gguf", "fake", assembled=True))
+    monkeypatch.setattr(
+        aliases.importlib.util,
+        "find_spec",
+        lambda name: types.SimpleNamespace(submodule_search_locations=[str(tmp_path)]),
+    )
+    monkeypatch.setitem(
+        aliases.PACKAGED_MODELS,
+        "fake-model",
+        PackagedModel("fake_parts_model", "fake.gguf", "fake", assembled=True),
+    )
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))
     return calls
 
@@ -67,7 +73,9 @@ def test_parts_that_do_not_join_to_the_published_file_leave_nothing(monkeypatch,
 
 
 def test_a_missing_package_says_which_extra_installs_it(monkeypatch):
-    monkeypatch.setitem(aliases.PACKAGED_MODELS, "absent", PackagedModel("no_such_pkg_xyz", "a.gguf", "gemma3", True))
+    monkeypatch.setitem(
+        aliases.PACKAGED_MODELS, "absent", PackagedModel("no_such_pkg_xyz", "a.gguf", "gemma3", True)
+    )
     with pytest.raises(ModelNotInstalled, match=r'pip install -e "\.\[gemma3\]"'):
         packaged_model_path("absent")
 

@@ -68,8 +68,10 @@ def test_the_code_hash_follows_the_named_code_and_nothing_else(tmp_path, monkeyp
     """A module's named functions and methods count, its other code does not; a name it no longer defines is
     refused, not left out of the key."""
     module = tmp_path / "answer_code_probe.py"
-    module.write_text("def framed(p):\n    return f'Q: {p}'\n\n\nclass Loop:\n    def step(self):\n        return 1\n\n"
-                      "    def log(self):\n        return 0\n\n\ndef unrelated():\n    return 0\n")
+    module.write_text(
+        "def framed(p):\n    return f'Q: {p}'\n\n\nclass Loop:\n    def step(self):\n        return 1\n\n"
+        "    def log(self):\n        return 0\n\n\ndef unrelated():\n    return 0\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(answer_cache, "ANSWER_CODE", (("answer_code_probe", ("framed", "Loop.step")),))
     first = answer_cache.answer_code()
@@ -117,8 +119,20 @@ def test_a_reuse_says_which_version_made_the_answers(tiny_model_path, monkeypatc
 
 
 def test_compare_prints_and_writes_who_made_reused_answers(tiny_model_path, tmp_path):
-    args = ["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--task", "arith",
-            "--n", "3", "--max-tokens", "3", "--no-plot"]
+    args = [
+        "compare",
+        "--trained",
+        str(tiny_model_path),
+        "--base",
+        str(tiny_model_path),
+        "--task",
+        "arith",
+        "--n",
+        "3",
+        "--max-tokens",
+        "3",
+        "--no-plot",
+    ]
     assert CliRunner().invoke(app, args + ["--output", str(tmp_path / "a")]).exit_code == 0
     second = CliRunner().invoke(app, args + ["--output", str(tmp_path / "b")])
     assert second.exit_code == 0, second.output
@@ -138,9 +152,26 @@ def test_compare_gives_back_the_callers_progress_listener(tiny_model_path, tmp_p
 
     token = progress.PROGRESS.set(listener)
     try:
-        result = CliRunner().invoke(app, ["compare", "--trained", str(tiny_model_path), "--base",
-                                          str(tiny_model_path), "--task", "arith", "--n", "3", "--max-tokens", "3",
-                                          "--no-plot", "--no-cache", "--output", str(tmp_path / "out")])
+        result = CliRunner().invoke(
+            app,
+            [
+                "compare",
+                "--trained",
+                str(tiny_model_path),
+                "--base",
+                str(tiny_model_path),
+                "--task",
+                "arith",
+                "--n",
+                "3",
+                "--max-tokens",
+                "3",
+                "--no-plot",
+                "--no-cache",
+                "--output",
+                str(tmp_path / "out"),
+            ],
+        )
         assert result.exit_code == 0, result.output
         assert progress.PROGRESS.get() is listener
     finally:
@@ -148,15 +179,19 @@ def test_compare_gives_back_the_callers_progress_listener(tiny_model_path, tmp_p
 
 
 def _web(model, n=3, **overrides):
-    config = cmp.task_config(None, model, {"task": "web", "eval_num_problems": n, "max_tokens": 4, "max_turns": 2,
-                                           **overrides})
+    config = cmp.task_config(
+        None, model, {"task": "web", "eval_num_problems": n, "max_tokens": 4, "max_turns": 2, **overrides}
+    )
     return load_task(config), cmp.build_settings(config, cache=True)
 
 
 def _written(report, folder):
     cmp_report.write_report(report, folder)
-    return (json.loads((folder / "report.json").read_text()), (folder / "rows.jsonl").read_text(),
-            (folder / "report.md").read_text())
+    return (
+        json.loads((folder / "report.json").read_text()),
+        (folder / "rows.jsonl").read_text(),
+        (folder / "report.md").read_text(),
+    )
 
 
 def test_episodes_are_kept_and_a_reuse_reports_what_the_decode_did(tiny_model_path, tmp_path, monkeypatch):
@@ -178,7 +213,9 @@ def test_episodes_are_kept_and_a_reuse_reports_what_the_decode_did(tiny_model_pa
     assert reused == model and model["episode"]["episode/turns"] >= 1 and model["reward_parts"]
     assert rows2 == rows and "> " in rows  # the transcripts, turn by turn
     differ = [(a, b) for a, b in zip(md.splitlines(), md2.splitlines()) if a != b]
-    assert [a for a, _ in differ] == [f"- **model**: `{spec.label}`", f"{data['seconds']:.1f} s in all."], differ
+    assert [a for a, _ in differ] == [f"- **model**: `{spec.label}`", f"{data['seconds']:.1f} s in all."], (
+        differ
+    )
     assert [a.tokens for a in again.results[0].answers] == [a.tokens for a in first.results[0].answers]
 
 
@@ -197,11 +234,15 @@ def test_what_an_episode_depends_on_is_in_its_key(tiny_model_path, tmp_path, mon
     keys = {key, answer_cache.cache_key(spec, task, other_seed, settings)}
     for name, value in (("max_turns", 3), ("max_episode_tokens", 100)):
         keys.add(answer_cache.cache_key(spec, task, rows, replace(settings, **{name: value})))
-    other_kinds = replace(settings.run_config, task_options=replace(settings.run_config.task_options,
-                                                                            web_kinds=["form/2"]))
+    other_kinds = replace(
+        settings.run_config, task_options=replace(settings.run_config.task_options, web_kinds=["form/2"])
+    )
     keys.add(answer_cache.cache_key(spec, task, rows, replace(settings, run_config=other_kinds)))
-    keys.add(answer_cache.cache_key(spec, task, rows, replace(settings, run_config=replace(
-        settings.run_config, tool_timeout=1.0))))
+    keys.add(
+        answer_cache.cache_key(
+            spec, task, rows, replace(settings, run_config=replace(settings.run_config, tool_timeout=1.0))
+        )
+    )
     assert len(keys) == 6
 
     package = tmp_path / "envcode" / "web_env_copy"  # the task's own package, as a copy that can be edited
@@ -222,18 +263,31 @@ def test_what_an_episode_depends_on_is_in_its_key(tiny_model_path, tmp_path, mon
 def test_a_tools_files_code_is_in_its_episodes_key(tiny_model_path, tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text('{"prompt": "Capital of Norway?", "answer": "Oslo"}\n' * 4)
-    (tmp_path / "rewards.py").write_text("def exact(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    (tmp_path / "rewards.py").write_text(
+        "def exact(prompts, completions, **kw):\n    return [0.0] * len(completions)\n"
+    )
     tools = tmp_path / "tools.py"
     tools.write_text("def lookup(title: str) -> str:\n    '''Read a page.'''\n    return 'Oslo'\n")
-    config = cmp.task_config(None, str(tiny_model_path), {"task": "custom", "data": str(data), "reward": ["exact"],
-                                                         "reward_file": str(tmp_path / "rewards.py"),
-                                                         "tools": str(tools), "eval_num_problems": 2})
+    config = cmp.task_config(
+        None,
+        str(tiny_model_path),
+        {
+            "task": "custom",
+            "data": str(data),
+            "reward": ["exact"],
+            "reward_file": str(tmp_path / "rewards.py"),
+            "tools": str(tools),
+            "eval_num_problems": 2,
+        },
+    )
     task, settings = load_task(config), cmp.build_settings(config, cache=True)
     spec, rows = cmp.ModelSpec(str(tiny_model_path)), task.train_rows[:2]
     key = answer_cache.cache_key(spec, task, rows, settings)
     tools.write_text("def lookup(title: str) -> str:\n    '''Read a page.'''\n    return 'Bergen'\n")
     changed_tools = answer_cache.cache_key(spec, task, rows, settings)
-    (tmp_path / "rewards.py").write_text("def exact(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "rewards.py").write_text(
+        "def exact(prompts, completions, **kw):\n    return [1.0] * len(completions)\n"
+    )
     assert len({key, changed_tools, answer_cache.cache_key(spec, task, rows, settings)}) == 3
 
 
@@ -260,14 +314,19 @@ def test_damaged_kept_episodes_are_played_again(tiny_model_path, monkeypatch):
     del kept["answers"][0]["turns"]
     path.write_text(json.dumps(kept))
     again = cmp.evaluate(spec, task, settings).results[0]
-    assert again.cached is None and decoded == [1, 1] and again.summary()["reward"] == first.summary()["reward"]
+    assert (
+        again.cached is None and decoded == [1, 1] and again.summary()["reward"] == first.summary()["reward"]
+    )
     assert cmp.evaluate(spec, task, settings).results[0].cached == path and decoded == [1, 1]
 
 
 def test_tool_episodes_are_kept_with_their_tool_metrics(tiny_model_path, tmp_path):
     """multihop: a reused eval reports the same tool calls, recall and answers as the one that played them."""
-    config = cmp.task_config(None, str(tiny_model_path), {"task": "multihop", "eval_num_problems": 2,
-                                                          "multihop_hops": [2], "max_tokens": 4, "max_turns": 2})
+    config = cmp.task_config(
+        None,
+        str(tiny_model_path),
+        {"task": "multihop", "eval_num_problems": 2, "multihop_hops": [2], "max_tokens": 4, "max_turns": 2},
+    )
     task, settings = load_task(config), cmp.build_settings(config, cache=True)
     spec = cmp.ModelSpec(str(tiny_model_path))
     first, again = cmp.evaluate(spec, task, settings), cmp.evaluate(spec, task, settings)

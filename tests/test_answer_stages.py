@@ -11,9 +11,16 @@ from mlx_grpo.evaluation.compare_report import prompt_records, table_rows
 from mlx_grpo.run.task_setup import load_task
 from rewards import ocaml
 
-PROBLEM = {"signature": "let double (n : int) : int =", "preamble": "",
-           "tests": ["assert (double 2 = 4)", "assert (double 0 = 0)", "assert (double 5 = 10)",
-                     "assert (double 7 = 14)"]}
+PROBLEM = {
+    "signature": "let double (n : int) : int =",
+    "preamble": "",
+    "tests": [
+        "assert (double 2 = 4)",
+        "assert (double 0 = 0)",
+        "assert (double 5 = 10)",
+        "assert (double 7 = 14)",
+    ],
+}
 RIGHT = "```ocaml\nlet double (n : int) : int = n * 2\n```"
 WRONG = "```ocaml\nlet double (n : int) : int = n + 2\n```"  # builds, fails tests
 NO_IN = "```ocaml\nlet double (n : int) : int =\n  let m = n * 2\n  m\n```"  # F#'s let without `in`: no parse
@@ -24,20 +31,29 @@ BAD_MOD = "```ocaml\nlet double (n : int) : int = n % 2\n```"  # `%` is not OCam
 @needs_ocaml
 def test_each_answer_is_at_the_stage_it_reached():
     answers = [RIGHT, WRONG, NO_IN, UNBOUND, BAD_MOD]
-    stages = ocaml.answer_stages(["p"] * 5, answers, [PROBLEM["signature"]] * 5, [PROBLEM["tests"]] * 5,
-                                 [""] * 5)
+    stages = ocaml.answer_stages(
+        ["p"] * 5, answers, [PROBLEM["signature"]] * 5, [PROBLEM["tests"]] * 5, [""] * 5
+    )
     assert stages == ["passed", "tests", "syntax_error", "type_error", "type_error"]
 
 
 @pytest.fixture
 def ocaml_task(tmp_path):
     def problem(i):
-        return {"id": f"double-{i}", "difficulty": "easy", "topic": "arithmetic", "prompt": f"Double a number ({i}).",
-                "solution": "let double (n : int) : int = n * 2", **PROBLEM}
+        return {
+            "id": f"double-{i}",
+            "difficulty": "easy",
+            "topic": "arithmetic",
+            "prompt": f"Double a number ({i}).",
+            "solution": "let double (n : int) : int = n * 2",
+            **PROBLEM,
+        }
 
     for split, count in (("train", 20), ("test", 2)):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(problem(i)) + "\n" for i in range(count)))
-    return load_task(make_config(task="ocaml", model="some-chat-model", data=str(tmp_path), eval_num_problems=2))
+    return load_task(
+        make_config(task="ocaml", model="some-chat-model", data=str(tmp_path), eval_num_problems=2)
+    )
 
 
 @needs_ocaml
@@ -53,16 +69,25 @@ def test_the_report_shows_each_models_stages(ocaml_task, monkeypatch):
     monkeypatch.setattr(cmp, "guard", lambda *a: None)  # no models to load: the answers are made above
     monkeypatch.setattr(cmp, "load_model", lambda *a: (None, None))
     monkeypatch.setattr(cmp, "generate", generate)
-    report = cmp.compare(cmp.ModelSpec("base-model"), cmp.ModelSpec("trained-model"), ocaml_task, cmp.Settings())
+    report = cmp.compare(
+        cmp.ModelSpec("base-model"), cmp.ModelSpec("trained-model"), ocaml_task, cmp.Settings()
+    )
 
     models = report.data["models"]
-    assert {s: v for s, v in models["base"]["stages"].items() if v} == {"syntax_error": 0.5, "type_error": 0.5}
+    assert {s: v for s, v in models["base"]["stages"].items() if v} == {
+        "syntax_error": 0.5,
+        "type_error": 0.5,
+    }
     assert {s: v for s, v in models["trained"]["stages"].items() if v} == {"tests": 0.5, "passed": 0.5}
     assert list(models["base"]["stages"]) == list(ocaml.STAGES)  # the ladder, bottom first, for both models
     _, rows = table_rows(report)
     shown = {row[0]: row[1:3] for row in rows if row[0].startswith("stage ")}
-    assert shown == {"stage syntax_error": ["0.500", "0.000"], "stage type_error": ["0.500", "0.000"],
-                     "stage tests": ["0.000", "0.500"], "stage passed": ["0.000", "0.500"]}  # no one's stages: no row
+    assert shown == {
+        "stage syntax_error": ["0.500", "0.000"],
+        "stage type_error": ["0.500", "0.000"],
+        "stage tests": ["0.000", "0.500"],
+        "stage passed": ["0.000", "0.500"],
+    }  # no one's stages: no row
     records = prompt_records(report)
     assert [r["base"]["stages"] for r in records] == [["syntax_error"], ["type_error"]]
     assert [r["trained"]["stages"] for r in records] == [["passed"], ["tests"]]

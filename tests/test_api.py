@@ -40,7 +40,9 @@ def _weights(model):
 
 def test_update_on_a_hand_scored_group_moves_weights_only_with_signal():
     # runaway_penalty 1: equal raw rewards stay equal whichever completions are cut
-    trainer = mlx_grpo.Trainer(batch_size=2, group_size=4, max_tokens=16, lr=1e-3, warmup_steps=0, runaway_penalty=1.0)
+    trainer = mlx_grpo.Trainer(
+        batch_size=2, group_size=4, max_tokens=16, lr=1e-3, warmup_steps=0, runaway_penalty=1.0
+    )
     row = trainer.task.train_rows[0]
     group = trainer.sample(row["prompt"])
     assert len(group) == 4 and all(c.prompt_index == 0 for c in group)
@@ -61,7 +63,9 @@ def test_update_on_a_hand_scored_group_moves_weights_only_with_signal():
 def test_sample_group_takes_each_sampling_default_from_the_setting(monkeypatch):
     """A sampling setting left out is the `sampling` group's own default (one definition), a given one is kept."""
     seen = []
-    monkeypatch.setattr(api, "sample_completions", lambda model, tokenizer, prompts, g, sampling, seed: seen.append(sampling))
+    monkeypatch.setattr(
+        api, "sample_completions", lambda model, tokenizer, prompts, g, sampling, seed: seen.append(sampling)
+    )
     monkeypatch.setattr(api, "encode_prompt", lambda tokenizer, prompt, system_prompt: [1, 2])
     model = types.SimpleNamespace(eval=lambda: None)
     mlx_grpo.sample_group(model, None, "What is 2 + 3?", 2)
@@ -71,8 +75,16 @@ def test_sample_group_takes_each_sampling_default_from_the_setting(monkeypatch):
 
 
 def test_trainer_steps_reproduce_the_cli_train_run(tmp_path):
-    settings = dict(steps=2, batch_size=2, group_size=4, max_tokens=16, lr=1e-3, warmup_steps=0,
-                    eval_num_problems=2, seed=4)
+    settings = dict(
+        steps=2,
+        batch_size=2,
+        group_size=4,
+        max_tokens=16,
+        lr=1e-3,
+        warmup_steps=0,
+        eval_num_problems=2,
+        seed=4,
+    )
     run = mlx_grpo.train(output=str(tmp_path / "run"), **settings)
     trainer = mlx_grpo.Trainer(**settings)
     trainer.train(2)

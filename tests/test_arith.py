@@ -12,6 +12,7 @@ MODEL_DIR = Path(__file__).resolve().parent.parent / "mlx_grpo" / "assets" / "ti
 
 # --- extract_answer -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "text, expected",
     [
@@ -39,6 +40,7 @@ def test_extract_answer(text, expected):
 
 
 # --- rewards ----------------------------------------------------------------------------
+
 
 def test_correctness_reward_hand_worked():
     completions = [
@@ -76,6 +78,7 @@ def test_format_reward():
 
 # --- problems ---------------------------------------------------------------------------
 
+
 def test_problem_fields_and_answers_are_consistent():
     for problem in arith.generate_problems(100, seed=1, split="test"):
         assert problem["solution"].endswith(f"#### {problem['answer']}")
@@ -89,7 +92,10 @@ def test_generate_problems_is_deterministic():
     assert arith.generate_problems(30, seed=7) == arith.generate_problems(30, seed=7)
     assert arith.generate_problems(30, seed=7) != arith.generate_problems(30, seed=8)
     # A shorter list is a prefix of a longer one with the same seed.
-    assert arith.generate_problems(10, seed=7, split="test") == arith.generate_problems(20, seed=7, split="test")[:10]
+    assert (
+        arith.generate_problems(10, seed=7, split="test")
+        == arith.generate_problems(20, seed=7, split="test")[:10]
+    )
 
 
 def test_train_and_test_do_not_overlap():
@@ -113,6 +119,7 @@ def test_generate_problems_rejects_bad_split():
 
 # --- the embedded model ----------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def embedded():
     mlx_lm = pytest.importorskip("mlx_lm")
@@ -135,7 +142,9 @@ def test_embedded_model_loads_and_tokenizer_round_trips(embedded):
 
     model, tokenizer = embedded
     problem = arith.generate_problems(1, seed=0, split="test")[0]
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": problem["prompt"]}], add_generation_prompt=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": problem["prompt"]}], add_generation_prompt=True
+    )
     text = tokenizer.decode(ids)
     assert text == f"<|im_start|>user\n{problem['prompt']}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -161,4 +170,6 @@ def test_embedded_tokenizer_json_matches_the_loaded_tokenizer(embedded):
     for problem in arith.generate_problems(20, seed=0, split="test"):
         chat = f"<|im_start|>user\n{problem['prompt']}<|im_end|>\n<|im_start|>assistant\n"
         for text in (chat, problem["solution"]):
-            assert raw.encode(text, add_special_tokens=False).ids == tokenizer.encode(text, add_special_tokens=False)
+            assert raw.encode(text, add_special_tokens=False).ids == tokenizer.encode(
+                text, add_special_tokens=False
+            )

@@ -47,7 +47,9 @@ def test_the_frame_wraps_the_prompt_in_plain_text(base_model_path):
     frame = "Q: 1+1?\nA: 2\n\nQ: {prompt}\nA:"
     ids = encode_prompt(tokenizer, "3+4?", None, frame)
     assert tokenizer.decode(ids) == "Q: 1+1?\nA: 2\n\nQ: 3+4?\nA:"
-    assert tokenizer.decode(encode_prompt(tokenizer, "{x}", "Be brief.", frame)).startswith("Be brief.\n\nQ: 1+1?")
+    assert tokenizer.decode(encode_prompt(tokenizer, "{x}", "Be brief.", frame)).startswith(
+        "Be brief.\n\nQ: 1+1?"
+    )
 
 
 def test_stop_tokens_are_the_tokens_whose_text_starts_with_a_stop_string(base_model_path):
@@ -63,8 +65,9 @@ def test_completions_end_at_the_first_stop_token(base_model_path):
     model, tokenizer = load_policy(str(base_model_path))
     task = type("T", (), {"stop": ["\n", "."], "system_prompt": None, "prompt_format": "{prompt}"})()
     prompts = task_prompts(tokenizer, task, [{"prompt": "Tom has 3 apples"}, {"prompt": "x"}])
-    completions = sample_completions(model, tokenizer, prompts, 16, SamplingConfig(temperature=1.5, max_tokens=24),
-                                     seed=3)
+    completions = sample_completions(
+        model, tokenizer, prompts, 16, SamplingConfig(temperature=1.5, max_tokens=24), seed=3
+    )
     stops = stop_token_ids(tokenizer, ["\n", "."])
     stopped = [c for c in completions if c.finish_reason == "stop"]
     assert stopped, "a random tiny model at T 1.5 must hit a newline or a full stop within 24 tokens"

@@ -24,10 +24,33 @@ bench = _script("bench")
 bench_variants = _script("bench_variants")  # the patches: stops_ignored
 bench_workload = _script("bench_workload")  # the workload: the reward, the FLOPs
 
-TRAINER_KEYS = {"step_s", "rollout_s", "update_s", "rollout_tokens_per_s", "train_tokens_per_s", "peak_memory_gb",
-                "achieved_gflops", "achieved_frac_of_peak", "rewards", "reward_first", "reward_last"}
-SMALL = ["--steps", "2", "--warmup", "1", "--max-tokens", "6", "--prompts", "2", "--group-size", "2",
-         "--blas", "stock"]
+TRAINER_KEYS = {
+    "step_s",
+    "rollout_s",
+    "update_s",
+    "rollout_tokens_per_s",
+    "train_tokens_per_s",
+    "peak_memory_gb",
+    "achieved_gflops",
+    "achieved_frac_of_peak",
+    "rewards",
+    "reward_first",
+    "reward_last",
+}
+SMALL = [
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--max-tokens",
+    "6",
+    "--prompts",
+    "2",
+    "--group-size",
+    "2",
+    "--blas",
+    "stock",
+]
 
 
 def test_bench_prints_the_promised_json(capsys, tmp_path):
@@ -50,7 +73,9 @@ def test_bench_runs_the_peer_side_by_side(capsys):
     bench.main([*SMALL, "--peer", "auto"])
     printed = json.loads(capsys.readouterr().out)
     assert TRAINER_KEYS <= set(printed["mlx_lm_lora"])
-    assert printed["speedup"] == pytest.approx(printed["mlx_lm_lora"]["step_s"] / printed["mlx_grpo"]["step_s"])
+    assert printed["speedup"] == pytest.approx(
+        printed["mlx_lm_lora"]["step_s"] / printed["mlx_grpo"]["step_s"]
+    )
 
 
 def test_forward_flops_by_hand():
@@ -62,7 +87,9 @@ def test_forward_flops_by_hand():
 def test_random_model_has_the_asked_vocabulary(tmp_path):
     from mlx_grpo.models.loading import load_policy
 
-    folder = build_random_model(tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, vocab=300)
+    folder = build_random_model(
+        tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, vocab=300
+    )
     model, tokenizer = load_policy(str(folder))
     assert model.model.embed_tokens.weight.shape == (300, 16)
     assert len(tokenizer.get_vocab()) == 300
@@ -107,6 +134,7 @@ def test_reexecuted_process_hides_the_preload_from_its_children(monkeypatch):
     monkeypatch.setenv("LD_PRELOAD", "/lib/openblas.so:/other.so")
     blas.use_openblas()  # must not exec: it already did
     import os
+
     assert os.environ["LD_PRELOAD"] == "/other.so" and blas._DONE not in os.environ
 
 
@@ -132,7 +160,9 @@ def test_no_stop_decodes_every_completion_to_max_tokens_in_both_samplers(tmp_pat
     from mlx_grpo.models.loading import load_policy
     from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
 
-    folder = build_random_model(tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, vocab=300)
+    folder = build_random_model(
+        tmp_path / "m", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, vocab=300
+    )
     model, tokenizer = load_policy(str(folder))
     prompt = tokenizer.encode("hello there")
     greedy = SamplingConfig(temperature=0.0, max_tokens=5)
@@ -150,8 +180,9 @@ def test_no_stop_decodes_every_completion_to_max_tokens_in_both_samplers(tmp_pat
     from mlx_lm_lora.trainer.grpo_trainer import generate_grpo
 
     def theirs():
-        completions, _, _ = generate_grpo(model, tokenizer, [prompt], 5, 2, 1, end_token="", temperature=0.0,
-                                          top_p=1.0, top_k=0, min_p=0.0)
+        completions, _, _ = generate_grpo(
+            model, tokenizer, [prompt], 5, 2, 1, end_token="", temperature=0.0, top_p=1.0, top_k=0, min_p=0.0
+        )
         return [c.size for c in completions]
 
     assert theirs() == [1, 1]
@@ -179,8 +210,9 @@ def test_dequantized_copy_computes_what_the_quantized_model_does(tmp_path, cpu_d
 
     from mlx_grpo.models.loading import load_policy
 
-    quantized = build_random_model(tmp_path / "q", hidden=64, layers=1, heads=2, kv_heads=1, intermediate=128,
-                                   vocab=300, bits=4)
+    quantized = build_random_model(
+        tmp_path / "q", hidden=64, layers=1, heads=2, kv_heads=1, intermediate=128, vocab=300, bits=4
+    )
     widened = bench_workload.dequantized_copy(str(quantized), tmp_path / "f")
     assert "quantization" not in json.loads((Path(widened) / "config.json").read_text())
     assert {v.dtype for v in mx.load(str(Path(widened) / "model.safetensors")).values()} == {mx.float32}

@@ -16,11 +16,32 @@ spec.loader.exec_module(bench_sft)
 
 # 2 rows a step of 8 prompt and 8 completion tokens; the random model's chat template adds 21 tokens
 # ("<|im_start|>user\n" 6, "<|im_end|>\n" 2, "<|im_start|>assistant\n" 11, "<|im_end|>\n" 2).
-TINY = ["--preset", "tiny", "--steps", "2", "--warmup", "1", "--batch-size", "2", "--prompt-tokens", "8",
-        "--completion-tokens", "8", "--blas", "stock"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--batch-size",
+    "2",
+    "--prompt-tokens",
+    "8",
+    "--completion-tokens",
+    "8",
+    "--blas",
+    "stock",
+]
 ROW = 8 + 8 + 21
-POSITIVE = ("step_s", "own_step_s", "tokens_per_s", "trained_tokens_per_s", "peak_memory_gb", "rss_peak_gb",
-            "trainable_parameters")
+POSITIVE = (
+    "step_s",
+    "own_step_s",
+    "tokens_per_s",
+    "trained_tokens_per_s",
+    "peak_memory_gb",
+    "rss_peak_gb",
+    "trainable_parameters",
+)
 
 
 def _positive(figures):
@@ -52,7 +73,9 @@ def test_both_sides_run_the_same_rows_and_report_positive_figures(capsys, tmp_pa
 
 
 def test_the_peer_side_is_skipped_with_its_reason_when_it_cannot_run(capsys, monkeypatch):
-    monkeypatch.setattr(bench_sft, "peer_problem", lambda: "mlx_lm.lora cannot be imported (here: on purpose)")
+    monkeypatch.setattr(
+        bench_sft, "peer_problem", lambda: "mlx_lm.lora cannot be imported (here: on purpose)"
+    )
     bench_sft.main(TINY)
     printed = json.loads(capsys.readouterr().out)
     assert printed["mlx_lm_lora"] == {"skipped": "mlx_lm.lora cannot be imported (here: on purpose)"}
@@ -65,16 +88,26 @@ def test_rows_have_the_asked_token_lengths(tmp_path):
     folder = build_random_model(tmp_path / "m", **bench_sft.PRESETS["tiny"])
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     rng = np.random.default_rng(0)
-    assert [len(tokenizer.encode(bench_sft.fixed_length_text(tokenizer, n, rng), add_special_tokens=False))
-            for n in (1, 7, 64)] == [1, 7, 64]
+    assert [
+        len(tokenizer.encode(bench_sft.fixed_length_text(tokenizer, n, rng), add_special_tokens=False))
+        for n in (1, 7, 64)
+    ] == [1, 7, 64]
 
 
 def test_mlx_lm_lora_padding_by_hand():
     assert [bench_sft.padded_width_peer(n) for n in (1, 32, 33, 37, 256, 257)] == [33, 33, 65, 65, 257, 289]
 
 
-@pytest.mark.parametrize("flags", [["--warmup", "0"], ["--steps", "2", "--warmup", "2"], ["--batch-size", "0"],
-                                   ["--preset", "tiny", "--lora-layers", "3"], ["--order", "mlx_grpo"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--warmup", "0"],
+        ["--steps", "2", "--warmup", "2"],
+        ["--batch-size", "0"],
+        ["--preset", "tiny", "--lora-layers", "3"],
+        ["--order", "mlx_grpo"],
+    ],
+)
 def test_bad_settings_are_one_clear_line(flags, capsys):
     with pytest.raises(SystemExit) as stopped:
         bench_sft.main([*TINY, *flags])

@@ -16,21 +16,44 @@ def _script():
 
 def test_the_tool_turns_bench_reports_both_modes_at_the_same_shape(tiny_model_path, tmp_path, capsys):
     out_file = tmp_path / "b.json"
-    _script().main(["--model", str(tiny_model_path), "--prompts", "2", "--samples", "2", "--max-tokens", "6",
-                    "--max-turns", "3", "--repeat", "2", "--json", str(out_file)])
+    _script().main(
+        [
+            "--model",
+            str(tiny_model_path),
+            "--prompts",
+            "2",
+            "--samples",
+            "2",
+            "--max-tokens",
+            "6",
+            "--max-turns",
+            "3",
+            "--repeat",
+            "2",
+            "--json",
+            str(out_file),
+        ]
+    )
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert out == json.loads(out_file.read_text())
     assert "single / multi tokens/s" in captured.err and len(out["load_average_start"]) == 3
     runs = out["runs"]
-    assert [(r["round"], r["mode"]) for r in runs] == [(0, "multi"), (0, "single"), (1, "single"), (1, "multi")]
+    assert [(r["round"], r["mode"]) for r in runs] == [
+        (0, "multi"),
+        (0, "single"),
+        (1, "single"),
+        (1, "multi"),
+    ]
     multi = [r for r in runs if r["mode"] == "multi"]
     single = [r for r in runs if r["mode"] == "single"]
     for r in runs:
         assert r["rows"] == 4 and r["model_tokens"] > 0 and r["tokens_per_s"] > 0 and r["seconds"] > 0
         assert abs(r["tokens_per_s"] - r["model_tokens"] / r["seconds"]) <= 0.02 * r["tokens_per_s"] + 0.01
     for r in multi:
-        assert 4 <= r["turns_played"] <= 4 * 3 and sum(t["generated"] for t in r["turns"]) == r["model_tokens"]
+        assert (
+            4 <= r["turns_played"] <= 4 * 3 and sum(t["generated"] for t in r["turns"]) == r["model_tokens"]
+        )
         assert r["model_tokens"] <= 4 * 3 * 6 and r["turns"][0]["rows"] == 4
         assert r["tokens_prefilled"] == sum(t["prefilled"] for t in r["turns"]) > 0
         assert abs(r["prefill_s"] + r["decode_s"] + r["env_step_s"] + r["other_s"] - r["seconds"]) < 0.01
@@ -45,8 +68,21 @@ def test_the_tool_turns_bench_reports_both_modes_at_the_same_shape(tiny_model_pa
 
 def test_forced_calls_make_every_episode_play_every_turn(tiny_model_path, capsys):
     """--force-calls: the random model writes no call, so every turn but the last is stepped as a search."""
-    out = _script().main(["--model", str(tiny_model_path), "--prompts", "1", "--samples", "2", "--max-tokens", "4",
-                          "--max-turns", "3", "--force-calls"])
+    out = _script().main(
+        [
+            "--model",
+            str(tiny_model_path),
+            "--prompts",
+            "1",
+            "--samples",
+            "2",
+            "--max-tokens",
+            "4",
+            "--max-turns",
+            "3",
+            "--force-calls",
+        ]
+    )
     capsys.readouterr()
     multi, single = out["runs"]
     assert multi["forced_calls"] == multi["tool_calls"] == 2 * 2 and multi["turns_played"] == 2 * 3

@@ -65,7 +65,9 @@ def test_the_markdown_table_by_hand():
 
 def test_the_cpu_model_is_cpuinfos_model_name_or_the_platforms(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n")
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n"
+    )
     assert benchlib.cpu_model(cpuinfo) == "Intel(R) Xeon(R) CPU @ 2.20GHz"
     assert benchlib.cpu_model(tmp_path / "missing")  # no /proc (macOS): still names something
 

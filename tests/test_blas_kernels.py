@@ -19,7 +19,9 @@ AVX512 = {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx2", "fm
 def test_a_fallback_core_is_replaced_by_the_kernels_the_cpu_can_run():
     assert blas.better_coretype("Prescott", AVX512) == "SkylakeX"
     assert blas.better_coretype("Prescott", {"avx2", "fma", "sse3"}) == "Haswell"
-    assert blas.better_coretype("Nehalem", {"avx2", "fma", "avx512f"}) == "Haswell"  # AVX-512F alone: not SkylakeX's set
+    assert (
+        blas.better_coretype("Nehalem", {"avx2", "fma", "avx512f"}) == "Haswell"
+    )  # AVX-512F alone: not SkylakeX's set
     assert blas.better_coretype("Sandybridge", {"avx", "sse3"}) is None  # the CPU has nothing better
     for fine in ("Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"):
         assert blas.better_coretype(fine, AVX512) is None
@@ -59,8 +61,9 @@ def test_a_coretype_already_set_is_never_changed(monkeypatch):
 def test_openblas_names_its_version_and_kernels():
     library = _system_openblas() or pytest.skip("Debian's OpenBLAS is not installed")
     ask = f"from mlx_grpo import blas; print(*blas.openblas_identity({library!r}))"  # its own process: its threads
-    version, core = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True,
-                                   check=True).stdout.split()
+    version, core = subprocess.run(
+        [sys.executable, "-c", ask], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert version.count(".") == 2 and core and core != "?"
 
 
@@ -72,18 +75,24 @@ def _run_as_if_openblas_chose_prescott(extra: str = "") -> subprocess.CompletedP
         pytest.skip("Debian's OpenBLAS is not installed")
     if blas.better_coretype("Prescott", blas.cpu_flags()) is None:
         pytest.skip("this CPU has neither AVX2 nor AVX-512")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_PRELOAD", blas._DONE, blas.CORETYPE, blas._CHOSE, blas._REJECTED)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LD_PRELOAD", blas._DONE, blas.CORETYPE, blas._CHOSE, blas._REJECTED)
+    }
     env[blas.ENV] = library
-    code = ("from mlx_grpo import blas\n"
-            "real = blas.openblas_identity\n"
-            "blas.openblas_identity = lambda lib: (real(lib)[0], 'Prescott')\n"
-            f"{extra}\n"
-            "blas.use_openblas()\n"
-            "blas.openblas_identity = real\n"
-            "print(blas.blas_description())\n")
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                          check=True)
+    code = (
+        "from mlx_grpo import blas\n"
+        "real = blas.openblas_identity\n"
+        "blas.openblas_identity = lambda lib: (real(lib)[0], 'Prescott')\n"
+        f"{extra}\n"
+        "blas.use_openblas()\n"
+        "blas.openblas_identity = real\n"
+        "print(blas.blas_description())\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
 
 
 @preloads
@@ -93,7 +102,10 @@ def test_kernels_that_agree_with_numpy_are_kept_and_named():
     assert done.stdout.strip().endswith(f"{ours} kernels"), done.stdout
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
-    assert f"{ours} kernels for this CPU, not the Prescott kernels" in lines[0] and "agrees with NumPy" in lines[0]
+    assert (
+        f"{ours} kernels for this CPU, not the Prescott kernels" in lines[0]
+        and "agrees with NumPy" in lines[0]
+    )
 
 
 @preloads
@@ -103,8 +115,9 @@ def test_kernels_that_disagree_go_back_to_the_librarys_choice():
     # The library's own choice is made without OPENBLAS_CORETYPE (the rejection takes it out); a machine
     # that sets it globally would otherwise name its kernels here.
     env = {k: v for k, v in os.environ.items() if k not in (blas.CORETYPE, "LD_PRELOAD")}
-    own = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    own = subprocess.run(
+        [sys.executable, "-c", ask], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert done.stdout.strip().endswith(f"{own} kernels"), done.stdout
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "disagreed with NumPy" in lines[0], done.stderr

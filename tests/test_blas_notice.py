@@ -20,7 +20,10 @@ def linux_cpu(monkeypatch):
 def test_the_notice_names_the_case_and_the_fix(linux_cpu, monkeypatch, tmp_path):
     monkeypatch.setattr(blas, "loaded_blas", lambda: "reference")
     notice = blas.slow_blas_notice()
-    assert notice.startswith("warning: no OpenBLAS or MKL found") and "apt-get install libopenblas0-pthread" in notice
+    assert (
+        notice.startswith("warning: no OpenBLAS or MKL found")
+        and "apt-get install libopenblas0-pthread" in notice
+    )
     assert "pip install 'mlx-grpo[fastblas]'" in notice
     monkeypatch.setenv(blas.ENV, str(tmp_path / "missing.so"))
     notice = blas.slow_blas_notice()
@@ -41,8 +44,12 @@ def test_no_notice_when_the_matmuls_are_not_on_the_reference_blas(linux_cpu, mon
     assert blas.slow_blas_notice() is None
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the wheel's reference BLAS is a Linux matter")
-@cpu_backend_only("the notice is about MLX's CPU matmuls, so it is said only on the CPU backend (blas.slow_blas_notice)")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the wheel's reference BLAS is a Linux matter"
+)
+@cpu_backend_only(
+    "the notice is about MLX's CPU matmuls, so it is said only on the CPU backend (blas.slow_blas_notice)"
+)
 def test_a_process_left_on_the_reference_blas_says_so_once(tmp_path):
     """A real process: MLX_GRPO_OPENBLAS names a missing file, so the wheel's BLAS is what MLX maps."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", blas._DONE)}
@@ -63,7 +70,9 @@ def test_the_system_openblas_comes_first_then_mkl_from_pip(monkeypatch, tmp_path
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     system, env = tmp_path / "usr" / "lib", tmp_path / "venv"
     monkeypatch.setattr(blas, "_SYSTEM_LIB", system)
-    monkeypatch.setattr(blas.sysconfig, "get_path", lambda name, scheme=None: str(env) if scheme is None else None)
+    monkeypatch.setattr(
+        blas.sysconfig, "get_path", lambda name, scheme=None: str(env) if scheme is None else None
+    )
     assert blas.blas_path() is None  # nothing installed
     (env / "lib").mkdir(parents=True)
     for name in ("libmkl_rt.so.2", "libmkl_rt.so.3", "libmkl_core.so.3"):
@@ -98,13 +107,15 @@ def test_mkl_from_pip_runs_mlx_matmuls(tmp_path):
     """A real process preloads the wheel's libmkl_rt: MLX maps it, says nothing, and its matmul is NumPy's."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", blas._DONE)}
     env[blas.ENV] = blas.pip_mkl_path()
-    code = ("from mlx_grpo.blas import use_openblas, loaded_blas; use_openblas()\n"
-            "import mlx.core as mx, numpy as np\n"
-            "a = np.random.default_rng(0).standard_normal((300, 200), dtype=np.float32)\n"
-            "b = np.random.default_rng(1).standard_normal((200, 100), dtype=np.float32)\n"
-            "got = np.array(mx.matmul(mx.array(a), mx.array(b), stream=mx.cpu))\n"
-            "want = a.astype(np.float64) @ b.astype(np.float64)\n"
-            "print(loaded_blas(), float(np.abs(got - want).max()))")
+    code = (
+        "from mlx_grpo.blas import use_openblas, loaded_blas; use_openblas()\n"
+        "import mlx.core as mx, numpy as np\n"
+        "a = np.random.default_rng(0).standard_normal((300, 200), dtype=np.float32)\n"
+        "b = np.random.default_rng(1).standard_normal((200, 100), dtype=np.float32)\n"
+        "got = np.array(mx.matmul(mx.array(a), mx.array(b), stream=mx.cpu))\n"
+        "want = a.astype(np.float64) @ b.astype(np.float64)\n"
+        "print(loaded_blas(), float(np.abs(got - want).max()))"
+    )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     loaded, error = done.stdout.split()
     assert loaded == "mkl" and float(error) < 1e-3, done.stdout

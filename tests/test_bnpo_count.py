@@ -19,14 +19,27 @@ def _loss(path, batch, config) -> float:
     model, _ = load_policy(str(path))
     mx.random.seed(0)
     prepare_for_training(model, "lora", {"rank": 4})
-    return update(model, optim.SGD(learning_rate=0.0), update_settings(config), batch_shape(batch, 2, 8),
-                  micro_batches(batch, 2), None, None)["loss"]
+    return update(
+        model,
+        optim.SGD(learning_rate=0.0),
+        update_settings(config),
+        batch_shape(batch, 2, 8),
+        micro_batches(batch, 2),
+        None,
+        None,
+    )["loss"]
 
 
 def _group(batch: RolloutBatch, i: int) -> RolloutBatch:
     rows = slice(2 * i, 2 * i + 2)
-    return RolloutBatch([batch.prompts[i]], batch.completions[rows], batch.mask[rows], batch.behaviour_logp[rows],
-                        batch.advantages[rows], 2)
+    return RolloutBatch(
+        [batch.prompts[i]],
+        batch.completions[rows],
+        batch.mask[rows],
+        batch.behaviour_logp[rows],
+        batch.advantages[rows],
+        2,
+    )
 
 
 def test_bnpo_averages_over_the_micro_batches_it_trains(tiny_model_path):
@@ -38,8 +51,16 @@ def test_bnpo_averages_over_the_micro_batches_it_trains(tiny_model_path):
         prompt = [int(t) for t in rng.integers(3, 250, 4)]
         for _ in range(2):
             k = int(rng.integers(2, 7))
-            completions.append(Completion(i, prompt, [int(t) for t in rng.integers(3, 250, k)],
-                                          list(rng.normal(-3, 0.5, k)), "length", ""))
+            completions.append(
+                Completion(
+                    i,
+                    prompt,
+                    [int(t) for t in rng.integers(3, 250, k)],
+                    list(rng.normal(-3, 0.5, k)),
+                    "length",
+                    "",
+                )
+            )
     batch = build_batch(completions, np.array([0.5, -0.5, 1.0, -1.0, 0.25, -0.25]), 2)
     batch.mask[2:4] = 0.0  # as mask_truncated leaves a group whose completions were all cut
     assert len(micro_batches(batch, 2)) == 2 and batch_shape(batch, 2, 8).num_micro_batches == 2

@@ -18,19 +18,38 @@ from test_gsm8k import GSM8K_DATA
 CHAT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # only its name is read here
 
 
-@pytest.mark.parametrize("model, chat", [
-    (None, False), ("", False), ("embedded", False), (str(embedded_model_path()), False),
-    (CHAT_MODEL, True), ("smollm2-135m", True), ("/some/folder", True),
-])
+@pytest.mark.parametrize(
+    "model, chat",
+    [
+        (None, False),
+        ("", False),
+        ("embedded", False),
+        (str(embedded_model_path()), False),
+        (CHAT_MODEL, True),
+        ("smollm2-135m", True),
+        ("/some/folder", True),
+    ],
+)
 def test_which_models_are_chat_models(model, chat):
     assert registry.is_chat_model(model) is chat
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("7", "7"), ("7.", "7"), ("The answer is 12 apples.", "12"), ("3 + 4 = 7", "7"),
-    ("He has 1,234 coins", "1234"), ("x = -4", "-4"), ("5-3", "3"), ("2.5 kg", "2.5"),
-    ("no number", None), ("", None), ("#### 9", "9"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("7", "7"),
+        ("7.", "7"),
+        ("The answer is 12 apples.", "12"),
+        ("3 + 4 = 7", "7"),
+        ("He has 1,234 coins", "1234"),
+        ("x = -4", "-4"),
+        ("5-3", "3"),
+        ("2.5 kg", "2.5"),
+        ("no number", None),
+        ("", None),
+        ("#### 9", "9"),
+    ],
+)
 def test_last_number(text, expected):
     assert arith.last_number(text) == expected
 
@@ -45,8 +64,15 @@ def test_embedded_model_keeps_its_settings_and_prompt():
     """The default run's settings, prompt and scorer stay as the embedded model was tuned for."""
     for model in (None, str(embedded_model_path())):
         assert arith.recommended_settings(model) == {
-            "max_tokens": 48, "lr": 1e-4, "steps": 100, "batch_size": 8, "group_size": 8, "warmup_steps": 3,
-            "micro_batch_size": 64, "save_every": 50}
+            "max_tokens": 48,
+            "lr": 1e-4,
+            "steps": 100,
+            "batch_size": 8,
+            "group_size": 8,
+            "warmup_steps": 3,
+            "micro_batch_size": 64,
+            "save_every": 50,
+        }
         task = registry.base_task(build_config({"model": model}, task_defaults=registry.recommended_settings))
         assert task.system_prompt is None
         assert [f.__name__ for f in task.reward_functions] == ["correctness_reward", "format_reward"]
@@ -59,7 +85,10 @@ def test_a_chat_model_is_told_the_answer_form_and_scored_on_it():
     assert config.sampling.temperature < 1.0 and config.lr == 3e-5
     task = registry.base_task(config)
     assert task.system_prompt == "Answer with only the final number."
-    assert task.reward_functions == [arith.last_number_reward] and task.accuracy_reward is arith.last_number_reward
+    assert (
+        task.reward_functions == [arith.last_number_reward]
+        and task.accuracy_reward is arith.last_number_reward
+    )
     row = task.eval_rows[0]
     assert task.accuracy_reward([row["prompt"]], [row["answer"]], answer=[row["answer"]]) == [1.0]
     # the embedded model's form is still read; a chat model need not use it
@@ -67,7 +96,9 @@ def test_a_chat_model_is_told_the_answer_form_and_scored_on_it():
     # a configuration built without the recommended settings gets the same prompt
     assert registry.base_task(build_config({"model": CHAT_MODEL})).system_prompt == arith.CHAT_SYSTEM_PROMPT
     # a typed prompt wins
-    typed = build_config({"model": CHAT_MODEL, "system_prompt": "Be brief."}, task_defaults=registry.recommended_settings)
+    typed = build_config(
+        {"model": CHAT_MODEL, "system_prompt": "Be brief."}, task_defaults=registry.recommended_settings
+    )
     assert registry.base_task(typed).system_prompt == "Be brief."
 
 
@@ -77,8 +108,9 @@ def test_every_task_tells_a_chat_model_its_answer_form(task_name):
     if task_name == "gsm8k" and not (GSM8K_DATA / "test.jsonl").is_file():
         pytest.skip("shared GSM8K data not found")
     data = str(GSM8K_DATA) if task_name == "gsm8k" else None
-    config = build_config({"model": CHAT_MODEL, "task": task_name, "data": data},
-                          task_defaults=registry.recommended_settings)
+    config = build_config(
+        {"model": CHAT_MODEL, "task": task_name, "data": data}, task_defaults=registry.recommended_settings
+    )
     task = registry.base_task(config)
     assert task.system_prompt, task_name
     assert settings.get("system_prompt", task.system_prompt) == task.system_prompt
@@ -87,7 +119,12 @@ def test_every_task_tells_a_chat_model_its_answer_form(task_name):
 
 
 def test_gsm8k_chat_scorer_accepts_the_forms_a_chat_model_writes():
-    completions = ["so 42 in all.\n#### 42", "The answer is \\boxed{42}.", "<answer>42</answer>", "It makes 42."]
+    completions = [
+        "so 42 in all.\n#### 42",
+        "The answer is \\boxed{42}.",
+        "<answer>42</answer>",
+        "It makes 42.",
+    ]
     assert gsm8k.correctness_reward([""] * 4, completions, answer=["42"] * 4) == [1.0] * 4
 
 
@@ -102,17 +139,30 @@ def run_with_a_prompt(tmp_path_factory):
     The embedded model, not a random one: a random model's answers hardly depend on its prompt.
     """
     run = tmp_path_factory.mktemp("run") / "run"
-    train(build_config({"task": "arith", "steps": 1, "batch_size": 2,
-                        "group_size": 2, "max_tokens": 4, "eval_num_problems": 2, "lr": 1e-9,
-                        "system_prompt": "Count the apples twice.", "output": str(run)},
-                       task_defaults=registry.recommended_settings))
+    train(
+        build_config(
+            {
+                "task": "arith",
+                "steps": 1,
+                "batch_size": 2,
+                "group_size": 2,
+                "max_tokens": 4,
+                "eval_num_problems": 2,
+                "lr": 1e-9,
+                "system_prompt": "Count the apples twice.",
+                "output": str(run),
+            },
+            task_defaults=registry.recommended_settings,
+        )
+    )
     return run
 
 
 def _eval(tmp_path, name, *args):
     out = tmp_path / name
-    result = CliRunner().invoke(app, ["eval", *args, "--split", "validation", "--n", "6", "--max-tokens", "12",
-                                      "--output", str(out)])
+    result = CliRunner().invoke(
+        app, ["eval", *args, "--split", "validation", "--n", "6", "--max-tokens", "12", "--output", str(out)]
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     return json.loads((out / "report.json").read_text()), [r["model"]["completions"] for r in rows]
@@ -121,8 +171,9 @@ def _eval(tmp_path, name, *args):
 def test_eval_of_a_run_uses_the_prompt_it_trained_with(run_with_a_prompt, tmp_path):
     report, of_run = _eval(tmp_path, "run", "--model", str(run_with_a_prompt))
     assert report["system_prompt"] == "Count the apples twice."
-    _, base_with_it = _eval(tmp_path, "typed", "--model", "embedded",
-                            "--system-prompt", "Count the apples twice.")
+    _, base_with_it = _eval(
+        tmp_path, "typed", "--model", "embedded", "--system-prompt", "Count the apples twice."
+    )
     _, base_default = _eval(tmp_path, "default", "--model", "embedded")
     assert of_run == base_with_it  # the prompt reached the model (lr 1e-9 left the adapters at ~0)
     assert of_run != base_default  # ... and it matters: another prompt, other completions
@@ -132,14 +183,29 @@ def test_eval_of_a_run_uses_the_prompt_it_trained_with(run_with_a_prompt, tmp_pa
 
 def test_compare_evaluates_the_base_under_the_runs_prompt(run_with_a_prompt, tmp_path):
     out = tmp_path / "compare"
-    result = CliRunner().invoke(app, ["compare", "--trained", str(run_with_a_prompt), "--split", "validation",
-                                      "--n", "6",
-                                      "--max-tokens", "12", "--output", str(out), "--no-plot"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--trained",
+            str(run_with_a_prompt),
+            "--split",
+            "validation",
+            "--n",
+            "6",
+            "--max-tokens",
+            "12",
+            "--output",
+            str(out),
+            "--no-plot",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((out / "report.json").read_text())["system_prompt"] == "Count the apples twice."
     base = [json.loads(line)["base"]["completions"] for line in (out / "rows.jsonl").read_text().splitlines()]
-    _, base_with_it = _eval(tmp_path, "typed", "--model", "embedded",
-                            "--system-prompt", "Count the apples twice.")
+    _, base_with_it = _eval(
+        tmp_path, "typed", "--model", "embedded", "--system-prompt", "Count the apples twice."
+    )
     assert base == base_with_it
 
 

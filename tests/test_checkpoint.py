@@ -16,7 +16,9 @@ def save(run_dir, step, value=None, **kw):
     value = float(step) if value is None else value
     weights = {"layer.lora_a": mx.full((4, 3), value), "layer.lora_b": mx.arange(6, dtype=mx.float32) * value}
     opt_state = {"step": mx.array(step), "layer": {"lora_a": {"m": mx.full((4, 3), value / 2)}}}
-    return ckpt.save_checkpoint(run_dir, step, weights, {"rank": 4}, opt_state, {"data_position": step * 2}, **kw)
+    return ckpt.save_checkpoint(
+        run_dir, step, weights, {"rank": 4}, opt_state, {"data_position": step * 2}, **kw
+    )
 
 
 def test_round_trip_and_manifest_checksums(tmp_path):
@@ -24,8 +26,12 @@ def test_round_trip_and_manifest_checksums(tmp_path):
     assert folder.name == "step_000003"
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000003"
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"adapters.safetensors", "optimizer.safetensors", "state.json",
-                                      "adapter_config.json"}
+    assert set(manifest["files"]) == {
+        "adapters.safetensors",
+        "optimizer.safetensors",
+        "state.json",
+        "adapter_config.json",
+    }
     for name, entry in manifest["files"].items():
         data = (folder / name).read_bytes()
         assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -118,7 +124,10 @@ def test_keep_last_and_keep_best(tmp_path):
     for step in range(1, 6):
         save(plain, step, keep_last=3, metric=1.0 if step == 1 else 0.0)
     assert sorted(p.name for p in (plain / "checkpoints").glob("step_*")) == [
-        "step_000003", "step_000004", "step_000005"]
+        "step_000003",
+        "step_000004",
+        "step_000005",
+    ]
     assert not (plain / "checkpoints" / "best").exists()
 
 
@@ -158,6 +167,7 @@ def test_unwritable_output_folder_is_a_clear_error(tmp_path):
 def test_atomic_writes_clean_up_after_a_failure(tmp_path, monkeypatch):
     def fail(*a, **kw):
         raise RuntimeError("[write] Unable to write")
+
     monkeypatch.setattr(ckpt.mx, "save_safetensors", fail)
     (tmp_path / "adapters.safetensors").write_bytes(b"previous")
     with pytest.raises(CheckpointError, match="could not write .*adapters.safetensors"):

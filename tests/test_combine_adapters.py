@@ -22,9 +22,18 @@ def _adapter_folder(model_path, folder: Path, seed: int, rank: int, scale: float
     """A run-like folder with random (non-zero) LoRA on the tiny model, as the trainer saves it."""
     model, _ = load_policy(str(model_path))
     mx.random.seed(seed)
-    config = prepare_for_training(model, "lora", {"rank": rank, "scale": scale, "dropout": 0.0, "num_layers": -1})
-    model.update(tree_unflatten([(name, mx.random.normal(v.shape) * 0.05)
-                                 for name, v in tree_flatten(model.trainable_parameters()) if name.endswith("lora_b")]))
+    config = prepare_for_training(
+        model, "lora", {"rank": rank, "scale": scale, "dropout": 0.0, "num_layers": -1}
+    )
+    model.update(
+        tree_unflatten(
+            [
+                (name, mx.random.normal(v.shape) * 0.05)
+                for name, v in tree_flatten(model.trainable_parameters())
+                if name.endswith("lora_b")
+            ]
+        )
+    )
     save_adapters(model, folder, {**config, "model": str(model_path)})
     (folder / "config.yaml").write_text("task: arith\n")
     return folder
@@ -41,8 +50,11 @@ def test_the_combined_adapter_changes_the_model_by_the_weighted_sum(tiny_model_p
     base, _ = load_policy(str(tiny_model_path))
     layers = dict(base.named_modules())
     a1, a2 = mx.load(str(one / "adapters.safetensors")), mx.load(str(two / "adapters.safetensors"))
-    for name in (n[:-len(".lora_a")] for n in a1 if n.endswith(".lora_a")):
-        delta = sum(w * np.array(a[name + ".lora_a"]) @ np.array(a[name + ".lora_b"]) for a, w in ((a1, 0.5), (a2, -2)))
+    for name in (n[: -len(".lora_a")] for n in a1 if n.endswith(".lora_a")):
+        delta = sum(
+            w * np.array(a[name + ".lora_a"]) @ np.array(a[name + ".lora_b"])
+            for a, w in ((a1, 0.5), (a2, -2))
+        )
         layer = layers[name]
         layer.weight = mx.array(np.array(layer.weight) + 20.0 * delta.T)
     tokens = mx.array([[3, 17, 42, 99, 7, 250]])

@@ -14,8 +14,16 @@ from typer.testing import CliRunner
 
 from mlx_grpo import api
 from mlx_grpo.cli import app
-from mlx_grpo.config import (FIELDS, JUDGE_KEYS, READS, ConfigError, TrainConfig, build_config,
-                             file_settings_not_read, not_read)
+from mlx_grpo.config import (
+    FIELDS,
+    JUDGE_KEYS,
+    READS,
+    ConfigError,
+    TrainConfig,
+    build_config,
+    file_settings_not_read,
+    not_read,
+)
 from mlx_grpo.evaluation.compare import CompareError, task_config
 from mlx_grpo.setting_groups import GROUPS
 from mlx_grpo.tasks.registry import recommended_settings
@@ -25,18 +33,30 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _command(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "MLX_GRPO_OPENBLAS": "0"}
-    return subprocess.run([sys.executable, "-m", "mlx_grpo.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mlx_grpo.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
-@pytest.mark.parametrize("args, line", [
-    (["sft", "--group-size", "4"], "error: sft does not read group_size (train reads it)"),
-    (["sft", "--no-guide"], "error: sft does not read guide (train reads it)"),
-    (["sft", "--judge", "smollm2-135m"], "error: sft does not read judge (train, eval and compare read it)"),
-    (["eval", "--model", "embedded", "--lr", "0.1"], "error: eval does not read lr (train and sft read it)"),
-    (["eval", "--model", "embedded", "--max-turns", "3"],
-     "error: eval takes max_turns from --config FILE or a run's config.yaml, not as a flag"),
-])
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["sft", "--group-size", "4"], "error: sft does not read group_size (train reads it)"),
+        (["sft", "--no-guide"], "error: sft does not read guide (train reads it)"),
+        (
+            ["sft", "--judge", "smollm2-135m"],
+            "error: sft does not read judge (train, eval and compare read it)",
+        ),
+        (
+            ["eval", "--model", "embedded", "--lr", "0.1"],
+            "error: eval does not read lr (train and sft read it)",
+        ),
+        (
+            ["eval", "--model", "embedded", "--max-turns", "3"],
+            "error: eval takes max_turns from --config FILE or a run's config.yaml, not as a flag",
+        ),
+    ],
+)
 def test_a_flag_the_command_does_not_read_is_one_line(args, line):
     done = _command(*args)
     assert done.returncode == 2, done.stderr
@@ -53,8 +73,18 @@ def test_each_command_s_flags_are_the_settings_it_reads():
     assert flags["train"] == set(FIELDS) and flags["sft"] == READS["sft"]
     assert "--group-size" not in CliRunner().invoke(app, ["sft", "--help"], env={"COLUMNS": "250"}).output
     assert READS["train"] == set(FIELDS)
-    assert {"group_size", "loss", "beta", "judge", "guide", "prefilter", "keep_best", "warm_start_steps",
-            "curriculum", "reward"}.isdisjoint(READS["sft"])
+    assert {
+        "group_size",
+        "loss",
+        "beta",
+        "judge",
+        "guide",
+        "prefilter",
+        "keep_best",
+        "warm_start_steps",
+        "curriculum",
+        "reward",
+    }.isdisjoint(READS["sft"])
     assert {"time_limit_minutes", "report_to", "lr", "steps", "health_window", "web_kinds"} <= READS["sft"]
 
 
@@ -62,7 +92,9 @@ def test_the_table_names_settings_and_groups_only():
     from mlx_grpo.evaluation import model_names
 
     # what evaluation/model_names.py treats as the task's and its guards' settings, eval reads
-    assert {*model_names._TASK_KEYS, *model_names._GUARD_KEYS, *JUDGE_KEYS} <= READS["eval"] == READS["compare"]
+    assert (
+        {*model_names._TASK_KEYS, *model_names._GUARD_KEYS, *JUDGE_KEYS} <= READS["eval"] == READS["compare"]
+    )
     assert not_read("sft", "beta") == "sft does not read beta (train reads it)"
     assert not_read("sft", "reward_file") == "sft does not read reward_file (train, eval and compare read it)"
 
@@ -75,15 +107,19 @@ def test_build_config_refuses_a_typed_setting_the_command_does_not_read():
 
 def test_a_recipe_s_settings_sft_does_not_read_are_left_out(tmp_path):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("task: arith\nlr: 0.002\ngroup_size: 4\nloss: cispo\njudge: smollm2-135m\nseed: 3\n"
-                      "num_iterations: 1\nwarm_start:\n  steps: 5\n")
+    recipe.write_text(
+        "task: arith\nlr: 0.002\ngroup_size: 4\nloss: cispo\njudge: smollm2-135m\nseed: 3\n"
+        "num_iterations: 1\nwarm_start:\n  steps: 5\n"
+    )
     config = build_config({}, str(recipe), task_defaults=recommended_settings, command="sft")
     assert (config.lr, config.seed) == (0.002, 3)  # read
     assert config.group_size == 8 and config.objective.loss == "grpo" and config.judge is None
     assert config.warm_start.steps == 0  # left out: sft_setup would refuse a warm start
     # the task's recommendations are left out too where sft does not read them: web's curriculum is GRPO's
     assert build_config({"task": "web"}, task_defaults=recommended_settings).curriculum == "ued"
-    assert build_config({"task": "web"}, task_defaults=recommended_settings, command="sft").curriculum == "none"
+    assert (
+        build_config({"task": "web"}, task_defaults=recommended_settings, command="sft").curriculum == "none"
+    )
     # only what differs from the default is named (num_iterations: 1 is the default)
     assert file_settings_not_read(str(recipe), "sft") == ["group_size", "loss", "judge", "warm_start_steps"]
     assert file_settings_not_read(str(recipe), "train") == []
@@ -103,8 +139,20 @@ def test_sft_with_a_train_recipe_runs_with_what_it_reads(tmp_path, monkeypatch):
     monkeypatch.setattr(api, "sft", fake_sft)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("task: arith\ngroup_size: 4\nbeta: 0.1\nsteps: 7\n")
-    out = CliRunner().invoke(app, ["sft", "--config", str(recipe), "--lr", "0.003", "--time-limit-minutes", "5",
-                                   "--output", str(tmp_path / "run")])
+    out = CliRunner().invoke(
+        app,
+        [
+            "sft",
+            "--config",
+            str(recipe),
+            "--lr",
+            "0.003",
+            "--time-limit-minutes",
+            "5",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+    )
     assert out.exit_code == 0, out.output
     config = seen["config"]
     assert (config.steps, config.lr, config.time_limit_minutes) == (7, 0.003, 5.0)
@@ -114,7 +162,9 @@ def test_sft_with_a_train_recipe_runs_with_what_it_reads(tmp_path, monkeypatch):
 
 def test_eval_takes_from_a_train_recipe_what_it_reads(tmp_path):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("task: arith\nmax_tokens: 33\ngroup_size: 4\nloss: cispo\nlr: 0.5\nkeep_quantized: true\n")
+    recipe.write_text(
+        "task: arith\nmax_tokens: 33\ngroup_size: 4\nloss: cispo\nlr: 0.5\nkeep_quantized: true\n"
+    )
     config = task_config(None, None, {}, recipe)
     assert config.sampling.max_tokens == 33 and config.keep_quantized  # read
     assert config.group_size == 8 and config.objective.loss == "grpo" and config.lr == 1e-4  # left out

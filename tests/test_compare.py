@@ -18,15 +18,21 @@ from mlx_grpo.run.trainer import train
 from mlx_grpo.run.task_setup import load_task
 from mlx_grpo.tasks.registry import recommended_settings
 
-needs_embedded = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
-                                    reason="the embedded model has not been built (scripts/build_tiny_model.py)")
+needs_embedded = pytest.mark.skipif(
+    not (embedded_model_path() / "config.json").exists(),
+    reason="the embedded model has not been built (scripts/build_tiny_model.py)",
+)
 
 
-def _task_and_settings(model, n=12, max_tokens=8, samples=1, temperature=None, task="arith", split="test",
-                       **overrides):
-    config = cmp.task_config(None, model, {"task": task, "eval_num_problems": n, "max_tokens": max_tokens,
-                                           **overrides})
-    return load_task(config), cmp.build_settings(config, split=split, samples=samples, temperature=temperature)
+def _task_and_settings(
+    model, n=12, max_tokens=8, samples=1, temperature=None, task="arith", split="test", **overrides
+):
+    config = cmp.task_config(
+        None, model, {"task": task, "eval_num_problems": n, "max_tokens": max_tokens, **overrides}
+    )
+    return load_task(config), cmp.build_settings(
+        config, split=split, samples=samples, temperature=temperature
+    )
 
 
 def test_model_against_itself_is_a_zero_difference(tiny_model_path, tmp_path):
@@ -43,7 +49,9 @@ def test_model_against_itself_is_a_zero_difference(tiny_model_path, tmp_path):
     assert saved["models"]["base"]["reward"] == saved["models"]["trained"]["reward"]
     rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and all(r["outcome"] == "tied" for r in rows)
-    assert rows[0]["prompt"] == task.test_rows[0]["prompt"] and rows[0]["columns"]["answer"]  # the default split
+    assert (
+        rows[0]["prompt"] == task.test_rows[0]["prompt"] and rows[0]["columns"]["answer"]
+    )  # the default split
     assert rows[0]["base"]["completions"] == rows[0]["trained"]["completions"]
 
 
@@ -98,15 +106,19 @@ def trained_run(tmp_path_factory):
     if not (embedded_model_path() / "config.json").exists():
         pytest.skip("the embedded model has not been built")
     run = tmp_path_factory.mktemp("runs") / "run"
-    config = build_config({"steps": 10, "eval_num_problems": 10, "output": str(run), "seed": 1, "save_every": 5},
-                          task_defaults=recommended_settings)
+    config = build_config(
+        {"steps": 10, "eval_num_problems": 10, "output": str(run), "seed": 1, "save_every": 5},
+        task_defaults=recommended_settings,
+    )
     train(config)
     return run
 
 
 def test_trained_run_beats_base_significantly(trained_run, tmp_path):
     out = tmp_path / "report"
-    result = CliRunner().invoke(app, ["compare", "--trained", str(trained_run), "--n", "100", "--output", str(out)])
+    result = CliRunner().invoke(
+        app, ["compare", "--trained", str(trained_run), "--n", "100", "--output", str(out)]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert report["task"] == "arith" and report["n"] == 100  # the run's task, 100 of its test prompts
@@ -149,15 +161,34 @@ def test_full_fine_tune_run_and_a_whole_model(tiny_model_path, tmp_path):
     run = tmp_path / "full"
     # A reward that varies between random completions, so the one step has a gradient.
     rewards = tmp_path / "rewards.py"
-    rewards.write_text("def bytes_sum(prompts, completions, **kw):\n"
-                       "    return [float(sum(c.encode()) % 5) for c in completions]\n")
-    train(build_config({"model": str(tiny_model_path), "fine_tune_type": "full", "steps": 1, "batch_size": 4,
-                        "group_size": 4, "max_tokens": 4, "eval_num_problems": 4, "output": str(run),
-                        "lr": 1e-2, "task": "arith", "reward_file": str(rewards), "reward": ["bytes_sum"]}))
+    rewards.write_text(
+        "def bytes_sum(prompts, completions, **kw):\n"
+        "    return [float(sum(c.encode()) % 5) for c in completions]\n"
+    )
+    train(
+        build_config(
+            {
+                "model": str(tiny_model_path),
+                "fine_tune_type": "full",
+                "steps": 1,
+                "batch_size": 4,
+                "group_size": 4,
+                "max_tokens": 4,
+                "eval_num_problems": 4,
+                "output": str(run),
+                "lr": 1e-2,
+                "task": "arith",
+                "reward_file": str(rewards),
+                "reward": ["bytes_sum"],
+            }
+        )
+    )
     spec = cmp.resolve_model(str(run))
     assert spec.model == str(tiny_model_path) and spec.adapter == str(run)
     runner = CliRunner()
-    result = runner.invoke(app, ["compare", "--trained", str(run), "--n", "6", "--output", str(tmp_path / "a")])
+    result = runner.invoke(
+        app, ["compare", "--trained", str(run), "--n", "6", "--output", str(tmp_path / "a")]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert report["max_tokens"] == 4  # the run's setting
@@ -165,8 +196,23 @@ def test_full_fine_tune_run_and_a_whole_model(tiny_model_path, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "a" / "rows.jsonl").read_text().splitlines()]
     assert any(r["base"]["completions"] != r["trained"]["completions"] for r in rows)
     # a whole (e.g. fused) model has no recorded base: --base names it
-    result = runner.invoke(app, ["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path),
-                                 "--n", "4", "--max-tokens", "4", "--output", str(tmp_path / "b"), "--no-plot"])
+    result = runner.invoke(
+        app,
+        [
+            "compare",
+            "--trained",
+            str(tiny_model_path),
+            "--base",
+            str(tiny_model_path),
+            "--n",
+            "4",
+            "--max-tokens",
+            "4",
+            "--output",
+            str(tmp_path / "b"),
+            "--no-plot",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "b" / "report.json").read_text())["p_value"] == 1.0
     assert not (tmp_path / "b" / "rewards.png").exists()
@@ -178,8 +224,24 @@ def test_eval_command_and_gsm8k(tiny_model_path, tmp_path):
     if not (GSM8K_DATA / "test.jsonl").is_file():
         pytest.skip("shared GSM8K data not found")
     out = tmp_path / "eval"
-    result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--task", "gsm8k", "--data",
-                                      str(GSM8K_DATA), "--n", "5", "--max-tokens", "4", "--output", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(tiny_model_path),
+            "--task",
+            "gsm8k",
+            "--data",
+            str(GSM8K_DATA),
+            "--n",
+            "5",
+            "--max-tokens",
+            "4",
+            "--output",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert report["task"] == "gsm8k" and report["n"] == 5 and "paired" not in report
@@ -197,11 +259,18 @@ def test_user_errors_are_one_line_and_exit_2(tiny_model_path, tmp_path):
         (["compare", "--trained", str(tmp_path / "missing")], "not found"),
         (["compare", "--trained", str(run_without_weights)], "no saved weights"),
         (["compare", "--trained", str(tiny_model_path)], "--base"),
-        (["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--split", "dev"], "--split"),
-        (["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--samples", "0"],
-         "--samples"),
-        (["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--task", "nope"],
-         "unknown task"),
+        (
+            ["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--split", "dev"],
+            "--split",
+        ),
+        (
+            ["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--samples", "0"],
+            "--samples",
+        ),
+        (
+            ["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--task", "nope"],
+            "unknown task",
+        ),
         (["eval", "--model", str(tiny_model_path), "--adapter", str(tmp_path / "missing")], "could not load"),
     ]:
         result = runner.invoke(app, args)
@@ -253,8 +322,20 @@ def test_the_settings_line_shows_a_system_prompt_with_brackets_as_written(tiny_m
 
     from mlx_grpo.cli import _web_kinds, app
 
-    result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--n", "2", "--max-tokens", "4",
-                                      "--system-prompt", "Reply with search[query] or [n]."])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(tiny_model_path),
+            "--n",
+            "2",
+            "--max-tokens",
+            "4",
+            "--system-prompt",
+            "Reply with search[query] or [n].",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "Reply with search[query] or [n]." in " ".join(result.output.split())
 
@@ -262,21 +343,34 @@ def test_the_settings_line_shows_a_system_prompt_with_brackets_as_written(tiny_m
 def test_a_training_config_file_gives_eval_its_task_and_episode_settings(tmp_path):
     """eval/compare --config FILE: the file's task and sampling keys, as a run folder's; typed flags win."""
     config_file = tmp_path / "multihop.yaml"
-    config_file.write_text("model: smollm2-135m\ntask: multihop\nmultihop_hops: [2]\nmax_tokens: 64\nmax_turns: 4\n"
-                           "max_episode_tokens: 512\ntool_style: llama3\nlr: 0.5\n")
+    config_file.write_text(
+        "model: smollm2-135m\ntask: multihop\nmultihop_hops: [2]\nmax_tokens: 64\nmax_turns: 4\n"
+        "max_episode_tokens: 512\ntool_style: llama3\nlr: 0.5\n"
+    )
     config = cmp.task_config(None, "other-model", {"task": None, "max_tokens": 32}, config_file)
-    assert (config.task, config.task_options.multihop_hops, config.max_turns, config.max_episode_tokens) == ("multihop", [2], 4, 512)
+    assert (config.task, config.task_options.multihop_hops, config.max_turns, config.max_episode_tokens) == (
+        "multihop",
+        [2],
+        4,
+        512,
+    )
     assert config.tool_style == "llama3" and config.sampling.max_tokens == 32  # the typed flag over the file
     assert config.model == "other-model" and config.lr != 0.5  # training settings are not read
     other_task = cmp.task_config(None, None, {"task": "arith"}, config_file)
-    assert other_task.task == "arith" and other_task.task_options.multihop_hops == [] and other_task.tool_style is None
+    assert (
+        other_task.task == "arith"
+        and other_task.task_options.multihop_hops == []
+        and other_task.tool_style is None
+    )
     run = tmp_path / "run"  # a run's call style is part of its task
     run.mkdir()
     (run / "config.yaml").write_text("task: multihop\ntool_style: llama3\n")
     assert cmp.task_config(run, None, {}).tool_style == "llama3"
     with pytest.raises(cmp.CompareError, match="config file not found"):
         cmp.task_config(None, None, {}, tmp_path / "missing.yaml")
-    result = CliRunner().invoke(app, ["eval", "--model", "embedded", "--config", str(tmp_path / "missing.yaml")])
+    result = CliRunner().invoke(
+        app, ["eval", "--model", "embedded", "--config", str(tmp_path / "missing.yaml")]
+    )
     assert result.exit_code == 2 and "config file not found" in result.output
 
 
@@ -293,11 +387,15 @@ def test_web_kinds_flag_scores_other_kinds_than_the_run_trained_on(tmp_path):
     assert kinds(None) == ["fact/1", "shop/1"]
     assert len(kinds("all")) == 12 and "account/3" in kinds("ALL")
     assert kinds("travel/2,account/3") == ["account/3", "travel/2"]
-    result = CliRunner().invoke(app, ["eval", "--model", "embedded", "--task", "web", "--web-kinds", "fact/9"])
+    result = CliRunner().invoke(
+        app, ["eval", "--model", "embedded", "--task", "web", "--web-kinds", "fact/9"]
+    )
     assert result.exit_code == 2 and "fact/9" in result.output
 
 
-def test_answers_are_reused_only_while_nothing_that_decides_them_changed(tiny_model_path, tmp_path, monkeypatch):
+def test_answers_are_reused_only_while_nothing_that_decides_them_changed(
+    tiny_model_path, tmp_path, monkeypatch
+):
     """The second eval of the same model, prompts and settings reads the answers back instead of decoding;
     another setting, changed model files, or a damaged cache file decode again; --no-cache never reads."""
     model = tmp_path / "model"
@@ -333,8 +431,20 @@ def test_answers_are_reused_only_while_nothing_that_decides_them_changed(tiny_mo
 
 
 def test_compare_says_which_answers_came_from_the_cache(tiny_model_path, tmp_path):
-    args = ["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path), "--task", "arith",
-            "--n", "4", "--max-tokens", "4", "--no-plot"]
+    args = [
+        "compare",
+        "--trained",
+        str(tiny_model_path),
+        "--base",
+        str(tiny_model_path),
+        "--task",
+        "arith",
+        "--n",
+        "4",
+        "--max-tokens",
+        "4",
+        "--no-plot",
+    ]
     first = CliRunner().invoke(app, args + ["--output", str(tmp_path / "a")])
     assert first.exit_code == 0, first.output
     assert first.output.count("answers from the cache") == 1  # the same model twice: decoded once

@@ -24,8 +24,9 @@ def _same_tokenizer(read, loaded):
     assert [read.encode(t) for t in TEXTS] == [loaded.encode(t) for t in TEXTS]
     assert read.eos_token_ids == loaded.eos_token_ids
     if loaded.chat_template:
-        assert (read.apply_chat_template(MESSAGES, add_generation_prompt=True)
-                == loaded.apply_chat_template(MESSAGES, add_generation_prompt=True))
+        assert read.apply_chat_template(MESSAGES, add_generation_prompt=True) == loaded.apply_chat_template(
+            MESSAGES, add_generation_prompt=True
+        )
 
 
 @pytest.fixture()
@@ -43,8 +44,9 @@ def counted_loads(monkeypatch):
     return loads
 
 
-def test_read_tokenizer_gives_what_a_load_gives_and_loads_no_weights(tiny_model_path, tmp_path,
-                                                                    counted_loads):
+def test_read_tokenizer_gives_what_a_load_gives_and_loads_no_weights(
+    tiny_model_path, tmp_path, counted_loads
+):
     # The tiny model's config.json has no max_position_embeddings: the architecture's default (qwen2: 32768),
     # as a load gives it. A copy says 64.
     assert "max_position_embeddings" not in json.loads((tiny_model_path / "config.json").read_text())
@@ -86,8 +88,20 @@ def tiny_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("loads")
     model = build_tiny_model(folder / "model")
     run = folder / "run"
-    train(build_config({"model": str(model), "steps": 1, "batch_size": 4, "group_size": 4, "max_tokens": 4,
-                        "eval_num_problems": 4, "output": str(run), "task": "arith"}))
+    train(
+        build_config(
+            {
+                "model": str(model),
+                "steps": 1,
+                "batch_size": 4,
+                "group_size": 4,
+                "max_tokens": 4,
+                "eval_num_problems": 4,
+                "output": str(run),
+                "task": "arith",
+            }
+        )
+    )
     return run, model
 
 
@@ -96,13 +110,26 @@ def test_compare_and_eval_load_each_model_once(tiny_run, tmp_path, counted_loads
     each (before: three times, a third to screen the rows); eval loads its model once (before: twice)."""
     run, base = tiny_run
     runner = CliRunner()
-    result = runner.invoke(app, ["compare", "--trained", str(run), "--n", "4", "--no-cache", "--no-plot",
-                                 "--output", str(tmp_path / "c")])
+    result = runner.invoke(
+        app,
+        [
+            "compare",
+            "--trained",
+            str(run),
+            "--n",
+            "4",
+            "--no-cache",
+            "--no-plot",
+            "--output",
+            str(tmp_path / "c"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "c" / "report.json").read_text())["n"] == 4
     assert counted_loads == {str(base): 2}
     counted_loads.clear()
-    result = runner.invoke(app, ["eval", "--model", str(run), "--n", "4", "--no-cache", "--output",
-                                 str(tmp_path / "e")])
+    result = runner.invoke(
+        app, ["eval", "--model", str(run), "--n", "4", "--no-cache", "--output", str(tmp_path / "e")]
+    )
     assert result.exit_code == 0, result.output
     assert counted_loads == {str(base): 1}

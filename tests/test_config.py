@@ -28,7 +28,10 @@ def test_precedence_defaults_task_file_flags(tmp_path):
 
 
 def test_task_recommendations_depend_on_the_model():
-    embedded, chat = recommended_settings("arith", None), recommended_settings("arith", "Qwen/Qwen2.5-0.5B-Instruct")
+    embedded, chat = (
+        recommended_settings("arith", None),
+        recommended_settings("arith", "Qwen/Qwen2.5-0.5B-Instruct"),
+    )
     assert embedded["lr"] == 1e-4 and "system_prompt" not in embedded
     assert chat["lr"] == 3e-5 and chat["system_prompt"]  # the chat recipe (tests/test_chat_tasks.py)
 
@@ -47,20 +50,25 @@ def test_dashed_keys_lists_and_numbers_from_yaml(tmp_path):
     assert c.group_size == 4 and c.reward == ["a", "b"] and c.reward_weights == [1.0, 0.5] and c.lr == 1e-5
 
 
-@pytest.mark.parametrize("text, message", [
-    ("group_sise: 4\n", "did you mean 'group_size'"),
-    ("group_size: 1\n", "group_size must be at least 2"),
-    ("group_size: four\n", "group_size: expected an integer"),
-    ("temperature: 0\n", "temperature must be > 0"),
-    ("loss: ppo\n", "loss must be one of"),
-    ("scale_rewards: std\n", "scale_rewards must be one of"),
-    ("epsilon_low: 1.5\n", "epsilon_low must be in [0, 1)"),
-    ("- just\n- a list\n", "expected a mapping"),
-    ("lr: [1, 2\n", "not valid YAML"),
-    ("reward: [a]\nreward_weights: [1, 2]\n", "reward_weights has 2 entries but 1 rewards"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("group_sise: 4\n", "did you mean 'group_size'"),
+        ("group_size: 1\n", "group_size must be at least 2"),
+        ("group_size: four\n", "group_size: expected an integer"),
+        ("temperature: 0\n", "temperature must be > 0"),
+        ("loss: ppo\n", "loss must be one of"),
+        ("scale_rewards: std\n", "scale_rewards must be one of"),
+        ("epsilon_low: 1.5\n", "epsilon_low must be in [0, 1)"),
+        ("- just\n- a list\n", "expected a mapping"),
+        ("lr: [1, 2\n", "not valid YAML"),
+        ("reward: [a]\nreward_weights: [1, 2]\n", "reward_weights has 2 entries but 1 rewards"),
+    ],
+)
 def test_bad_files_are_rejected_clearly(tmp_path, text, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+    ):
         build_config({}, write(tmp_path, text))
 
 
@@ -71,8 +79,10 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path):
         (["train", "--config", str(tmp_path / "missing.yaml")], "config file not found"),
         (["train", "--loss", "nope"], "loss must be one of"),
         (["train", "--resume", str(tmp_path)], "not a run folder"),
-        (["train", "--data", str(tmp_path / "none.jsonl"), "--reward-file", __file__, "--reward", "f"],
-         "data file not found"),
+        (
+            ["train", "--data", str(tmp_path / "none.jsonl"), "--reward-file", __file__, "--reward", "f"],
+            "data file not found",
+        ),
     ]:
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
@@ -94,10 +104,13 @@ def test_every_setting_has_a_flag_and_a_settings_entry():
         assert helps.get(name), f"{name} has no help text in its field's metadata"
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["train", "--steps", "many"], "Invalid value for '--steps'"),
-    (["train", "--stepz", "3"], "No such option: --stepz"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["train", "--steps", "many"], "Invalid value for '--steps'"),
+        (["train", "--stepz", "3"], "No such option: --stepz"),
+    ],
+)
 def test_flag_parse_errors_are_one_line_from_the_command(args, fragment):
     """Typer's own usage errors (wrong type, unknown flag) also end in one line and exit 2."""
     import os
@@ -105,8 +118,9 @@ def test_flag_parse_errors_are_one_line_from_the_command(args, fragment):
     import sys
 
     env = {**os.environ, "MLX_GRPO_OPENBLAS": "0"}
-    done = subprocess.run([sys.executable, "-m", "mlx_grpo.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "mlx_grpo.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], done.stderr
@@ -120,5 +134,7 @@ def test_reward_weights_for_a_tasks_own_rewards(tmp_path):
     config = build_config({**settings, "reward_weights": "1,0,0.2"}, task_defaults=recommended_settings)
     assert load_task(config).reward_weights == [1.0, 0.0, 0.2]
     config = build_config({**settings, "reward_weights": [1, 0]}, task_defaults=recommended_settings)
-    with pytest.raises(ConfigError, match=r"2 entries but task 'multihop' has 3 rewards \(exact_match_reward, "):
+    with pytest.raises(
+        ConfigError, match=r"2 entries but task 'multihop' has 3 rewards \(exact_match_reward, "
+    ):
         load_task(config)

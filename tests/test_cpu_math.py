@@ -38,7 +38,9 @@ def test_exp_matches_numpy_near_zero_and_within_input_rounding_far_from_it():
 def test_exp_at_the_ends_of_its_range():
     got = np.array(cpu_math.exp(mx.array([-mx.inf, -100.0, -87.0, 0.0, 88.0, 100.0, mx.inf, mx.nan])))
     floor, ceiling = np.exp(np.float64(-87)), np.exp(np.float64(88))
-    np.testing.assert_allclose(got[:3], floor, rtol=1e-5)  # clamped to e^-87 (within input rounding), not garbage
+    np.testing.assert_allclose(
+        got[:3], floor, rtol=1e-5
+    )  # clamped to e^-87 (within input rounding), not garbage
     assert got[3] == 1.0
     np.testing.assert_allclose(got[4:7], ceiling, rtol=1e-5)
     assert np.isnan(got[7])
@@ -82,8 +84,12 @@ def test_swiglu_and_its_gradients_match_numpy():
     gate = (rng.normal(size=(4, 64)) * 6).astype(np.float32)
     x = rng.normal(size=(4, 64)).astype(np.float32)
     value, d_gate = _numpy_swiglu_and_gradient(gate, x.astype(np.float64))
-    np.testing.assert_allclose(np.array(cpu_math.swiglu(mx.array(gate), mx.array(x))), value, rtol=1e-5, atol=1e-6)
-    grad_gate, grad_x = mx.grad(lambda g, v: cpu_math.swiglu(g, v).sum(), argnums=(0, 1))(mx.array(gate), mx.array(x))
+    np.testing.assert_allclose(
+        np.array(cpu_math.swiglu(mx.array(gate), mx.array(x))), value, rtol=1e-5, atol=1e-6
+    )
+    grad_gate, grad_x = mx.grad(lambda g, v: cpu_math.swiglu(g, v).sum(), argnums=(0, 1))(
+        mx.array(gate), mx.array(x)
+    )
     np.testing.assert_allclose(np.array(grad_gate), d_gate, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.array(grad_x), value / x, rtol=1e-5, atol=1e-6)
 

@@ -21,8 +21,10 @@ def numpy_rope(x, positions, dims, base):
     half = dims // 2
     angles = positions[:, None, None, None] * base ** (-np.arange(half) * 2.0 / dims)
     x1, x2 = x[..., :half], x[..., half:dims]
-    return np.concatenate([x1 * np.cos(angles) - x2 * np.sin(angles), x1 * np.sin(angles) + x2 * np.cos(angles),
-                           x[..., dims:]], axis=-1)
+    return np.concatenate(
+        [x1 * np.cos(angles) - x2 * np.sin(angles), x1 * np.sin(angles) + x2 * np.cos(angles), x[..., dims:]],
+        axis=-1,
+    )
 
 
 @pytest.mark.parametrize("heads", [1, 4, 14])
@@ -35,17 +37,31 @@ def test_row_chunked_rope_matches_numpy_for_one_position(heads):
     tolerance = 1e-4  # MLX forms float32 angles: position 500 x frequency 1 rounds by ~3e-5
     assert rows_per_launch(mx.array(x)) * -(-heads // 4) < 128 < rows
     per_row = rope(mx.array(x), offset=mx.array(positions, dtype=mx.int32))
-    np.testing.assert_allclose(np.array(per_row), numpy_rope(x, positions.astype(np.float64), 16, 10000.0),
-                               atol=tolerance)
+    np.testing.assert_allclose(
+        np.array(per_row), numpy_rope(x, positions.astype(np.float64), 16, 10000.0), atol=tolerance
+    )
     shared = rope(mx.array(x), offset=37)
-    np.testing.assert_allclose(np.array(shared), numpy_rope(x, np.full(rows, 37.0), 16, 10000.0), atol=tolerance)
+    np.testing.assert_allclose(
+        np.array(shared), numpy_rope(x, np.full(rows, 37.0), 16, 10000.0), atol=tolerance
+    )
 
 
 def _qwen2(hidden, heads):
-    return qwen2.Model(qwen2.ModelArgs.from_dict({
-        "model_type": "qwen2", "hidden_size": hidden, "num_hidden_layers": 3, "intermediate_size": 2 * hidden,
-        "num_attention_heads": heads, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 64,
-        "tie_word_embeddings": True}))
+    return qwen2.Model(
+        qwen2.ModelArgs.from_dict(
+            {
+                "model_type": "qwen2",
+                "hidden_size": hidden,
+                "num_hidden_layers": 3,
+                "intermediate_size": 2 * hidden,
+                "num_attention_heads": heads,
+                "num_key_value_heads": 2,
+                "rms_norm_eps": 1e-6,
+                "vocab_size": 64,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
 
 
 def test_only_ropes_of_fewer_than_32_dimensions_are_wrapped():
@@ -61,7 +77,9 @@ def test_only_ropes_of_fewer_than_32_dimensions_are_wrapped():
 @pytest.mark.parametrize("decoder", ["fixed", "generator"])
 def test_a_wide_decode_of_a_head_dim_16_model_samples_what_narrow_waves_sample(decoder, monkeypatch):
     model, tokenizer = load_policy()  # the embedded model: head dim 16
-    wrap_small_ropes(model)  # as load_policy does on CUDA (there it finds them wrapped): tested on every backend
+    wrap_small_ropes(
+        model
+    )  # as load_policy does on CUDA (there it finds them wrapped): tested on every backend
     assert all(layer.self_attn.rope.rope.dims == 16 for layer in model.layers)
     if decoder == "generator":
         monkeypatch.setattr(fixed_decode, "supports_fixed_decode", lambda model, length=None: False)
@@ -70,5 +88,6 @@ def test_a_wide_decode_of_a_head_dim_16_model_samples_what_narrow_waves_sample(d
     wide = sample_completions(model, tokenizer, prompts, 4, sampling, concurrency=160, seed=11)
     narrow = sample_completions(model, tokenizer, prompts, 4, sampling, concurrency=32, seed=11)
     assert [c.tokens for c in wide] == [c.tokens for c in narrow]
-    np.testing.assert_allclose(np.concatenate([c.logprobs for c in wide]),
-                               np.concatenate([c.logprobs for c in narrow]), atol=1e-4)
+    np.testing.assert_allclose(
+        np.concatenate([c.logprobs for c in wide]), np.concatenate([c.logprobs for c in narrow]), atol=1e-4
+    )

@@ -40,8 +40,9 @@ def test_sampling_favours_half_solved_groups_and_still_explores():
     share = {k: picked.count(k) / len(picked) for k in ("easy", "half", "hard")}
     assert share["half"] > 0.6 and share["easy"] > 0.05 and share["hard"] > 0.05, share
     # rows within a group are drawn uniformly: every "half" prompt appears
-    assert {r["prompt"] for step in range(1, 50) for r in c.pick(data, step, 8, 0) if r["kind"] == "half"} == \
-        {f"q{i}" for i in range(5, 10)}
+    assert {
+        r["prompt"] for step in range(1, 50) for r in c.pick(data, step, 8, 0) if r["kind"] == "half"
+    } == {f"q{i}" for i in range(5, 10)}
 
 
 def test_draws_are_seeded_and_state_round_trips():
@@ -76,7 +77,9 @@ def test_group_success_from_the_accuracy_reward_and_from_episodes():
     data = [{"prompt": "p", "answer": "4"}, {"prompt": "q", "answer": "5"}]
     texts = ["4", "3", "4", "4", "1", "5", "2", "2"]
     completions = [Completion(i // 4, [], [], [], "stop", t) for i, t in enumerate(texts)]
-    scores = score_completions([right], [1.0], ["p"] * 4 + ["q"] * 4, texts, {"answer": ["4"] * 4 + ["5"] * 4})
+    scores = score_completions(
+        [right], [1.0], ["p"] * 4 + ["q"] * 4, texts, {"answer": ["4"] * 4 + ["5"] * 4}
+    )
     assert group_success(Task, data, completions, scores, 4) == [0.75, 0.25]
 
     class Episode:
@@ -90,7 +93,9 @@ def test_config_switches_it_on_and_checks_its_settings():
     from mlx_grpo.config import ConfigError
 
     assert Curriculum.from_config(build_config({})) is None
-    c = Curriculum.from_config(build_config({"curriculum": "ued", "curriculum_key": "template", "curriculum_explore": 0.5}))
+    c = Curriculum.from_config(
+        build_config({"curriculum": "ued", "curriculum_key": "template", "curriculum_explore": 0.5})
+    )
     assert (c.key, c.explore) == ("template", 0.5)
     with pytest.raises(ConfigError, match="curriculum must be"):
         build_config({"curriculum": "sometimes"})
@@ -125,7 +130,9 @@ def test_a_task_without_groups_is_drawn_by_each_prompts_pass_rate():
     before = share(1)
     others = [before[f"What is {i} + 1?"] for i in range(10) if i != 5]
     assert before["What is 5 + 1?"] > 2 * max(others)  # the half-solved prompt is drawn most
-    assert max(before[f"What is {i} + 1?"] for i in range(5)) < min(before[f"What is {i} + 1?"] for i in range(6, 10))
+    assert max(before[f"What is {i} + 1?"] for i in range(5)) < min(
+        before[f"What is {i} + 1?"] for i in range(6, 10)
+    )
     # prompt 5 is learned (always solved now): its draws fall below every unseen prompt's
     for _ in range(10):
         c.update([data[5]], [1.0])

@@ -54,7 +54,9 @@ def test_on_bad_data_error_stops_at_the_first_bad_line(tmp_path, bad, reason):
 
 
 def test_a_byte_order_mark_is_not_an_error(tmp_path):
-    rows, note = load_rows(write_lines(tmp_path / "d.jsonl", [b"\xef\xbb\xbf" + GOOD.encode(), GOOD]), "train")
+    rows, note = load_rows(
+        write_lines(tmp_path / "d.jsonl", [b"\xef\xbb\xbf" + GOOD.encode(), GOOD]), "train"
+    )
     assert len(rows) == 2 and note is None
 
 
@@ -73,7 +75,9 @@ def test_json_list_and_broken_json_file(tmp_path):
 
 def test_a_file_with_no_usable_row_says_why(tmp_path):
     path = write_lines(tmp_path / "d.jsonl", ['{"q": 1}', "{bad"])
-    with pytest.raises(DataError, match=r"no usable rows .*line 1: no 'prompt' column; line 2: malformed JSON"):
+    with pytest.raises(
+        DataError, match=r"no usable rows .*line 1: no 'prompt' column; line 2: malformed JSON"
+    ):
         load_rows(path, "train")
 
 
@@ -83,6 +87,7 @@ def test_required_columns_come_from_reward_signatures():
 
     def needs_nothing(prompts, completions, **kw):
         return []
+
     assert required_columns([needs_answer, needs_nothing]) == {"answer": "needs_answer"}
 
 
@@ -96,13 +101,20 @@ class CharTokenizer:
 
 
 def test_screen_rows_drops_missing_columns_and_long_prompts():
-    rows = [{"prompt": "short", "answer": "1"}, {"prompt": "x" * 30, "answer": "2"}, {"prompt": "ok"},
-            {"prompt": [{"role": "user", "content": "y" * 30}], "answer": "3"}, {"prompt": "fine", "answer": "4"}]
+    rows = [
+        {"prompt": "short", "answer": "1"},
+        {"prompt": "x" * 30, "answer": "2"},
+        {"prompt": "ok"},
+        {"prompt": [{"role": "user", "content": "y" * 30}], "answer": "3"},
+        {"prompt": "fine", "answer": "4"},
+    ]
     kept, note = screen_rows(rows, CharTokenizer(), None, {"answer": "exact"}, 20, "skip", "train data")
     assert [r["answer"] for r in kept] == ["1", "4"]
-    assert note == ("train data: skipped 3 bad row(s) of 5 (row 2: prompt of 30 tokens is longer than the limit "
-                    "of 20; row 3: no 'answer' column (reward exact needs it); row 4: prompt of 30 tokens is "
-                    "longer than the limit of 20)")
+    assert note == (
+        "train data: skipped 3 bad row(s) of 5 (row 2: prompt of 30 tokens is longer than the limit "
+        "of 20; row 3: no 'answer' column (reward exact needs it); row 4: prompt of 30 tokens is "
+        "longer than the limit of 20)"
+    )
     # the system prompt counts toward the length
     kept, note = screen_rows([{"prompt": "a" * 15}], CharTokenizer(), "s" * 10, {}, 20, "skip", "d")
     assert kept == [] and "prompt of 27 tokens" in note  # 10 + "\n\n" + 15
@@ -114,7 +126,9 @@ def test_prompt_limit_from_the_model_context():
     assert prompt_token_limit(256, 48, None) == 208
     assert prompt_token_limit(256, 48, 100) == 100  # a configured limit wins
     assert prompt_token_limit(None, 48, None) is None  # unknown context: no limit
-    with pytest.raises(DataError, match="max_prompt_tokens 220 \\+ max_tokens 48 exceed the model's context of 256"):
+    with pytest.raises(
+        DataError, match="max_prompt_tokens 220 \\+ max_tokens 48 exceed the model's context of 256"
+    ):
         prompt_token_limit(256, 48, 220)
     with pytest.raises(DataError, match="max_tokens 256 leaves no room for a prompt"):
         prompt_token_limit(256, 256, None)
@@ -125,16 +139,26 @@ def test_screen_task_on_the_embedded_tokenizer():
     from rewards import arith
 
     tokenizer, context = read_tokenizer(None)  # the embedded model's files; its weights are not needed
-    task = SimpleNamespace(name="arith", reward_functions=[arith.correctness_reward], accuracy_reward=None,
-                           system_prompt=None, warnings=[],
-                           train_rows=[{"prompt": "Tom has 3 pens.", "answer": "3"}, {"prompt": "Tom " * 60},
-                                       {"prompt": "Ann has 2 pens. " * 60, "answer": "2"}],
-                           eval_rows=[{"prompt": "Ann has 1 pen.", "answer": "1"}])
+    task = SimpleNamespace(
+        name="arith",
+        reward_functions=[arith.correctness_reward],
+        accuracy_reward=None,
+        system_prompt=None,
+        warnings=[],
+        train_rows=[
+            {"prompt": "Tom has 3 pens.", "answer": "3"},
+            {"prompt": "Tom " * 60},
+            {"prompt": "Ann has 2 pens. " * 60, "answer": "2"},
+        ],
+        eval_rows=[{"prompt": "Ann has 1 pen.", "answer": "1"}],
+    )
     screen_task(task, tokenizer, context, max_tokens=48, max_prompt_tokens=None, on_bad="skip")
     assert task.train_rows == [{"prompt": "Tom has 3 pens.", "answer": "3"}]
     assert len(task.eval_rows) == 1
     (warning,) = task.warnings
-    assert "row 2: no 'answer' column" in warning and "row 3: prompt of" in warning and "limit of 208" in warning
+    assert (
+        "row 2: no 'answer' column" in warning and "row 3: prompt of" in warning and "limit of 208" in warning
+    )
     task.train_rows = [{"prompt": "x"}]
     with pytest.raises(DataError, match="arith: no usable training rows"):
         screen_task(task, tokenizer, context, 48, None, "skip")

@@ -19,8 +19,15 @@ def test_a_decode_reports_its_rows_and_tokens_over_its_waves(tiny_model_path, mo
     states = []
     token = progress.PROGRESS.set(states.append)
     try:
-        out = sample_completions(model, tokenizer, prompts, 4, SamplingConfig(temperature=1.0, max_tokens=9),
-                                 concurrency=concurrency, seed=3)
+        out = sample_completions(
+            model,
+            tokenizer,
+            prompts,
+            4,
+            SamplingConfig(temperature=1.0, max_tokens=9),
+            concurrency=concurrency,
+            seed=3,
+        )
     finally:
         progress.PROGRESS.reset(token)
     assert states and all(s["kind"] == "decode" and s["rows"] == 12 and s["max_tokens"] == 9 for s in states)
@@ -37,12 +44,25 @@ def test_nothing_listens_nothing_is_measured(tiny_model_path):
     """Without a listener no meter is made (the trainer's rollouts outside a display pay nothing)."""
     model, tokenizer = load_policy(str(tiny_model_path))
     assert progress.PROGRESS.get() is None
-    sample_completions(model, tokenizer, [encode_prompt(tokenizer, "hi")], 2, SamplingConfig(max_tokens=4), seed=1)
+    sample_completions(
+        model, tokenizer, [encode_prompt(tokenizer, "hi")], 2, SamplingConfig(max_tokens=4), seed=1
+    )
 
 
 def test_the_line_a_person_reads():
-    line = display.rollout_line({"kind": "decode", "rows": 32, "done": 20, "tokens": 2000, "position": 150,
-                                 "max_tokens": 384, "seconds": 100.0, "tokens_per_s": 20.0, "at_most_left_s": 156.0})
+    line = display.rollout_line(
+        {
+            "kind": "decode",
+            "rows": 32,
+            "done": 20,
+            "tokens": 2000,
+            "position": 150,
+            "max_tokens": 384,
+            "seconds": 100.0,
+            "tokens_per_s": 20.0,
+            "at_most_left_s": 156.0,
+        }
+    )
     assert line == "20 of 32 completions done, token 150/384, 20 tok/s, at most 2m36s left"
 
 
@@ -54,9 +74,11 @@ def test_eval_of_a_single_turn_task_shows_its_decode_in_a_log(tiny_model_path, m
 
     monkeypatch.setattr(display, "LOG_ROLLOUT_EVERY_S", 0.0)
     monkeypatch.setattr(progress, "_EVERY_S", 0.0)
-    result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--task", "arith", "--n", "6",
-                                      "--max-tokens", "6"])
+    result = CliRunner().invoke(
+        app, ["eval", "--model", str(tiny_model_path), "--task", "arith", "--n", "6", "--max-tokens", "6"]
+    )
     assert result.exit_code == 0, result.output
-    lines = re.findall(r"model: (\d+) of (\d+) completions done, token (\d+)/6, \d+ tok/s, at most \S+ left",
-                       result.output)
+    lines = re.findall(
+        r"model: (\d+) of (\d+) completions done, token (\d+)/6, \d+ tok/s, at most \S+ left", result.output
+    )
     assert lines and lines[-1][:2] == ("6", "6"), result.output

@@ -18,7 +18,13 @@ from mlx_grpo.models.loading import load_policy
 from mlx_grpo.run import distributed as dist
 from mlx_grpo.run.step_rollouts import _sample_and_score, merge_rollouts
 from mlx_grpo.run.trainer import train
-from mlx_grpo.sampling.rollout import KeyedSampler, SamplingConfig, completion_seeds, draw_tokens, sample_completions
+from mlx_grpo.sampling.rollout import (
+    KeyedSampler,
+    SamplingConfig,
+    completion_seeds,
+    draw_tokens,
+    sample_completions,
+)
 from mlx_grpo.run.task_setup import load_task
 from mlx_grpo.tasks.registry import recommended_settings
 
@@ -44,7 +50,7 @@ def policy(tiny_model_path):
 
 
 def _groups(completions, g):
-    return [[c.tokens for c in completions[i:i + g]] for i in range(0, len(completions), g)]
+    return [[c.tokens for c in completions[i : i + g]] for i in range(0, len(completions), g)]
 
 
 def test_a_prompts_group_depends_only_on_seed_and_its_id(policy):
@@ -53,7 +59,9 @@ def test_a_prompts_group_depends_only_on_seed_and_its_id(policy):
     sampling = SamplingConfig(temperature=1.0, max_tokens=12)
     whole = _groups(sample_completions(model, tokenizer, prompts, 3, sampling, seed=5), 3)
     # the last two prompts alone (as a second rank would sample them), and in narrow waves
-    tail = _groups(sample_completions(model, tokenizer, prompts[2:], 3, sampling, seed=5, prompt_ids=[2, 3]), 3)
+    tail = _groups(
+        sample_completions(model, tokenizer, prompts[2:], 3, sampling, seed=5, prompt_ids=[2, 3]), 3
+    )
     narrow = _groups(sample_completions(model, tokenizer, prompts, 3, sampling, concurrency=4, seed=5), 3)
     assert tail == whole[2:]
     assert narrow == whole
@@ -84,16 +92,27 @@ def test_sharded_rollouts_merge_into_the_one_process_result(tmp_path, policy, ti
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(5)))
     rewards = tmp_path / "rewards.py"
-    rewards.write_text("def variety(prompts, completions, **kw):\n"
-                       "    return [len(set(c)) / 10 for c in completions]\n")
-    config = build_config(dict(model=str(tiny_model_path), data=str(data), reward_file=str(rewards),
-                               reward=["variety"], group_size=2, max_tokens=8))
+    rewards.write_text(
+        "def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n"
+    )
+    config = build_config(
+        dict(
+            model=str(tiny_model_path),
+            data=str(data),
+            reward_file=str(rewards),
+            reward=["variety"],
+            group_size=2,
+            max_tokens=8,
+        )
+    )
     task = load_task(config)
     model, tokenizer = policy
     rows = task.train_rows[:5]
     whole = _sample_and_score(model, tokenizer, task, rows, config, 11, 0)
-    shares = [_sample_and_score(model, tokenizer, task, rows[s.start:s.stop], config, 11, s.start)
-              for s in (dist.shard(5, 0, 2), dist.shard(5, 1, 2))]
+    shares = [
+        _sample_and_score(model, tokenizer, task, rows[s.start : s.stop], config, 11, s.start)
+        for s in (dist.shard(5, 0, 2), dist.shard(5, 1, 2))
+    ]
     merged = merge_rollouts(shares + [None], config.group_size)  # None: a rank with no prompts
     assert [c.tokens for c in merged[0]] == [c.tokens for c in whole[0]]
     assert [c.prompt_index for c in merged[0]] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
@@ -101,21 +120,63 @@ def test_sharded_rollouts_merge_into_the_one_process_result(tmp_path, policy, ti
     assert merged[1].parts == whole[1].parts
 
 
-ARGS = ["--steps", "2", "--batch-size", "4", "--group-size", "2", "--micro-batch-size", "2", "--max-tokens", "12",
-        "--eval-num-problems", "2", "--lr", "1e-3", "--warmup-steps", "0", "--kl-every", "1", "--seed", "3"]
+ARGS = [
+    "--steps",
+    "2",
+    "--batch-size",
+    "4",
+    "--group-size",
+    "2",
+    "--micro-batch-size",
+    "2",
+    "--max-tokens",
+    "12",
+    "--eval-num-problems",
+    "2",
+    "--lr",
+    "1e-3",
+    "--warmup-steps",
+    "0",
+    "--kl-every",
+    "1",
+    "--seed",
+    "3",
+]
 
 
-@pytest.mark.skipif(shutil.which("mlx.launch") is None or shutil.which("mlx-grpo") is None
-                    or not mx.distributed.is_available(),
-                    reason="needs mlx.launch, the mlx-grpo script and mx.distributed (ring backend)")
+@pytest.mark.skipif(
+    shutil.which("mlx.launch") is None
+    or shutil.which("mlx-grpo") is None
+    or not mx.distributed.is_available(),
+    reason="needs mlx.launch, the mlx-grpo script and mx.distributed (ring backend)",
+)
 def test_two_ring_ranks_end_with_the_weights_of_one_process(tmp_path):
     # The launch the README gives: each rank runs the mlx-grpo script with the same flags.
     port = 20000 + os.getpid() % 20000
     # The ranks use the BLAS this process uses (the CLI would preload OpenBLAS on Linux: other rounding).
     two = subprocess.run(
-        ["mlx.launch", "--backend", "ring", "-n", "2", "-p", str(port), "--env", "MLX_GRPO_OPENBLAS=0",
-         "--python", sys.executable, shutil.which("mlx-grpo"), "train", *ARGS, "--output", str(tmp_path / "two")],
-        capture_output=True, text=True, timeout=240)
+        [
+            "mlx.launch",
+            "--backend",
+            "ring",
+            "-n",
+            "2",
+            "-p",
+            str(port),
+            "--env",
+            "MLX_GRPO_OPENBLAS=0",
+            "--python",
+            sys.executable,
+            shutil.which("mlx-grpo"),
+            "train",
+            *ARGS,
+            "--output",
+            str(tmp_path / "two"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     # mlx.launch may exit 0 when a rank failed: the finished run folder is the evidence
     assert two.returncode == 0 and (tmp_path / "two" / "summary.json").is_file(), two.stdout + two.stderr
 
@@ -125,7 +186,9 @@ def test_two_ring_ranks_end_with_the_weights_of_one_process(tmp_path):
     a = mx.load(str(one.run_dir / "adapters.safetensors"))
     b = mx.load(str(tmp_path / "two" / "adapters.safetensors"))
     assert a.keys() == b.keys()
-    assert max(float(mx.abs(a[k]).max()) for k in a if k.endswith("lora_b")) > 1e-3  # training moved them from 0
+    assert (
+        max(float(mx.abs(a[k]).max()) for k in a if k.endswith("lora_b")) > 1e-3
+    )  # training moved them from 0
     for k in a:
         np.testing.assert_allclose(np.array(b[k]), np.array(a[k]), atol=1e-4)
 
@@ -139,7 +202,9 @@ def test_two_ring_ranks_end_with_the_weights_of_one_process(tmp_path):
             if m1.get(key) is not None:
                 assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
     # the same completions; rank 0 alone wrote them and alone printed the summary
-    assert (one.run_dir / "completions.jsonl").read_text() == (tmp_path / "two" / "completions.jsonl").read_text()
+    assert (one.run_dir / "completions.jsonl").read_text() == (
+        tmp_path / "two" / "completions.jsonl"
+    ).read_text()
     assert two.stdout.count("run folder:") == 1
 
 
@@ -150,7 +215,9 @@ def test_draws_survive_rounding_level_changes_in_the_logits():
     rows, vocab = 256, 50000
     logits = rng.normal(size=(rows, vocab)).astype(np.float32) * 2  # flat, like an untrained model
     nudged = logits + rng.normal(size=logits.shape).astype(np.float32) * 1e-5
-    keys = KeyedSampler(SamplingConfig(temperature=1.0, max_tokens=1), completion_seeds(0, list(range(rows)), 1))
+    keys = KeyedSampler(
+        SamplingConfig(temperature=1.0, max_tokens=1), completion_seeds(0, list(range(rows)), 1)
+    )
     at = keys.keys_at(list(range(rows)), [0] * rows)
     a, _ = draw_tokens(mx.array(logits), at, SamplingConfig(temperature=1.0))
     b, _ = draw_tokens(mx.array(nudged), at, SamplingConfig(temperature=1.0))

@@ -44,8 +44,10 @@ def _shell_commands(block: str) -> list[str]:
 
 def _cli_options() -> dict[str, set[str]]:
     group = typer.main.get_command(app)
-    return {name: {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
-            for name, command in group.commands.items()}
+    return {
+        name: {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
+        for name, command in group.commands.items()
+    }
 
 
 def _documented_commands():
@@ -56,7 +58,9 @@ def test_the_readme_is_a_front_door():
     """At most 250 lines: what this is, the two set-up commands, then links into docs/ (each one there)."""
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 250
-    assert "pip install . && mlx-grpo train" in text and 'pip install ".[test]" && python -m pytest -q' in text
+    assert (
+        "pip install . && mlx-grpo train" in text and 'pip install ".[test]" && python -m pytest -q' in text
+    )
     links = re.findall(r"\]\(((?:docs/)?[\w-]+\.md)\)", text)
     assert len(links) >= 10 and all((ROOT / link).is_file() for link in links)
 
@@ -98,7 +102,9 @@ def test_every_config_file_builds(config_file):
 
 
 def _documented_paths():
-    pattern = r"\b((?:mlx_grpo|rewards|scripts|tests|configs|examples|docs)/[\w/.-]*\w\.(?:py|yaml|ipynb|md|sh))\b"
+    pattern = (
+        r"\b((?:mlx_grpo|rewards|scripts|tests|configs|examples|docs)/[\w/.-]*\w\.(?:py|yaml|ipynb|md|sh))\b"
+    )
     return sorted({(doc.name, path) for doc in DOCS for path in re.findall(pattern, doc.read_text())})
 
 
@@ -125,8 +131,9 @@ def test_the_settings_reference_is_generated_from_the_code():
     assert all(f"| `{name}` |" in text for name in FIELDS)  # every flat setting, a group's included
     assert "**mlx-grpo export**" in commands and "`--outtype`" in commands
     for name, expected in (("settings.md", text), ("commands.md", commands)):
-        assert (ROOT / "docs" / name).read_text(encoding="utf-8") == expected, \
+        assert (ROOT / "docs" / name).read_text(encoding="utf-8") == expected, (
             f"docs/{name} is stale: run python scripts/settings_doc.py"
+        )
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)

@@ -35,10 +35,19 @@ def _batch(seed=4):
     completions = []
     for i in range(3):
         prompt = [int(t) for t in rng.integers(3, 250, 3 + i)]
-        completions += [Completion(i, prompt, [int(t) for t in rng.integers(3, 250, int(rng.integers(3, 9)))],
-                                   list(rng.normal(-3, 0.5, 9)), "stop", "") for _ in range(4)]
+        completions += [
+            Completion(
+                i,
+                prompt,
+                [int(t) for t in rng.integers(3, 250, int(rng.integers(3, 9)))],
+                list(rng.normal(-3, 0.5, 9)),
+                "stop",
+                "",
+            )
+            for _ in range(4)
+        ]
     for c in completions:
-        c.logprobs = c.logprobs[:len(c.tokens)]
+        c.logprobs = c.logprobs[: len(c.tokens)]
     advantages = np.concatenate([rng.normal(size=4), np.zeros(4), rng.normal(size=4)])  # group 1 is silent
     return build_batch(completions, advantages, 4)
 
@@ -55,7 +64,9 @@ def test_the_same_tokens_train_at_any_micro_batch_size(tiny_model_path):
     for size in (16, 3, 1):
         model, _ = _fresh(tiny_model_path)
         parts = micro_batches(batch, size)
-        sizes = BatchShape(12, int(batch.mask.sum()), micro_batch_count(3, 4, size), config.sampling.max_tokens)
+        sizes = BatchShape(
+            12, int(batch.mask.sum()), micro_batch_count(3, 4, size), config.sampling.max_tokens
+        )
         update(model, optim.SGD(learning_rate=1.0), update_settings(config), sizes, parts, None, None)
         results.append(_weights(model))
     _close(results[0], results[1])
@@ -78,8 +89,16 @@ def test_the_threshold_counts_silent_groups_left_out_of_the_passes(tiny_model_pa
     silent = micro_batches(groups_with_signal(batch, silent=True), 4)
     assert len(signal) == 2 and len(silent) == 1
     weights = top_entropy_weights(model, signal, silent, 0.4, 1.0, None)
-    update(model, optim.SGD(learning_rate=1.0), update_settings(config), sizes, signal, None, None,
-           token_weights=weights)
+    update(
+        model,
+        optim.SGD(learning_rate=1.0),
+        update_settings(config),
+        sizes,
+        signal,
+        None,
+        None,
+        token_weights=weights,
+    )
     _close(whole, _weights(model))
 
 
@@ -89,11 +108,23 @@ def flat_for_one_prompt(prompts, completions, **kw):
 
 def test_a_training_step_chooses_its_tokens_over_the_whole_step(tiny_model_path):
     """train_step at micro-batch size 16 and 2 (groups cut into pieces), one group silent: the same update."""
-    task = Task("t", [{"prompt": p} for p in ("flat", "abc", "xyz")], [], [flat_for_one_prompt], [1.0], None, None, [])
+    task = Task(
+        "t", [{"prompt": p} for p in ("flat", "abc", "xyz")], [], [flat_for_one_prompt], [1.0], None, None, []
+    )
     results = []
     for size in (16, 2):
-        config = build_config({"group_size": 4, "batch_size": 3, "max_tokens": 8, "steps": 2, "kl_every": 0,
-                               "entropy_top_quantile": 0.3, "micro_batch_size": size, "runaway_penalty": 1.0})
+        config = build_config(
+            {
+                "group_size": 4,
+                "batch_size": 3,
+                "max_tokens": 8,
+                "steps": 2,
+                "kl_every": 0,
+                "entropy_top_quantile": 0.3,
+                "micro_batch_size": size,
+                "runaway_penalty": 1.0,
+            }
+        )
         model, tokenizer = _fresh(tiny_model_path)
         metrics, _ = train_step(model, tokenizer, optim.SGD(learning_rate=1.0), task, config, 1, None)
         assert 0 < metrics["frac_zero_std"] < 1

@@ -45,8 +45,18 @@ def policy(tiny_model_path):
 
 
 def _config():
-    return build_config({"group_size": 2, "batch_size": 2, "max_tokens": 6, "max_turns": 3,
-                         "max_episode_tokens": 600, "micro_batch_size": 4, "steps": 1, "warmup_steps": 0})
+    return build_config(
+        {
+            "group_size": 2,
+            "batch_size": 2,
+            "max_tokens": 6,
+            "max_turns": 3,
+            "max_episode_tokens": 600,
+            "micro_batch_size": 4,
+            "steps": 1,
+            "warmup_steps": 0,
+        }
+    )
 
 
 def test_a_steps_lengths_count_the_models_tokens_not_the_observations(policy):

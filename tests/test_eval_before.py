@@ -15,8 +15,10 @@ from mlx_grpo.run import checkpoint as ckpt
 from mlx_grpo.run import loop, run_result, trainer
 from mlx_grpo.tasks.registry import recommended_settings
 
-needs_embedded = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
-                                    reason="the embedded model has not been built (scripts/build_tiny_model.py)")
+needs_embedded = pytest.mark.skipif(
+    not (embedded_model_path() / "config.json").exists(),
+    reason="the embedded model has not been built (scripts/build_tiny_model.py)",
+)
 
 SMALL = {"steps": 2, "batch_size": 2, "group_size": 2, "max_tokens": 8, "save_every": 1}
 
@@ -33,6 +35,7 @@ def _counted(monkeypatch, answer=None) -> list:
     def evaluate(*args):
         calls.append(args)
         return dict(answer) if answer is not None else real(*args)
+
     monkeypatch.setattr(run_result, "evaluate", evaluate)
     return calls
 
@@ -51,23 +54,44 @@ def test_train_without_the_check_before_measures_only_the_end(tmp_path, monkeypa
     assert len(calls) == 2 and with_check.accuracy_before == 0.5  # the counter sees the check before too
     calls.clear()
     events = []
-    result = trainer.train(build_config({**SMALL, "eval_before": False, "output": str(tmp_path / "run")}),
-                           on_event=lambda kind, data: events.append((kind, data)))
+    result = trainer.train(
+        build_config({**SMALL, "eval_before": False, "output": str(tmp_path / "run")}),
+        on_event=lambda kind, data: events.append((kind, data)),
+    )
     assert len(calls) == 1  # the final check alone
     assert (result.accuracy_before, result.accuracy_after, result.eval_n) == (None, 0.5, 4)
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["accuracy_before"] is None and summary["accuracy_after"] == 0.5
     assert summary["line"] == "accuracy not checked before -> 0.50 on 4 held-out problems"
     rows = _lines(result.run_dir / "metrics.jsonl")
-    assert not [r for r in rows if "before" in r] and rows[-1] == {"step": 2, "eval/accuracy": 0.5, "final": True}
+    assert not [r for r in rows if "before" in r] and rows[-1] == {
+        "step": 2,
+        "eval/accuracy": 0.5,
+        "final": True,
+    }
     before = [data for kind, data in events if kind == "eval" and data["when"] == "before"]
     assert len(before) == 1 and before[0]["accuracy"] is None and before[0]["not_checked"]
 
 
 def test_the_display_says_not_checked(tmp_path, monkeypatch):
     _counted(monkeypatch, {"accuracy": 0.25, "n": 4, "seconds": 1.0})
-    out = CliRunner().invoke(app, ["train", "--no-eval-before", "--steps", "1", "--batch-size", "2",
-                                   "--group-size", "2", "--max-tokens", "8", "--output", str(tmp_path / "run")])
+    out = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--no-eval-before",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "8",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+    )
     assert out.exit_code == 0, out.output
     assert "accuracy before training: not checked (eval_before: false)" in out.output
     assert "accuracy not checked before -> 0.25 on 4 held-out problems" in out.output
@@ -82,6 +106,7 @@ def test_without_the_check_before_the_first_timed_check_is_reserved(tmp_path, mo
     def record(config, elapsed, history, eval_s):
         reserved.append(eval_s)
         return False
+
     monkeypatch.setattr(loop, "past_time_limit", record)
     settings = {**SMALL, "steps": 3, "eval_before": False, "time_limit_minutes": 60}
     trainer.train(build_config({**settings, "output": str(tmp_path / "plain")}))
@@ -103,9 +128,11 @@ def test_a_resumed_run_keeps_no_before_accuracy(tmp_path, monkeypatch):
     def stop_after_step_1(kind, data):
         if kind == "checkpoint" and data["step"] == 1:
             raise Interrupt
+
     with pytest.raises(Interrupt):
-        trainer.train(build_config({**SMALL, "eval_before": False, "output": str(run_dir)}),
-                      on_event=stop_after_step_1)
+        trainer.train(
+            build_config({**SMALL, "eval_before": False, "output": str(run_dir)}), on_event=stop_after_step_1
+        )
     assert calls == []
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["eval_before"] is False
     state = json.loads((ckpt.latest_checkpoint(run_dir) / "state.json").read_text())
@@ -122,8 +149,23 @@ def test_a_resumed_run_keeps_no_before_accuracy(tmp_path, monkeypatch):
 def test_sft_without_the_check_before_keeps_its_validation_loss(tmp_path, monkeypatch):
     calls = _counted(monkeypatch, {"accuracy": 0.75, "n": 4, "seconds": 1.0})
     run_dir = tmp_path / "run"
-    out = CliRunner().invoke(app, ["sft", "--task", "arith", "--no-eval-before", "--steps", "2", "--batch-size", "4",
-                                   "--eval-num-problems", "4", "--output", str(run_dir)])
+    out = CliRunner().invoke(
+        app,
+        [
+            "sft",
+            "--task",
+            "arith",
+            "--no-eval-before",
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--eval-num-problems",
+            "4",
+            "--output",
+            str(run_dir),
+        ],
+    )
     assert out.exit_code == 0, out.output
     assert len(calls) == 1  # after training only
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -131,7 +173,9 @@ def test_sft_without_the_check_before_keeps_its_validation_loss(tmp_path, monkey
     assert summary["val_loss_before"] is not None and summary["val_loss_after"] is not None
     assert summary["line"] == "accuracy not checked before -> 0.75 on 4 held-out problems"
     first = _lines(run_dir / "metrics.jsonl")[0]
-    assert first["before"] and first["val_loss"] == summary["val_loss_before"] and first["eval/accuracy"] is None
+    assert (
+        first["before"] and first["val_loss"] == summary["val_loss_before"] and first["eval/accuracy"] is None
+    )
     assert "accuracy before training: not checked (eval_before: false)" in out.output
     assert "validation loss before training" in out.output and "None" not in out.output
 
@@ -141,9 +185,21 @@ def test_a_warm_start_without_the_base_check_still_reports_its_accuracy_after(tm
     """The sft stage skips the base's check; its check after its last step (GRPO's starting accuracy) is made,
     and GRPO measures only its final check."""
     calls = _counted(monkeypatch)
-    config = build_config({"task": "arith", "steps": 1, "batch_size": 2, "group_size": 2, "eval_num_problems": 4,
-                           "lora_rank": 4, "warm_start_steps": 2, "warm_start_batch_size": 2, "eval_before": False,
-                           "output": str(tmp_path / "run")}, task_defaults=recommended_settings)
+    config = build_config(
+        {
+            "task": "arith",
+            "steps": 1,
+            "batch_size": 2,
+            "group_size": 2,
+            "eval_num_problems": 4,
+            "lora_rank": 4,
+            "warm_start_steps": 2,
+            "warm_start_batch_size": 2,
+            "eval_before": False,
+            "output": str(tmp_path / "run"),
+        },
+        task_defaults=recommended_settings,
+    )
     result = trainer.train(config)
     # the stage's check after its last step (its config writes to run/warm_start), then GRPO's final check
     assert [Path(args[3].output).name for args in calls] == ["warm_start", "run"]
@@ -154,7 +210,9 @@ def test_a_warm_start_without_the_base_check_still_reports_its_accuracy_after(tm
     w, a = result.accuracy_after_warm_start, result.accuracy_after
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["accuracy_before"] is None and summary["accuracy_after_warm_start"] == w
-    assert summary["line"] == (f"accuracy not checked before -> {w:.2f} after the warm start -> {a:.2f} "
-                               f"({a - w:+.2f}) on 4 held-out problems")
+    assert summary["line"] == (
+        f"accuracy not checked before -> {w:.2f} after the warm start -> {a:.2f} "
+        f"({a - w:+.2f}) on 4 held-out problems"
+    )
     before_row = [r for r in _lines(tmp_path / "run" / "metrics.jsonl") if r.get("before")]
     assert before_row == [{"step": 0, "eval/accuracy": w, "before": True}]

@@ -23,7 +23,9 @@ def untouched_draw(global_seed):
 
 
 def test_compare_answers_leave_the_callers_random_state_alone(tiny_model_path):
-    config = cmp.task_config(None, str(tiny_model_path), {"task": "arith", "eval_num_problems": 4, "max_tokens": 5})
+    config = cmp.task_config(
+        None, str(tiny_model_path), {"task": "arith", "eval_num_problems": 4, "max_tokens": 5}
+    )
     task = load_task(config)
     settings = cmp.build_settings(config, samples=2, temperature=1.0)
     settings.concurrency = 4  # two rows a chunk: two chunks
@@ -44,7 +46,9 @@ def test_compare_answers_leave_the_callers_random_state_alone(tiny_model_path):
 
 
 def test_held_out_pass_at_k_leaves_the_callers_random_state_alone(tiny_model_path, monkeypatch):
-    config = cmp.task_config(None, str(tiny_model_path), {"task": "arith", "eval_num_problems": 4, "max_tokens": 5})
+    config = cmp.task_config(
+        None, str(tiny_model_path), {"task": "arith", "eval_num_problems": 4, "max_tokens": 5}
+    )
     task = load_task(config)
     model, tokenizer = load_policy(str(tiny_model_path))
     drawn = []

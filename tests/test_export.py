@@ -22,8 +22,17 @@ from mlx_lm.utils import load as mlx_lm_load
 
 gguf = pytest.importorskip("gguf")
 
-from gguf_files import (MODEL_TYPES, SAMPLE_TEXTS, build_hf_model, gguf_name, llama_cpp_order,  # noqa: E402
-                        numpy_weights, train_bpe, write_gguf, write_hf_tokenizer)
+from gguf_files import (
+    MODEL_TYPES,
+    SAMPLE_TEXTS,
+    build_hf_model,
+    gguf_name,
+    llama_cpp_order,  # noqa: E402
+    numpy_weights,
+    train_bpe,
+    write_gguf,
+    write_hf_tokenizer,
+)
 
 from mlx_grpo.models.export import ExportError, export, fuse_in_float32, load_fused  # noqa: E402
 from mlx_grpo.models.gguf import GGUFError, converted_folder  # noqa: E402
@@ -57,15 +66,18 @@ def make_adapters(base: str, folder, seed: int = 3, kind: str = "lora") -> str:
 
 def gguf_base(tmp_path, bpe, arch, tensor_type):
     config = build_hf_model(tmp_path / "hf", arch, len(bpe["tokens"]))
-    return str(write_gguf(tmp_path / "base.gguf", config, numpy_weights(tmp_path / "hf"), bpe,
-                          tensor_type=tensor_type))
+    return str(
+        write_gguf(
+            tmp_path / "base.gguf", config, numpy_weights(tmp_path / "hf"), bpe, tensor_type=tensor_type
+        )
+    )
 
 
 def greedy(model, prompt=PROMPT, n=12):
     tokens = list(prompt)
     for _ in range(n):
         tokens.append(int(mx.argmax(model(mx.array([tokens]))[0, -1])))
-    return tokens[len(prompt):]
+    return tokens[len(prompt) :]
 
 
 def logits(model, tokens=PROMPT):
@@ -75,9 +87,15 @@ def logits(model, tokens=PROMPT):
 def rounded(model, tensor_type):
     """A copy of the model's weights, 2-D ones through a GGUF quantization round trip in NumPy."""
     qtype = gguf.GGMLQuantizationType[tensor_type]
-    params = [(k, mx.array(gguf.quants.dequantize(gguf.quants.quantize(np.array(v), qtype), qtype)
-                           .reshape(v.shape)) if v.ndim == 2 else v)
-              for k, v in tree_flatten(model.parameters())]
+    params = [
+        (
+            k,
+            mx.array(gguf.quants.dequantize(gguf.quants.quantize(np.array(v), qtype), qtype).reshape(v.shape))
+            if v.ndim == 2
+            else v,
+        )
+        for k, v in tree_flatten(model.parameters())
+    ]
     copy = type(model)(model.args)
     if hasattr(copy, "sanitize"):  # gemma3 learns here that its embeddings are tied
         params = list(copy.sanitize(dict(params)).items())
@@ -89,9 +107,17 @@ def relative_gap(a, b):
     return np.abs(a - b).max() / np.abs(b).max()
 
 
-@pytest.mark.parametrize("arch,base_type,kind", [("llama", "F32", "lora"), ("llama", "Q4_0", "lora"),
-                                                 ("qwen2", "F32", "lora"), ("qwen2", "Q4_0", "lora"),
-                                                 ("llama", "F32", "dora"), ("qwen2", "Q4_0", "dora")])
+@pytest.mark.parametrize(
+    "arch,base_type,kind",
+    [
+        ("llama", "F32", "lora"),
+        ("llama", "Q4_0", "lora"),
+        ("qwen2", "F32", "lora"),
+        ("qwen2", "Q4_0", "lora"),
+        ("llama", "F32", "dora"),
+        ("qwen2", "Q4_0", "dora"),
+    ],
+)
 def test_fused_model_computes_what_base_plus_adapters_did(tmp_path, bpe, arch, base_type, kind):
     base = gguf_base(tmp_path, bpe, arch, base_type)
     adapters = make_adapters(base, tmp_path / "adapters", kind=kind)
@@ -118,7 +144,10 @@ def test_gguf_export_reads_back_and_reimports(tmp_path, bpe, arch):
         assert fields["general.architecture"] == arch
         assert fields[f"{arch}.block_count"] == config["num_hidden_layers"]
         assert fields[f"{arch}.attention.head_count_kv"] == config["num_key_value_heads"]
-        assert fields["tokenizer.ggml.tokens"] == bpe["tokens"] and fields["tokenizer.ggml.merges"] == bpe["merges"]
+        assert (
+            fields["tokenizer.ggml.tokens"] == bpe["tokens"]
+            and fields["tokenizer.ggml.merges"] == bpe["merges"]
+        )
         assert fields["tokenizer.ggml.pre"] == "qwen2" and "im_start" in fields["tokenizer.chat_template"]
         tensors = {t.name: t for t in reader.tensors}
         assert "output.weight" not in tensors  # tied embeddings stay tied
@@ -146,8 +175,11 @@ def folder_base(tmp_path, bpe, arch, **extra):
 # What each converter writes that the others do not (tests/gguf_files.py's tiny models).
 ARCH_FIELDS = {
     "qwen3": {"qwen3.attention.key_length": 32, "qwen3.attention.value_length": 32},
-    "gemma3_text": {"gemma3.attention.sliding_window": 4, "gemma3.attention.key_length": 32,
-                    "gemma3.block_count": 6},
+    "gemma3_text": {
+        "gemma3.attention.sliding_window": 4,
+        "gemma3.attention.key_length": 32,
+        "gemma3.block_count": 6,
+    },
     "phi3": {"phi3.rope.dimension_count": 8, "phi3.rope.scaling.original_context_length": 512},
     "mistral": {"llama.rope.dimension_count": 16},
 }
@@ -168,12 +200,17 @@ def test_other_architectures_export_as_llama_cpp_writes_them(tmp_path, bpe, arch
     for key, value in ARCH_FIELDS[arch].items():
         assert fields[key] == value, key
     params = dict(tree_flatten(fused.parameters()))
-    tensors = {t.name: np.array(t.data, dtype=np.float32).reshape(tuple(reversed(t.shape.tolist())))
-               for t in reader.tensors}
+    tensors = {
+        t.name: np.array(t.data, dtype=np.float32).reshape(tuple(reversed(t.shape.tolist())))
+        for t in reader.tensors
+    }
     assert set(tensors) == {gguf_name(name, arch) for name in params}
     if arch == "gemma3_text":  # stored as llama.cpp's converter stores them: plus one
-        for name in ("model.norm.weight", "model.layers.2.pre_feedforward_layernorm.weight",
-                     "model.layers.5.self_attn.q_norm.weight"):
+        for name in (
+            "model.norm.weight",
+            "model.layers.2.pre_feedforward_layernorm.weight",
+            "model.layers.5.self_attn.q_norm.weight",
+        ):
             np.testing.assert_allclose(tensors[gguf_name(name, arch)], np.array(params[name]) + 1, atol=1e-6)
     if arch == "mistral":  # a llama file: Q/K rows in llama.cpp's order
         q = np.array(params["model.layers.1.self_attn.q_proj.weight"])
@@ -198,8 +235,12 @@ def test_what_gguf_cannot_carry_is_one_line_and_writes_nothing(tmp_path, bpe):
     """An architecture llama.cpp's GGUF has no place for in our tables, or a gemma3 whose settings
     llama.cpp would not take from the file, is refused before the output exists."""
     for arch, extra, message in [
-        ("olmo2", {}, "model type 'olmo2' cannot be written as GGUF (these can: llama, mistral, qwen2, qwen3, "
-                      "gemma3_text, phi3)"),
+        (
+            "olmo2",
+            {},
+            "model type 'olmo2' cannot be written as GGUF (these can: llama, mistral, qwen2, qwen3, "
+            "gemma3_text, phi3)",
+        ),
         ("gemma3_text", {"query_pre_attn_scalar": 48}, "query_pre_attn_scalar 48 cannot be exported"),
         ("gemma3_text", {"rope_local_base_freq": 20000.0}, "rope_local_base_freq 20000.0 cannot be exported"),
         ("gemma3_text", {"sliding_window_pattern": 4}, "sliding_window_pattern 4 cannot be exported"),
@@ -226,7 +267,9 @@ def test_adapters_are_not_rounded_through_the_base_quantization(tmp_path, bpe):
     b = np.array(mx.load(f"{adapters}/adapters.safetensors")["model.layers.1.self_attn.q_proj.lora_b"])
     base_reader = gguf.GGUFReader(base)
     q_base = next(t for t in base_reader.tensors if t.name == "blk.1.attn_q.weight")
-    w_base = gguf.quants.dequantize(q_base.data, gguf.GGMLQuantizationType.Q4_0).reshape(64, 64)  # llama.cpp order
+    w_base = gguf.quants.dequantize(q_base.data, gguf.GGMLQuantizationType.Q4_0).reshape(
+        64, 64
+    )  # llama.cpp order
     exported = next(t for t in gguf.GGUFReader(str(out)).tensors if t.name == "blk.1.attn_q.weight")
     w_out = np.array(exported.data, dtype=np.float32).reshape(64, 64)
     delta = llama_cpp_order(LORA["scale"] * b.T @ a.T, heads=4)
@@ -245,7 +288,9 @@ def test_export_of_a_folder_model_takes_its_tokenizer(tmp_path, bpe):
     fields = {name: f.contents() for name, f in gguf.GGUFReader(str(out)).fields.items()}
     _, tokenizer = load_policy(str(folder))
     assert fields["tokenizer.ggml.pre"] == "gpt-2"  # GPT-2's split, recognised from how it splits text
-    assert fields["tokenizer.ggml.tokens"] == bpe["tokens"] and fields["tokenizer.ggml.merges"] == bpe["merges"]
+    assert (
+        fields["tokenizer.ggml.tokens"] == bpe["tokens"] and fields["tokenizer.ggml.merges"] == bpe["merges"]
+    )
     assert fields["tokenizer.ggml.token_type"] == bpe["types"]
     assert (fields["tokenizer.ggml.bos_token_id"], fields["tokenizer.ggml.eos_token_id"]) == (1, 2)
     assert fields["tokenizer.chat_template"] == tokenizer.chat_template
@@ -286,7 +331,7 @@ def test_llama_cpp_runs_the_exported_file(tmp_path, bpe, arch):
     for _ in range(6):
         tokens.append(int(np.argmax(runner.scores[runner.n_tokens - 1])))
         runner.eval(tokens[-1:])
-    assert tokens[len(PROMPT):] == greedy(reimported, n=6)
+    assert tokens[len(PROMPT) :] == greedy(reimported, n=6)
     # Greedy runs of a random model repeat themselves; the logits along the way say more.
     their_logits = np.array(runner.scores[: len(tokens) - 1])
     assert relative_gap(logits(reimported, tokens[:-1]), their_logits) < 5e-3
@@ -308,7 +353,10 @@ def test_cli_export_and_its_errors(tmp_path, bpe):
     base = gguf_base(tmp_path, bpe, "qwen2", "F32")
     adapters = make_adapters(base, tmp_path / "adapters")
     no_base, lost_base = tmp_path / "no-base", tmp_path / "lost-base"
-    for folder, config in ((no_base, {"fine_tune_type": "lora"}), (lost_base, {"model": str(tmp_path / "gone.gguf")})):
+    for folder, config in (
+        (no_base, {"fine_tune_type": "lora"}),
+        (lost_base, {"model": str(tmp_path / "gone.gguf")}),
+    ):
         shutil.copytree(adapters, folder)
         config_path = folder / "adapter_config.json"
         config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "model": None, **config}))
@@ -350,7 +398,9 @@ def test_k_quant_export_through_llama_cpp_and_back(tmp_path, bpe, outtype, expec
     f16 = export(base, adapters, gguf_path=str(tmp_path / "f16.gguf"))[0]
     reimported, _ = mlx_lm_load(str(converted_folder(out)))  # K blocks read back by our own decoder
     exact, _ = mlx_lm_load(str(converted_folder(f16)))
-    assert relative_gap(logits(reimported), logits(exact)) < 0.25  # random weights at 4-6 bits: the same model, rounded
+    assert (
+        relative_gap(logits(reimported), logits(exact)) < 0.25
+    )  # random weights at 4-6 bits: the same model, rounded
     runner = llama_cpp.Llama(str(out), n_ctx=64, n_threads=1, logits_all=True, verbose=False)
     runner.eval(list(PROMPT))
     assert relative_gap(logits(reimported), np.array(runner.scores[: len(PROMPT)])) < 0.05

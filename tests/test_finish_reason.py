@@ -11,14 +11,14 @@ from mlx_grpo.config import build_config
 from mlx_grpo.run.trainer import train
 from mlx_grpo.tasks.data import columns_of
 
-REWARDS = '''
+REWARDS = """
 import json, os
 
 def seen(prompts, completions, finish_reason=None, **kwargs):
     with open(os.environ["SEEN_FILE"], "a") as f:
         f.write(json.dumps({"reasons": finish_reason, "n": len(completions)}) + "\\n")
     return [1.0 if r == "stop" else 0.0 for r in (finish_reason or [None] * len(completions))]
-'''
+"""
 
 
 def test_columns_of_adds_the_finish_reason_of_each_completion():
@@ -39,9 +39,21 @@ def test_training_and_the_held_out_check_pass_it_to_rewards(tmp_path, tiny_model
     (tmp_path / "rewards.py").write_text(REWARDS)
     seen = tmp_path / "seen.jsonl"
     monkeypatch.setenv("SEEN_FILE", str(seen))
-    config = build_config(dict(model=str(tiny_model_path), data=str(data), reward_file=str(tmp_path / "rewards.py"),
-                               reward=["seen"], steps=2, batch_size=2, group_size=4, max_tokens=3, seed=0,
-                               eval_num_problems=4, output=str(tmp_path / "run")))
+    config = build_config(
+        dict(
+            model=str(tiny_model_path),
+            data=str(data),
+            reward_file=str(tmp_path / "rewards.py"),
+            reward=["seen"],
+            steps=2,
+            batch_size=2,
+            group_size=4,
+            max_tokens=3,
+            seed=0,
+            eval_num_problems=4,
+            output=str(tmp_path / "run"),
+        )
+    )
     train(config)
     calls = [json.loads(line) for line in seen.read_text().splitlines()]
     assert len(calls) >= 4  # before, two steps, after

@@ -22,12 +22,36 @@ def run(tmp_path_factory, tiny_model_path):
     data = folder / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(40)))
     rewards = folder / "rewards.py"
-    rewards.write_text("def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n")
+    rewards.write_text(
+        "def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n"
+    )
     run = folder / "run"
-    result = CliRunner().invoke(app, [
-        "train", "--model", str(tiny_model_path), "--data", str(data), "--reward-file", str(rewards),
-        "--reward", "variety", "--steps", "1", "--batch-size", "2", "--group-size", "2", "--max-tokens", "4",
-        "--eval-num-problems", "4", "--output", str(run)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            str(tiny_model_path),
+            "--data",
+            str(data),
+            "--reward-file",
+            str(rewards),
+            "--reward",
+            "variety",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "4",
+            "--eval-num-problems",
+            "4",
+            "--output",
+            str(run),
+        ],
+    )
     assert result.exit_code == 0, result.output
     weights = dict(mx.load(str(run / "adapters.safetensors")))
     rng = np.random.default_rng(0)
@@ -50,7 +74,9 @@ def _oracle_top(model, tokenizer, prompt: str, k: int) -> list[tuple[str, float]
 
 def test_base_and_trained_first_tokens_are_the_two_models_own(run, tiny_model_path):
     found = first_tokens(run, 3, k=4)
-    held_out = load_task(make_config(str(run / "config.yaml"))).eval_rows  # the rows the run checked itself on
+    held_out = load_task(
+        make_config(str(run / "config.yaml"))
+    ).eval_rows  # the rows the run checked itself on
     assert [f.prompt for f in found] == [r["prompt"] for r in held_out[:3]]
     base = load(str(tiny_model_path))
     trained = load(str(tiny_model_path), adapter_path=str(run))

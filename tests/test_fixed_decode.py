@@ -36,7 +36,9 @@ def _both_ways(model, tokenizer, monkeypatch, sampling, group_size=4, **kw):
     fixed = sample_completions(model, tokenizer, _prompts(tokenizer), group_size, sampling, seed=7, **kw)
     with monkeypatch.context() as m:
         m.setattr(fixed_decode, "supports_fixed_decode", lambda model, length=None: False)
-        generator = sample_completions(model, tokenizer, _prompts(tokenizer), group_size, sampling, seed=7, **kw)
+        generator = sample_completions(
+            model, tokenizer, _prompts(tokenizer), group_size, sampling, seed=7, **kw
+        )
     return fixed, generator
 
 
@@ -51,9 +53,14 @@ def test_the_tiny_qwen2_takes_the_fixed_path(adapted):
     assert fixed_decode.supports_fixed_decode(adapted[0])
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0, max_tokens=12),
-                                      SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=12),
-                                      SamplingConfig(temperature=0.0, max_tokens=12)])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(temperature=1.0, max_tokens=12),
+        SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=12),
+        SamplingConfig(temperature=0.0, max_tokens=12),
+    ],
+)
 def test_fixed_decoder_samples_what_the_generator_samples(adapted, monkeypatch, sampling):
     fixed, generator = _both_ways(*adapted, monkeypatch, sampling)
     _assert_same(fixed, generator)
@@ -66,14 +73,26 @@ def test_a_sliding_window_longer_than_the_rollout_takes_the_fixed_path(adapted, 
 
     tokenizer = adapted[1]
     mx.random.seed(5)
-    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=32, num_hidden_layers=4, intermediate_size=64,
-                                 num_attention_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=len(tokenizer.vocab),
-                                 num_key_value_heads=1, sliding_window=64, sliding_window_pattern=2)
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text",
+        hidden_size=32,
+        num_hidden_layers=4,
+        intermediate_size=64,
+        num_attention_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=len(tokenizer.vocab),
+        num_key_value_heads=1,
+        sliding_window=64,
+        sliding_window_pattern=2,
+    )
     model = gemma3_text.Model(args)
     model.update(tree_map(lambda p: p + 0.3 * mx.random.normal(p.shape), model.parameters()))
     model.eval()
     longest = max(map(len, _prompts(tokenizer))) + 12
-    assert fixed_decode.supports_fixed_decode(model, longest) and not fixed_decode.supports_fixed_decode(model)
+    assert fixed_decode.supports_fixed_decode(model, longest) and not fixed_decode.supports_fixed_decode(
+        model
+    )
     assert not fixed_decode.supports_fixed_decode(model, 65)
     _assert_same(*_both_ways(model, tokenizer, monkeypatch, SamplingConfig(temperature=1.0, max_tokens=12)))
 
@@ -92,10 +111,13 @@ def test_rows_that_stop_early_narrow_the_batch_without_changing_any_row(adapted,
         def run(tokens, *rest):
             widths.append(tokens.shape[0])
             return step(tokens, *rest)
+
         return run
 
     monkeypatch.setattr(fixed_decode, "_compiled_step", watched)
-    fixed, generator = _both_ways(model, tokenizer, monkeypatch, SamplingConfig(temperature=1.0, max_tokens=16))
+    fixed, generator = _both_ways(
+        model, tokenizer, monkeypatch, SamplingConfig(temperature=1.0, max_tokens=16)
+    )
     lengths = [len(c.tokens) for c in fixed]
     assert len(set(lengths)) >= 4 and min(lengths) < 4  # stops really were spread out
     assert any(c.finish_reason == "stop" for c in fixed) and any(c.finish_reason == "length" for c in fixed)
@@ -116,15 +138,26 @@ def test_attention_reads_the_slots_written_so_far_and_samples_the_same(adapted, 
         return compiled_step(model, sampling_key, pick, n)
 
     monkeypatch.setattr(fixed_decode, "_compiled_step", watched)
-    for sampling in (SamplingConfig(temperature=1.0, max_tokens=16), SamplingConfig(temperature=0.0, max_tokens=16)):
+    for sampling in (
+        SamplingConfig(temperature=1.0, max_tokens=16),
+        SamplingConfig(temperature=0.0, max_tokens=16),
+    ):
         seen.clear()
         _assert_same(*_both_ways(*adapted, monkeypatch, sampling))
         assert seen == sorted(seen) and len(set(seen)) >= 4 and all(n % 4 == 0 for n in seen)
 
 
 def test_slots_seen_round_up_within_the_buffer():
-    assert [fixed_decode.slots_seen(s, 576) for s in (0, 62, 63, 64, 500, 511, 512, 575)] == \
-        [64, 64, 64, 128, 512, 512, 576, 576]
+    assert [fixed_decode.slots_seen(s, 576) for s in (0, 62, 63, 64, 500, 511, 512, 575)] == [
+        64,
+        64,
+        64,
+        128,
+        512,
+        512,
+        576,
+        576,
+    ]
 
 
 def test_narrow_waves_and_lone_prompts_give_the_same_rows(adapted):
@@ -148,7 +181,7 @@ def test_behaviour_logprobs_follow_weights_changed_between_rollouts(adapted):
     assert [c.tokens for c in before] != [c.tokens for c in after]
     for c in after:
         logp, _ = token_logprobs(model, mx.array([c.prompt_tokens + c.tokens]))
-        np.testing.assert_allclose(c.logprobs, np.array(logp[0, len(c.prompt_tokens) - 1:]), atol=2e-4)
+        np.testing.assert_allclose(c.logprobs, np.array(logp[0, len(c.prompt_tokens) - 1 :]), atol=2e-4)
 
 
 def test_adapters_merge_for_sampling_only_in_float32(adapted, tiny_model_path):
@@ -167,7 +200,9 @@ def test_adapters_merge_for_sampling_only_in_float32(adapted, tiny_model_path):
     prepare_for_training(half, "lora", {"rank": 4, "scale": 10.0, "dropout": 0.0, "num_layers": 2})
     half.set_dtype(mx.bfloat16)
     with adapters_merged(half):
-        assert isinstance(half.layers[0].self_attn.q_proj, LoRALinear)  # bfloat16 would round the adapter away
+        assert isinstance(
+            half.layers[0].self_attn.q_proj, LoRALinear
+        )  # bfloat16 would round the adapter away
 
 
 def test_adapters_are_not_merged_when_the_copy_would_be_large(adapted, monkeypatch):
@@ -208,9 +243,18 @@ def test_a_shared_frame_is_prefilled_once_with_the_same_keys_and_values(adapted,
     frame = tokenizer.encode("Question: what is 2+3?\nAnswer: 5\n\nQuestion: what is 7+1?\nAnswer: 8\n\n" * 2)
     prompts = [frame + tokenizer.encode(q) for q in ("what is 4+4?", "add 17 and 5, then double it", "hi")]
     prompts.append(frame[:-3])  # a prompt that ends inside the frame
-    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
-                                 num_attention_heads=2, head_dim=16, vocab_size=len(tokenizer.vocab),
-                                 num_key_value_heads=1, sliding_window=256, sliding_window_pattern=2)
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text",
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=2,
+        head_dim=16,
+        vocab_size=len(tokenizer.vocab),
+        num_key_value_heads=1,
+        sliding_window=256,
+        sliding_window_pattern=2,
+    )
     for m in (model, gemma3_text.Model(args)):
         length = max(map(len, prompts)) - 1
         fixed_decode.PREFILL.tokens = 0

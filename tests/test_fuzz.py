@@ -16,23 +16,40 @@ from mlx_grpo.config import FIELDS, ConfigError, TrainConfig, build_config, dump
 from mlx_grpo.run import checkpoint as ckpt
 from mlx_grpo.tasks.registry import recommended_settings
 
-FUZZ = settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
-                                                                         HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
     st.sampled_from(["1", "0", "-1", "1e-5", "nan", "inf", "true", "grpo", "skip", "error", "lora", "group"]),
 )
-values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.text(max_size=4), scalars, max_size=2))
-keys = st.one_of(st.sampled_from(sorted(FIELDS)), st.sampled_from([k.replace("_", "-") for k in FIELDS]),
-                 st.text(min_size=1, max_size=14))
+values = st.one_of(
+    scalars, st.lists(scalars, max_size=3), st.dictionaries(st.text(max_size=4), scalars, max_size=2)
+)
+keys = st.one_of(
+    st.sampled_from(sorted(FIELDS)),
+    st.sampled_from([k.replace("_", "-") for k in FIELDS]),
+    st.text(min_size=1, max_size=14),
+)
 
 
 def check_valid(c: TrainConfig):
     """What validation promises about a config it accepts."""
     assert c.group_size >= 2 and c.steps >= 1 and c.batch_size >= 1 and c.sampling.max_tokens >= 1
-    assert c.sampling.temperature > 0 and 0 < c.sampling.top_p <= 1 and c.lr > 0 and 0 <= c.objective.epsilon_low < 1
+    assert (
+        c.sampling.temperature > 0
+        and 0 < c.sampling.top_p <= 1
+        and c.lr > 0
+        and 0 <= c.objective.epsilon_low < 1
+    )
     assert c.on_bad_data in ("skip", "error") and c.reward_timeout >= 0 and 0 <= c.seed < 2**63
     for value in vars(c).values():
         for v in value if isinstance(value, list) else [value]:
@@ -82,21 +99,34 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=8,
 )
-messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]),
-                                           "content": st.text(max_size=30)}), max_size=3)
+messages = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]), "content": st.text(max_size=30)}),
+    max_size=3,
+)
 rows = st.one_of(
     json_values,
-    st.fixed_dictionaries({"prompt": st.one_of(st.text(max_size=60), messages, json_values)},
-                          optional={"answer": json_values}),
+    st.fixed_dictionaries(
+        {"prompt": st.one_of(st.text(max_size=60), messages, json_values)}, optional={"answer": json_values}
+    ),
 )
 lines = st.one_of(
-    rows.map(json.dumps),                                       # JSON (ASCII escapes, lone surrogates too)
-    rows.map(lambda r: json.dumps(r, ensure_ascii=False)),      # raw Unicode
-    st.binary(max_size=40),                                     # anything at all, non-UTF-8 included
-    rows.map(lambda r: json.dumps(r)[:-1]),                     # cut short
-    st.sampled_from(['{"prompt": "\\ud800 lone surrogate"}', '{"prompt": "nul \\u0000"}', '{"prompt": 1e999}',
-                     '{"prompt": [{"role": "user", "content": "\\udfff"}]}', '{"prompt": "ok", "prompt": ""}',
-                     "\ufeff" + '{"prompt": "bom"}', '{"prompt": "x" * 3}', "NaN", '{"prompt": NaN}']),
+    rows.map(json.dumps),  # JSON (ASCII escapes, lone surrogates too)
+    rows.map(lambda r: json.dumps(r, ensure_ascii=False)),  # raw Unicode
+    st.binary(max_size=40),  # anything at all, non-UTF-8 included
+    rows.map(lambda r: json.dumps(r)[:-1]),  # cut short
+    st.sampled_from(
+        [
+            '{"prompt": "\\ud800 lone surrogate"}',
+            '{"prompt": "nul \\u0000"}',
+            '{"prompt": 1e999}',
+            '{"prompt": [{"role": "user", "content": "\\udfff"}]}',
+            '{"prompt": "ok", "prompt": ""}',
+            "\ufeff" + '{"prompt": "bom"}',
+            '{"prompt": "x" * 3}',
+            "NaN",
+            '{"prompt": NaN}',
+        ]
+    ),
 )
 
 
@@ -111,7 +141,9 @@ class CharTokenizer:
 @given(st.lists(lines, max_size=12), st.sampled_from(["skip", "error"]))
 def test_any_data_file_gives_usable_rows_or_a_data_error(tmp_path_factory, file_lines, mode):
     path = tmp_path_factory.mktemp("data") / "d.jsonl"
-    path.write_bytes(b"\n".join(x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in file_lines))
+    path.write_bytes(
+        b"\n".join(x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in file_lines)
+    )
     try:
         loaded, note = load_rows(str(path), "train", on_bad=mode)
     except DataError as e:
@@ -136,20 +168,35 @@ def test_any_data_file_gives_usable_rows_or_a_data_error(tmp_path_factory, file_
 
 
 reward_outputs = st.one_of(
-    st.lists(st.one_of(st.none(), st.floats(), st.integers(-10**6, 10**6), st.text(max_size=3), st.booleans(),
-                       st.lists(st.floats(), max_size=1)), min_size=0, max_size=6),
-    st.none(), st.text(max_size=5), st.floats(), st.dictionaries(st.text(max_size=2), st.floats(), max_size=2),
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.floats(),
+            st.integers(-(10**6), 10**6),
+            st.text(max_size=3),
+            st.booleans(),
+            st.lists(st.floats(), max_size=1),
+        ),
+        min_size=0,
+        max_size=6,
+    ),
+    st.none(),
+    st.text(max_size=5),
+    st.floats(),
+    st.dictionaries(st.text(max_size=2), st.floats(), max_size=2),
 )
 
 
 def reference_scores(output, n):
     """(value, failed) per example, worked out independently of rewarding.py."""
+
     def one(v):
         if v is None:
             return None, False  # "not applicable"
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             return None, True
         return (float(v), False) if math.isfinite(v) else (None, True)
+
     if isinstance(output, list) and len(output) == n:
         return [one(v) for v in output]
     if isinstance(output, list) and len(output) == 1:  # wrong for the batch, right for one example at a time
@@ -165,6 +212,7 @@ def test_any_reward_output_is_scored_or_stops_with_a_reward_error(output, n):
 
     def steady(prompts, completions, **kw):
         return [1.0] * len(completions)
+
     expected = reference_scores(output, n)
     try:
         s = score_completions([fuzzed, steady], [1.0, 0.5], ["p"] * n, ["c"] * n, {})
@@ -177,14 +225,28 @@ def test_any_reward_output_is_scored_or_stops_with_a_reward_error(output, n):
     assert list(s.total) == [(v or 0.0) + 0.5 for v, _ in expected]
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from(["adapters.safetensors", "optimizer.safetensors", "state.json", "manifest.json"]),
-       st.integers(0, 10**6), st.booleans())
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.sampled_from(["adapters.safetensors", "optimizer.safetensors", "state.json", "manifest.json"]),
+    st.integers(0, 10**6),
+    st.booleans(),
+)
 def test_a_damaged_checkpoint_is_never_loaded(tmp_path_factory, name, where, truncate):
     run_dir = tmp_path_factory.mktemp("run")
     for step in (1, 2):
-        ckpt.save_checkpoint(run_dir, step, {"w": mx.full((8,), float(step))}, {}, {"m": mx.ones((8,)) * step},
-                             {"data_position": step})
+        ckpt.save_checkpoint(
+            run_dir,
+            step,
+            {"w": mx.full((8,), float(step))},
+            {},
+            {"m": mx.ones((8,)) * step},
+            {"data_position": step},
+        )
     path = ckpt.latest_checkpoint(run_dir) / name
     data = bytearray(path.read_bytes())
     if truncate:
@@ -193,7 +255,9 @@ def test_a_damaged_checkpoint_is_never_loaded(tmp_path_factory, name, where, tru
         data[where % len(data)] ^= 1 + where % 255
     path.write_bytes(bytes(data))
     weights, _, state, warnings = ckpt.load_latest(run_dir)
-    if state["step"] == 2:  # only a manifest change that leaves it valid JSON with the same entries could do this
+    if (
+        state["step"] == 2
+    ):  # only a manifest change that leaves it valid JSON with the same entries could do this
         assert name == "manifest.json" and not warnings
         assert float(weights["w"][0]) == 2.0
     else:

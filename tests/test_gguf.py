@@ -59,8 +59,9 @@ def imported(path):
 # Quantized weights keep float16 scales, so the loaded model computes in float16 (gemma3's six layers
 # gather up to 4e-3 of rounding); widened to float32 it is the written model up to float32 rounding.
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("tensor_type,tolerance", [("F32", 2e-5), ("F16", 2e-3), ("Q8_0", 6e-3), ("Q4_0", 6e-3),
-                                                      ("Q4_1", 6e-3)])
+@pytest.mark.parametrize(
+    "tensor_type,tolerance", [("F32", 2e-5), ("F16", 2e-3), ("Q8_0", 6e-3), ("Q4_0", 6e-3), ("Q4_1", 6e-3)]
+)
 def test_import_gives_the_logits_of_the_model_written(tmp_path, bpe, arch, tensor_type, tolerance):
     vocab = len(bpe["tokens"])
     config = build_hf_model(tmp_path / "hf", arch, vocab)
@@ -102,8 +103,16 @@ def test_untied_output_and_config(tmp_path, bpe):
     path = write_gguf(tmp_path / "tiny.gguf", config, weights, bpe)
     folder = converted_folder(path)
     written = json.loads((folder / "config.json").read_text())
-    for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-                "num_key_value_heads", "vocab_size", "max_position_embeddings", "tie_word_embeddings"):
+    for key in (
+        "hidden_size",
+        "num_hidden_layers",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+    ):
         assert written[key] == config[key], key
     assert written["rope_theta"] == pytest.approx(config["rope_theta"])
     assert written["rms_norm_eps"] == pytest.approx(config["rms_norm_eps"])
@@ -119,22 +128,37 @@ def test_gemma3_conventions_are_undone(tmp_path, bpe):
     weights = numpy_weights(tmp_path / "hf")
     folder = converted_folder(write_gguf(tmp_path / "g.gguf", config, weights, bpe))
     stored = numpy_weights(folder)
-    for name in ("model.norm.weight", "model.layers.5.post_feedforward_layernorm.weight",
-                 "model.layers.0.self_attn.k_norm.weight"):
+    for name in (
+        "model.norm.weight",
+        "model.layers.5.post_feedforward_layernorm.weight",
+        "model.layers.0.self_attn.k_norm.weight",
+    ):
         np.testing.assert_allclose(stored[name], weights[name], atol=1e-6)
     written = json.loads((folder / "config.json").read_text())
     assert written["model_type"] == "gemma3_text" and written["tie_word_embeddings"] is True
-    for key in ("head_dim", "query_pre_attn_scalar", "sliding_window", "sliding_window_pattern",
-                "rope_local_base_freq", "rope_theta", "num_hidden_layers"):
+    for key in (
+        "head_dim",
+        "query_pre_attn_scalar",
+        "sliding_window",
+        "sliding_window_pattern",
+        "rope_local_base_freq",
+        "rope_theta",
+        "num_hidden_layers",
+    ):
         assert written[key] == config[key], key
     model, _ = mlx_lm_load(str(folder))
     got = logits(model)
-    assert np.abs(got - logits(hf_model("gemma3_text", weights, config, sliding_window_pattern=1))).max() > 1e-2
+    assert (
+        np.abs(got - logits(hf_model("gemma3_text", weights, config, sliding_window_pattern=1))).max() > 1e-2
+    )
     no_window = {**config, "sliding_window_pattern": 1}
     folder = converted_folder(write_gguf(tmp_path / "global.gguf", no_window, weights, bpe))
     assert json.loads((folder / "config.json").read_text())["sliding_window_pattern"] == 1
-    np.testing.assert_allclose(logits(mlx_lm_load(str(folder))[0]), logits(hf_model("gemma3_text", weights, no_window)),
-                               atol=2e-5 * np.abs(got).max())
+    np.testing.assert_allclose(
+        logits(mlx_lm_load(str(folder))[0]),
+        logits(hf_model("gemma3_text", weights, no_window)),
+        atol=2e-5 * np.abs(got).max(),
+    )
 
 
 def test_gemma3_27b_attention_scale_is_llama_cpps():
@@ -142,10 +166,18 @@ def test_gemma3_27b_attention_scale_is_llama_cpps():
     from mlx_grpo.models.gguf_arch import model_config
     from mlx_grpo.models.gguf_file import GGUFHeader, TensorInfo
 
-    meta = {"general.architecture": "gemma3", "gemma3.embedding_length": 5376, "gemma3.attention.head_count": 32,
-            "gemma3.attention.key_length": 128, "gemma3.attention.value_length": 128, "gemma3.block_count": 62,
-            "gemma3.feed_forward_length": 21504, "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
-            "gemma3.context_length": 131072, "gemma3.attention.sliding_window": 1024}
+    meta = {
+        "general.architecture": "gemma3",
+        "gemma3.embedding_length": 5376,
+        "gemma3.attention.head_count": 32,
+        "gemma3.attention.key_length": 128,
+        "gemma3.attention.value_length": 128,
+        "gemma3.block_count": 62,
+        "gemma3.feed_forward_length": 21504,
+        "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
+        "gemma3.context_length": 131072,
+        "gemma3.attention.sliding_window": 1024,
+    }
     header = GGUFHeader(3, meta, [TensorInfo("token_embd.weight", 0, (262144, 5376), 0)], 0)
     assert model_config(header)["query_pre_attn_scalar"] == 168  # Gemma 3 27B's own config says 168
     header.metadata = {**meta, "gemma3.block_count": 34}
@@ -165,12 +197,34 @@ def test_the_real_gemma3_file_maps_onto_mlx_lms_model():
         pytest.skip("the Gemma 3 270M GGUF is not here")
     header = read_header(path)
     config = model_config(header)
-    assert {k: config[k] for k in ("model_type", "num_hidden_layers", "head_dim", "num_key_value_heads",
-                                   "query_pre_attn_scalar", "sliding_window", "sliding_window_pattern",
-                                   "rope_theta", "rope_local_base_freq", "tie_word_embeddings", "vocab_size")} == {
-        "model_type": "gemma3_text", "num_hidden_layers": 18, "head_dim": 256, "num_key_value_heads": 1,
-        "query_pre_attn_scalar": 256, "sliding_window": 512, "sliding_window_pattern": 6, "rope_theta": 1e6,
-        "rope_local_base_freq": 10000.0, "tie_word_embeddings": True, "vocab_size": 262144}  # its HF config's
+    assert {
+        k: config[k]
+        for k in (
+            "model_type",
+            "num_hidden_layers",
+            "head_dim",
+            "num_key_value_heads",
+            "query_pre_attn_scalar",
+            "sliding_window",
+            "sliding_window_pattern",
+            "rope_theta",
+            "rope_local_base_freq",
+            "tie_word_embeddings",
+            "vocab_size",
+        )
+    } == {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 18,
+        "head_dim": 256,
+        "num_key_value_heads": 1,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 512,
+        "sliding_window_pattern": 6,
+        "rope_theta": 1e6,
+        "rope_local_base_freq": 10000.0,
+        "tie_word_embeddings": True,
+        "vocab_size": 262144,
+    }  # its HF config's
     model = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(config))
     model.sanitize({})  # tied: no lm_head
     shapes = {name: tuple(p.shape) for name, p in tree_flatten(model.parameters())}
@@ -183,9 +237,15 @@ def test_phi3_long_context_rope_is_refused(tmp_path, bpe):
     weights = numpy_weights(tmp_path / "hf")
     weights["rope_factors_long.weight"] = np.ones(4, np.float32)
     path = tmp_path / "long.gguf"
-    with pytest.MonkeyPatch.context() as patch:  # the writer's name table has no rope factors: name them as is
-        patch.setattr("gguf_files.gguf_name", lambda name, model_type="llama": name if name.startswith("rope_")
-                      else gguf_name(name, model_type))
+    with (
+        pytest.MonkeyPatch.context() as patch
+    ):  # the writer's name table has no rope factors: name them as is
+        patch.setattr(
+            "gguf_files.gguf_name",
+            lambda name, model_type="llama": (
+                name if name.startswith("rope_") else gguf_name(name, model_type)
+            ),
+        )
         write_gguf(path, config, weights, bpe)
     with pytest.raises(GGUFError, match="rope scaling other than linear"):
         converted_folder(path)
@@ -215,7 +275,9 @@ def test_llama_cpp_runs_the_same_model(tmp_path, bpe, arch, tensor_type, toleran
     llama_cpp = pytest.importorskip("llama_cpp")
     tolerance *= 2 if arch == "gemma3_text" else 1
     config = build_hf_model(tmp_path / "hf", arch, len(bpe["tokens"]))
-    path = write_gguf(tmp_path / "tiny.gguf", config, numpy_weights(tmp_path / "hf"), bpe, tensor_type=tensor_type)
+    path = write_gguf(
+        tmp_path / "tiny.gguf", config, numpy_weights(tmp_path / "hf"), bpe, tensor_type=tensor_type
+    )
     reference = llama_cpp.Llama(str(path), logits_all=True, n_ctx=64, n_threads=1, verbose=False)
     reference.eval(TOKENS[0])
     expected = np.array(reference.scores[: len(TOKENS[0])])
@@ -235,7 +297,10 @@ def tiny_file(tmp_path, bpe):
 
 def test_truncated_file(tmp_path, tiny_file):
     data = tiny_file.read_bytes()
-    for cut, message in ((len(data) - 100, "ends past the end of the file"), (4000, "the file ends inside its header")):
+    for cut, message in (
+        (len(data) - 100, "ends past the end of the file"),
+        (4000, "the file ends inside its header"),
+    ):
         path = tmp_path / f"cut{cut}.gguf"
         path.write_bytes(data[:cut])
         with pytest.raises(GGUFError, match=message):
@@ -250,7 +315,9 @@ def test_not_a_gguf_file(tmp_path, tiny_file):
     path.write_text("just some text, not a model at all")
     with pytest.raises(GGUFError, match="not a GGUF file"):
         converted_folder(path)
-    with pytest.raises(GGUFError, match="not a GGUF file"):  # a model in one file is read as GGUF, whatever its name
+    with pytest.raises(
+        GGUFError, match="not a GGUF file"
+    ):  # a model in one file is read as GGUF, whatever its name
         load_policy(str(path.rename(tmp_path / "model.bin")))
     model, _ = load_policy(str(tiny_file.rename(tmp_path / "tiny.bin")))
     assert model.model_type == "llama"
@@ -259,8 +326,11 @@ def test_not_a_gguf_file(tmp_path, tiny_file):
 def test_unsupported_architecture(tmp_path, bpe):
     config = build_hf_model(tmp_path / "hf", "llama", len(bpe["tokens"]))
     path = write_gguf(tmp_path / "g.gguf", config, numpy_weights(tmp_path / "hf"), bpe, arch="gemma")
-    with pytest.raises(GGUFError, match=r"architecture 'gemma' is not supported \(supported: llama, qwen2, qwen3, "
-                                         r"gemma3, phi3\)$"):
+    with pytest.raises(
+        GGUFError,
+        match=r"architecture 'gemma' is not supported \(supported: llama, qwen2, qwen3, "
+        r"gemma3, phi3\)$",
+    ):
         converted_folder(path)
     assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
     # And one llama.cpp does know, written as its converter writes it.
@@ -273,12 +343,18 @@ def test_unsupported_architecture(tmp_path, bpe):
 
 def test_unsupported_tensor_type_is_named(tmp_path, bpe):
     """An IQ type (llama.cpp's importance-matrix codebooks) is refused by tensor and type, nothing cached."""
-    config = build_hf_model(tmp_path / "hf", "qwen2", len(bpe["tokens"]), intermediate=256)  # K-quant rows: 256
+    config = build_hf_model(
+        tmp_path / "hf", "qwen2", len(bpe["tokens"]), intermediate=256
+    )  # K-quant rows: 256
     weights = numpy_weights(tmp_path / "hf")
-    path = write_gguf(tmp_path / "k.gguf", config, weights, bpe, tensor_type="F32",
-                      raw={"blk.1.ffn_down.weight": "IQ4_XS"})
-    with pytest.raises(GGUFError, match="tensor blk.1.ffn_down.weight has type IQ4_XS, which mlx-grpo does not "
-                                        "read .readable: F32, F16, BF16, Q4_0"):
+    path = write_gguf(
+        tmp_path / "k.gguf", config, weights, bpe, tensor_type="F32", raw={"blk.1.ffn_down.weight": "IQ4_XS"}
+    )
+    with pytest.raises(
+        GGUFError,
+        match="tensor blk.1.ffn_down.weight has type IQ4_XS, which mlx-grpo does not "
+        "read .readable: F32, F16, BF16, Q4_0",
+    ):
         converted_folder(path)
     assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").iterdir())
 
@@ -297,15 +373,36 @@ def test_a_gguf_file_trains_and_evaluates_from_the_cli(tmp_path, tiny_file):
     assert model.model_type == "llama" and tokenizer.eos_token_id == 2
     run = tmp_path / "run"
     runner = CliRunner()
-    result = runner.invoke(app, ["train", "--model", str(tiny_file), "--task", "arith", "--steps", "1",
-                                 "--batch-size", "2", "--group-size", "2", "--max-tokens", "4",
-                                 "--eval-num-problems", "2", "--output", str(run)])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--model",
+            str(tiny_file),
+            "--task",
+            "arith",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "4",
+            "--eval-num-problems",
+            "2",
+            "--output",
+            str(run),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "GGUF tensors: F32 x" in result.output  # how each tensor type was carried, said when it loads
     assert json.loads((run / "adapter_config.json").read_text())["model"] == str(tiny_file)
     result = runner.invoke(app, ["eval", "--model", str(run), "--n", "2", "--max-tokens", "4"])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("GGUF tensors: F32 x")  # the run's base model, before anything is generated
+    assert result.output.startswith(
+        "GGUF tensors: F32 x"
+    )  # the run's base model, before anything is generated
 
 
 def test_cli_says_what_is_wrong_with_a_model_in_one_line(tmp_path, tiny_file, monkeypatch):
@@ -318,22 +415,37 @@ def test_cli_says_what_is_wrong_with_a_model_in_one_line(tmp_path, tiny_file, mo
     not_gguf.write_text("not a model")
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(tiny_file.read_bytes()[:-64])
-    monkeypatch.setitem(aliases.PACKAGED_MODELS, "smollm2-135m", aliases.PackagedModel("no_such_package_here", "x.gguf", "smollm2"))
+    monkeypatch.setitem(
+        aliases.PACKAGED_MODELS,
+        "smollm2-135m",
+        aliases.PackagedModel("no_such_package_here", "x.gguf", "smollm2"),
+    )
     install = 'pip install -e ".[smollm2]"'
     for args, fragment in [
-        (["train", "--model", str(not_gguf), "--steps", "1", "--output", str(tmp_path / "a")], "not a GGUF file"),
-        (["train", "--model", str(truncated), "--steps", "1", "--output", str(tmp_path / "b")],
-         "the file is truncated"),
+        (
+            ["train", "--model", str(not_gguf), "--steps", "1", "--output", str(tmp_path / "a")],
+            "not a GGUF file",
+        ),
+        (
+            ["train", "--model", str(truncated), "--steps", "1", "--output", str(tmp_path / "b")],
+            "the file is truncated",
+        ),
         (["train", "--model", "smollm2-135m", "--steps", "1", "--output", str(tmp_path / "c")], install),
         (["eval", "--model", str(not_gguf), "--n", "2"], "not a GGUF file"),
         (["eval", "--model", "smollm2-135m", "--n", "2"], install),
-        (["compare", "--trained", str(truncated), "--base", str(tiny_file), "--n", "2"], "the file is truncated"),
+        (
+            ["compare", "--trained", str(truncated), "--base", str(tiny_file), "--n", "2"],
+            "the file is truncated",
+        ),
     ]:
         result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
         assert result.exit_code == 2, (args, result.output)
         assert fragment in result.output and "Traceback" not in result.output, (args, result.output)
         errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and fragment in errors[0], (args, result.output)  # (compare's progress: stdout)
+        assert len(errors) == 1 and fragment in errors[0], (
+            args,
+            result.output,
+        )  # (compare's progress: stdout)
     assert not any((tmp_path / name).exists() for name in "abc")  # a run that never started leaves no folder
 
 
@@ -357,8 +469,9 @@ def test_smollm2_knows_the_capital_of_france():
 
     model, tokenizer = load_policy("smollm2-135m", keep_quantized=True)
     assert type(model.layers[0].mlp.up_proj).__name__ == "QuantizedLinear"
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+    )
     assert "Paris" in generate(model, tokenizer, prompt, max_tokens=20, verbose=False)
 
 

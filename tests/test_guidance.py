@@ -37,8 +37,10 @@ def first_is_right(prompts, completions, answer, **kwargs):
 
 @pytest.fixture
 def data(tmp_path):
-    rows = [{"prompt": f"Spell {w}.", "answer": w, "reference": w} for w in
-            ["cat", "dog", "sun", "map", "pen", "cup", "hat", "box", "jar", "fox", "owl", "elk"] * 4]
+    rows = [
+        {"prompt": f"Spell {w}.", "answer": w, "reference": w}
+        for w in ["cat", "dog", "sun", "map", "pen", "cup", "hat", "box", "jar", "fox", "owl", "elk"] * 4
+    ]
     path = tmp_path / "data.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "rewards.py").write_text(REWARDS)
@@ -51,13 +53,26 @@ def _settings(sampling):
 
 
 def _config(tmp_path, model, data, **more):
-    return make_config(model=str(model), data=str(data), reward_file=str(tmp_path / "rewards.py"),
-                       **{"reward": ["exact", "short"], "group_size": 4, "batch_size": 3, "max_tokens": 6,
-                          "temperature": 1.0, "seed": 0, "output": str(tmp_path / "run"), **more})
+    return make_config(
+        model=str(model),
+        data=str(data),
+        reward_file=str(tmp_path / "rewards.py"),
+        **{
+            "reward": ["exact", "short"],
+            "group_size": 4,
+            "batch_size": 3,
+            "max_tokens": 6,
+            "temperature": 1.0,
+            "seed": 0,
+            "output": str(tmp_path / "run"),
+            **more,
+        },
+    )
 
 
-
-def test_a_reference_follows_the_generation_prompt_as_the_template_puts_an_answer(tmp_path, tiny_model_path, data):
+def test_a_reference_follows_the_generation_prompt_as_the_template_puts_an_answer(
+    tmp_path, tiny_model_path, data
+):
     """The prompt's tokens and the reference's are the chat template's rendering of the whole conversation."""
     task = load_task(_config(tmp_path, tiny_model_path, data, guide=True))
     model, tokenizer = load_policy(str(tiny_model_path))
@@ -65,38 +80,54 @@ def test_a_reference_follows_the_generation_prompt_as_the_template_puts_an_answe
     [prompt] = task_prompts(tokenizer, task, [row])
     text = task.reference_answer(row)
     guided = guidance.reference_completion(model, tokenizer, task, prompt, text, 0, 1.0)
-    rendered = list(tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]},
-                                                   {"role": "assistant", "content": text}], tokenize=True))
+    rendered = list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": text}],
+            tokenize=True,
+        )
+    )
     ours = list(prompt) + list(guided.tokens)
     assert tokenizer.decode(prompt).endswith("<|im_start|>assistant\n")
-    assert rendered[:len(ours)] == ours, (tokenizer.decode(rendered), tokenizer.decode(ours))
+    assert rendered[: len(ours)] == ours, (tokenizer.decode(rendered), tokenizer.decode(ours))
     assert tokenizer.decode(guided.tokens).startswith(row["answer"])
 
-def test_every_all_wrong_group_gets_the_reference_scored_and_with_the_policys_logprobs(tmp_path, tiny_model_path,
-                                                                                        data):
+
+def test_every_all_wrong_group_gets_the_reference_scored_and_with_the_policys_logprobs(
+    tmp_path, tiny_model_path, data
+):
     config = _config(tmp_path, tiny_model_path, data)
     task = load_task(config)
     model, tokenizer = load_policy(str(tiny_model_path))
     rows = task.train_rows[:3]
-    completions = sample_completions(model, tokenizer, task_prompts(tokenizer, task, rows), 4,
-                                     SamplingConfig(1.0, max_tokens=6), 64)
+    completions = sample_completions(
+        model, tokenizer, task_prompts(tokenizer, task, rows), 4, SamplingConfig(1.0, max_tokens=6), 64
+    )
     columns = {"answer": [r["answer"] for r in rows for _ in range(4)]}
-    scores = score_completions(task.reward_functions, task.reward_weights,
-                               [r["prompt"] for r in rows for _ in range(4)], [c.text for c in completions], columns)
+    scores = score_completions(
+        task.reward_functions,
+        task.reward_weights,
+        [r["prompt"] for r in rows for _ in range(4)],
+        [c.text for c in completions],
+        columns,
+    )
     assert scores.parts["exact"] == [0.0] * 12  # a random model never spells the word
 
-    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, completions, scores,
-                                             _settings(SamplingConfig(0.7)))
+    guided, rescored = guidance.guide_groups(
+        model, tokenizer, task, rows, completions, scores, _settings(SamplingConfig(0.7))
+    )
     for i, row in enumerate(rows):
         ref = guided[4 * i + 3]
         assert ref.guided and ref.text == row["reference"] and ref.finish_reason == "stop"
-        assert ref.tokens[-1] == tokenizer.eos_token_id and ref.prompt_tokens == completions[4 * i + 3].prompt_tokens
+        assert (
+            ref.tokens[-1] == tokenizer.eos_token_id
+            and ref.prompt_tokens == completions[4 * i + 3].prompt_tokens
+        )
         # the behaviour log-probs are the policy's at the sampling temperature, token by token
         whole = mx.array([ref.prompt_tokens + ref.tokens])
-        expected = np.array(token_logprobs(model, whole, 0.7)[0][0, len(ref.prompt_tokens) - 1:])
+        expected = np.array(token_logprobs(model, whole, 0.7)[0][0, len(ref.prompt_tokens) - 1 :])
         np.testing.assert_allclose(ref.logprobs, expected, rtol=1e-5, atol=1e-5)
-        assert guided[4 * i:4 * i + 3] == completions[4 * i:4 * i + 3]  # the sampled members stay
-        assert rescored.parts["exact"][4 * i:4 * i + 4] == [0.0, 0.0, 0.0, 1.0]
+        assert guided[4 * i : 4 * i + 3] == completions[4 * i : 4 * i + 3]  # the sampled members stay
+        assert rescored.parts["exact"][4 * i : 4 * i + 4] == [0.0, 0.0, 0.0, 1.0]
         assert rescored.parts["short"][4 * i + 3] == 1.0
         assert rescored.total[4 * i + 3] == pytest.approx(2.0)
     assert scores.parts["exact"] == [0.0] * 12  # the scores passed in are not changed
@@ -107,18 +138,34 @@ def test_a_group_that_holds_a_right_answer_is_left_as_sampled(tmp_path, tiny_mod
     task = load_task(config)
     model, tokenizer = load_policy(str(tiny_model_path))
     rows = task.train_rows[:2]
-    completions = sample_completions(model, tokenizer, task_prompts(tokenizer, task, rows), 4,
-                                     SamplingConfig(1.0, max_tokens=6), 64)
-    scores = score_completions(task.reward_functions, task.reward_weights, ["p"] * 8, [c.text for c in completions],
-                               {"answer": ["x"] * 8})
-    guided, _ = guidance.guide_groups(model, tokenizer, task, rows, completions, scores,
-                                             _settings(SamplingConfig(1.0)))
+    completions = sample_completions(
+        model, tokenizer, task_prompts(tokenizer, task, rows), 4, SamplingConfig(1.0, max_tokens=6), 64
+    )
+    scores = score_completions(
+        task.reward_functions,
+        task.reward_weights,
+        ["p"] * 8,
+        [c.text for c in completions],
+        {"answer": ["x"] * 8},
+    )
+    guided, _ = guidance.guide_groups(
+        model, tokenizer, task, rows, completions, scores, _settings(SamplingConfig(1.0))
+    )
     assert [c.guided for c in guided] == [False] * 7 + [True]
 
 
 def test_a_guided_run_raises_the_references_probability_and_says_what_it_did(tmp_path, tiny_model_path, data):
-    config = _config(tmp_path, tiny_model_path, data, guide=True, steps=6, lr=3e-3, warmup_steps=0,
-                     eval_num_problems=4, save_every=100)
+    config = _config(
+        tmp_path,
+        tiny_model_path,
+        data,
+        guide=True,
+        steps=6,
+        lr=3e-3,
+        warmup_steps=0,
+        eval_num_problems=4,
+        save_every=100,
+    )
     train(config)
     run = tmp_path / "run"
     records = [json.loads(x) for x in (run / "completions.jsonl").read_text().splitlines()]
@@ -127,7 +174,9 @@ def test_a_guided_run_raises_the_references_probability_and_says_what_it_did(tmp
     assert all(r["rewards"]["exact"] == 1.0 and r["advantage"] > 0 for r in guided)
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"guide/' in x]
     assert [m["guide/groups_frac"] for m in metrics] == [1.0] * 6
-    assert all(m["guide/sampled_accuracy"] == 0.0 for m in metrics)  # the model's own samples, reference left out
+    assert all(
+        m["guide/sampled_accuracy"] == 0.0 for m in metrics
+    )  # the model's own samples, reference left out
 
     # learning: the references' log-probability under the trained model rose above the base's
     task = load_task(config)
@@ -153,8 +202,9 @@ def test_without_negatives_a_guided_group_trains_the_reference_alone():
     grouped = rewards.reshape(2, 4)
     usual = (grouped - grouped.mean(axis=1, keepdims=True)).reshape(-1)  # dr_grpo's r - mean, by hand
     np.testing.assert_allclose(usual, [-0.125, -0.125, -0.625, 0.875, 0.5, -0.5, 0.5, -0.5])
-    np.testing.assert_allclose(guidance.without_guided_negatives(usual, guided, 4),
-                               [0.0, 0.0, 0.0, 0.875, 0.5, -0.5, 0.5, -0.5])
+    np.testing.assert_allclose(
+        guidance.without_guided_negatives(usual, guided, 4), [0.0, 0.0, 0.0, 0.875, 0.5, -0.5, 0.5, -0.5]
+    )
 
 
 def test_the_references_stay_marked_through_the_updates_micro_batches():
@@ -165,8 +215,10 @@ def test_the_references_stay_marked_through_the_updates_micro_batches():
 
     lengths = [5, 2, 7, 3, 4, 6, 1, 2, 3, 3, 3, 3]  # three groups of 4; the middle one has no signal
     guided = [False, False, False, True, False, False, False, False, False, True, False, False]
-    completions = [Completion(0, [1, 2], [100 + i] * n, [-0.5] * n, "stop", "", guided=g)
-                   for i, (n, g) in enumerate(zip(lengths, guided))]
+    completions = [
+        Completion(0, [1, 2], [100 + i] * n, [-0.5] * n, "stop", "", guided=g)
+        for i, (n, g) in enumerate(zip(lengths, guided))
+    ]
     advantages = [-0.1, -0.1, -0.1, 0.3, 0.0, 0.0, 0.0, 0.0, 0.2, 0.2, -0.2, -0.2]
     batch = groups_with_signal(build_batch(completions, advantages, 4))
     parts = micro_batches(batch, 2, by_length=True)
@@ -179,8 +231,17 @@ def test_the_references_stay_marked_through_the_updates_micro_batches():
 
 
 def test_a_run_without_guided_negatives_logs_zero_for_the_models_own_answers(tmp_path, tiny_model_path, data):
-    config = _config(tmp_path, tiny_model_path, data, guide=True, guide_negatives=False, steps=1, warmup_steps=0,
-                     eval_num_problems=4, save_every=100)
+    config = _config(
+        tmp_path,
+        tiny_model_path,
+        data,
+        guide=True,
+        guide_negatives=False,
+        steps=1,
+        warmup_steps=0,
+        eval_num_problems=4,
+        save_every=100,
+    )
     train(config)
     records = [json.loads(x) for x in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
     assert len(records) == 12 and sum(bool(r.get("guided")) for r in records) == 3
@@ -193,9 +254,25 @@ def test_a_task_without_references_is_one_clear_error(tmp_path, tiny_model_path)
     path = tmp_path / "plain.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(30)))
     (tmp_path / "rewards.py").write_text(REWARDS)
-    result = CliRunner().invoke(app, ["train", "--model", str(tiny_model_path), "--data", str(path), "--reward-file",
-                                      str(tmp_path / "rewards.py"), "--reward", "exact", "--guide", "--steps", "1",
-                                      "--output", str(tmp_path / "run")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            str(tiny_model_path),
+            "--data",
+            str(path),
+            "--reward-file",
+            str(tmp_path / "rewards.py"),
+            "--reward",
+            "exact",
+            "--guide",
+            "--steps",
+            "1",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "--guide needs reference answers" in result.output
     with pytest.raises(ConfigError, match="group_size >= 2"):
@@ -205,8 +282,12 @@ def test_a_task_without_references_is_one_clear_error(tmp_path, tiny_model_path)
 def test_gsm8k_reference_is_the_worked_solution_without_calculator_notes():
     from rewards import gsm8k
 
-    row = {"prompt": "q", "answer": "72", "solution": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
-                                                      "Natalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"}
+    row = {
+        "prompt": "q",
+        "answer": "72",
+        "solution": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+        "Natalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72",
+    }
     reference = gsm8k.reference_answer(row)
     assert reference == "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips.\n#### 72"
     assert gsm8k.correctness_reward(["q"], [reference], ["72"], finish_reason=["stop"]) == [1.0]
@@ -214,7 +295,9 @@ def test_gsm8k_reference_is_the_worked_solution_without_calculator_notes():
     assert gsm8k.reference_answer({"prompt": "q", "answer": "1"}) is None
 
 
-def test_a_base_models_reference_follows_its_frame_and_ends_at_the_stop_string(tmp_path, tiny_model_path, data):
+def test_a_base_models_reference_follows_its_frame_and_ends_at_the_stop_string(
+    tmp_path, tiny_model_path, data
+):
     config = _config(tmp_path, tiny_model_path, data, prompt_format="Q: {prompt}\nA:", stop=["\n\n"])
     task = load_task(config)
     model, tokenizer = load_policy(str(tiny_model_path))
@@ -235,7 +318,12 @@ def test_ocaml_references_are_fenced_solutions_that_pass_every_test():
     rows = task.train_rows
     references = [task.reference_answer(r) for r in rows]
     assert len(rows) >= 90 and all(r.startswith("```ocaml\nlet ") and r.endswith("\n```") for r in references)
-    passes = ocaml.ocaml_passes([r["prompt"] for r in rows], references, [r["signature"] for r in rows],
-                                [r["tests"] for r in rows], [r["preamble"] for r in rows])
+    passes = ocaml.ocaml_passes(
+        [r["prompt"] for r in rows],
+        references,
+        [r["signature"] for r in rows],
+        [r["tests"] for r in rows],
+        [r["preamble"] for r in rows],
+    )
     assert passes == [1.0] * len(rows)
     assert ocaml.reference_answer({"prompt": "p", "signature": "let f (x : int) : int ="}) is None

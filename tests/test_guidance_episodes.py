@@ -26,15 +26,33 @@ BUDGET = 1500  # max_episode_tokens: a fact/1 script takes about 150 of the tiny
 
 
 def _settings(temperature: float, max_episode_tokens: int = BUDGET, max_turns: int = 8) -> RolloutSettings:
-    return replace(rollout_settings(TrainConfig()), group_size=2, sampling=SamplingConfig(temperature),
-                   max_turns=max_turns, max_episode_tokens=max_episode_tokens)
+    return replace(
+        rollout_settings(TrainConfig()),
+        group_size=2,
+        sampling=SamplingConfig(temperature),
+        max_turns=max_turns,
+        max_episode_tokens=max_episode_tokens,
+    )
 
 
 def _web_config(tiny_model_path, tmp_path, **extra):
-    settings = {"task": "web", "model": str(tiny_model_path), "web_kinds": ["fact/1"], "system_prompt": "",
-                "steps": 1, "batch_size": 2, "group_size": 2, "max_tokens": 6, "max_turns": 2,
-                "max_episode_tokens": BUDGET, "eval_num_problems": 2, "micro_batch_size": 4, "save_every": 100,
-                "output": str(tmp_path / "run"), **extra}
+    settings = {
+        "task": "web",
+        "model": str(tiny_model_path),
+        "web_kinds": ["fact/1"],
+        "system_prompt": "",
+        "steps": 1,
+        "batch_size": 2,
+        "group_size": 2,
+        "max_tokens": 6,
+        "max_turns": 2,
+        "max_episode_tokens": BUDGET,
+        "eval_num_problems": 2,
+        "micro_batch_size": 4,
+        "save_every": 100,
+        "output": str(tmp_path / "run"),
+        **extra,
+    }
     return build_config(settings, task_defaults=recommended_settings)
 
 
@@ -72,8 +90,9 @@ def test_every_unsolved_group_gets_its_scripted_episode_scored_and_with_the_poli
     guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, episodes, scores, _settings(0.7))
     for i, row in enumerate(rows):
         ep, sampled = guided[2 * i + 1], episodes[2 * i + 1]
-        [script] = scripted_episodes(tokenizer, make_envs(task, [row], 1), [task.reference_actions(row)],
-                                     task.system_prompt, BUDGET)
+        [script] = scripted_episodes(
+            tokenizer, make_envs(task, [row], 1), [task.reference_actions(row)], task.system_prompt, BUDGET
+        )
         assert ep.guided and not guided[2 * i].guided and guided[2 * i] is episodes[2 * i]
         assert ep.prompt_index == sampled.prompt_index == i and ep.prompt_tokens == sampled.prompt_tokens
         assert ep.tokens == script.tokens and ep.mask == script.mask and ep.finish_reason == "done"
@@ -85,21 +104,26 @@ def test_every_unsolved_group_gets_its_scripted_episode_scored_and_with_the_poli
         assert rescored.total[2 * i] == scores.total[2 * i]
         # behaviour log-probs: the policy's at the sampling temperature on the model's turns, 0 on the pages
         whole = mx.array([ep.prompt_tokens + ep.tokens])
-        expected = np.array(token_logprobs(model, whole, 0.7)[0][0, len(ep.prompt_tokens) - 1:])
+        expected = np.array(token_logprobs(model, whole, 0.7)[0][0, len(ep.prompt_tokens) - 1 :])
         mask = np.array(ep.mask) == 1.0
         np.testing.assert_allclose(np.array(ep.logprobs)[mask], expected[mask], rtol=1e-5, atol=1e-5)
         assert np.all(np.array(ep.logprobs)[~mask] == 0.0) and np.all(expected[mask] < 0)
-    assert not any(ep.guided for ep in episodes) and scores.total.tolist() == episode_scores(episodes).total.tolist()
+    assert (
+        not any(ep.guided for ep in episodes)
+        and scores.total.tolist() == episode_scores(episodes).total.tolist()
+    )
 
 
 def test_a_group_with_a_solved_episode_is_left_as_sampled(web, policy):
     task, rows, episodes, _ = web
     model, tokenizer = policy
-    [solved] = scripted_episodes(tokenizer, make_envs(task, rows[:1], 1), [task.reference_actions(rows[0])],
-                                 task.system_prompt, BUDGET)
+    [solved] = scripted_episodes(
+        tokenizer, make_envs(task, rows[:1], 1), [task.reference_actions(rows[0])], task.system_prompt, BUDGET
+    )
     mixed = [replace(solved, prompt_index=0)] + episodes[1:]  # row 0's first member solved it
-    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, mixed, episode_scores(mixed),
-                                             _settings(1.0))
+    guided, rescored = guidance.guide_groups(
+        model, tokenizer, task, rows, mixed, episode_scores(mixed), _settings(1.0)
+    )
     assert guided[:2] == mixed[:2] and [ep.guided for ep in guided] == [False, False, False, True]
     assert rescored.total[:2].tolist() == episode_scores(mixed).total[:2].tolist()
 
@@ -108,10 +132,14 @@ def test_a_row_whose_script_fails_or_is_missing_keeps_its_group_as_sampled(web, 
     task, rows, episodes, scores = web
     model, tokenizer = policy
     # a budget the script cannot finish in: it ends "max_tokens", not "done"
-    guided, rescored = guidance.guide_groups(model, tokenizer, task, rows, episodes, scores, _settings(1.0, 100))
+    guided, rescored = guidance.guide_groups(
+        model, tokenizer, task, rows, episodes, scores, _settings(1.0, 100)
+    )
     assert guided == episodes and rescored is scores
     # no script for row 0; row 1's is played
-    unscripted = replace(task, reference_actions=lambda row: None if row is rows[0] else task.reference_actions(row))
+    unscripted = replace(
+        task, reference_actions=lambda row: None if row is rows[0] else task.reference_actions(row)
+    )
     guided, _ = guidance.guide_groups(model, tokenizer, unscripted, rows, episodes, scores, _settings(1.0))
     assert guided[:3] == episodes[:3] and guided[3].guided
     # a script its environment fails on
@@ -120,13 +148,23 @@ def test_a_row_whose_script_fails_or_is_missing_keeps_its_group_as_sampled(web, 
     assert guided == episodes
     # a script that ends its episode with a wrong answer: done, not solved
     wrong = replace(task, reference_actions=lambda row: task.reference_actions(row)[:-1] + ["answer[not it]"])
-    assert all(ep.finish_reason == "done" and not ep.info.get("solved") for ep in scripted_episodes(
-        tokenizer, make_envs(task, rows, 1), [wrong.reference_actions(r) for r in rows], task.system_prompt, BUDGET))
+    assert all(
+        ep.finish_reason == "done" and not ep.info.get("solved")
+        for ep in scripted_episodes(
+            tokenizer,
+            make_envs(task, rows, 1),
+            [wrong.reference_actions(r) for r in rows],
+            task.system_prompt,
+            BUDGET,
+        )
+    )
     guided, _ = guidance.guide_groups(model, tokenizer, wrong, rows, episodes, scores, _settings(1.0))
     assert guided == episodes
     # more actions than the run's max_turns: an episode its rollouts could never play
     assert all(len(task.reference_actions(r)) > 1 for r in rows)
-    guided, _ = guidance.guide_groups(model, tokenizer, task, rows, episodes, scores, _settings(1.0, max_turns=1))
+    guided, _ = guidance.guide_groups(
+        model, tokenizer, task, rows, episodes, scores, _settings(1.0, max_turns=1)
+    )
     assert guided == episodes
 
 

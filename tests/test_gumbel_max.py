@@ -56,7 +56,7 @@ def test_the_normaliser_is_logsumexp_and_a_row_depends_on_its_key_alone():
     keys = _keys(6, 3)
     tokens, normaliser = gumbel_max(logits, keys)
     np.testing.assert_allclose(np.array(normaliser), np.array(mx.logsumexp(logits, axis=-1)), rtol=1e-6)
-    alone = [int(gumbel_max(logits[i:i + 1], keys[i:i + 1])[0].item()) for i in range(6)]
+    alone = [int(gumbel_max(logits[i : i + 1], keys[i : i + 1])[0].item()) for i in range(6)]
     assert alone == np.array(tokens).tolist()
     shuffled = [5, 2, 0, 4, 1, 3]  # other rows beside it, in another order: the same draw
     again = np.array(gumbel_max(logits[mx.array(shuffled)], keys[mx.array(shuffled)])[0])
@@ -90,6 +90,9 @@ def test_logprobs_without_filters_are_tempered_log_softmax():
     logits = mx.array(rng.normal(0, 3, (16, 151_936 // 8)), dtype=mx.float32)
     tokens, logprobs = draw_tokens(logits, _keys(16, 9), SamplingConfig(temperature=0.7))
     scaled = np.array(logits, dtype=np.float64) / 0.7
-    want = scaled[np.arange(16), np.array(tokens)] - np.log(np.exp(scaled - scaled.max(-1, keepdims=True)).sum(-1)) \
+    want = (
+        scaled[np.arange(16), np.array(tokens)]
+        - np.log(np.exp(scaled - scaled.max(-1, keepdims=True)).sum(-1))
         - scaled.max(-1)
+    )
     np.testing.assert_allclose(np.array(logprobs), want, atol=1e-5)

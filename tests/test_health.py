@@ -28,18 +28,33 @@ STEPS = 60
 def healthy(step: int, rng) -> dict:
     """One step of a run that learns steadily: reward rising, nothing near a limit."""
     return {
-        "step": step, "loss": float(rng.normal(0, 0.01)), "grad_norm": float(0.3 + rng.uniform(0, 0.1)),
-        "grad_clipped": False, "frac_zero_std": 0.25, "reward/mean": 0.3 + 0.005 * step + float(rng.normal(0, 0.02)),
-        "reward/std": 0.4, "reward/best_of_n": 0.9, "reward/min": 0.0, "reward/max": 1.0,
-        "kl": 0.001 * step if step % 10 == 0 else None, "entropy": 0.5 + float(rng.normal(0, 0.02)),
-        "completion/truncated_frac": 0.05, "completion/mean_length": 40.0, "advantage/min": -0.6,
-        "advantage/max": 0.7, "advantage/abs_mean": 0.3, "lr": 1e-5, "update/rel_change": 1e-3,
+        "step": step,
+        "loss": float(rng.normal(0, 0.01)),
+        "grad_norm": float(0.3 + rng.uniform(0, 0.1)),
+        "grad_clipped": False,
+        "frac_zero_std": 0.25,
+        "reward/mean": 0.3 + 0.005 * step + float(rng.normal(0, 0.02)),
+        "reward/std": 0.4,
+        "reward/best_of_n": 0.9,
+        "reward/min": 0.0,
+        "reward/max": 1.0,
+        "kl": 0.001 * step if step % 10 == 0 else None,
+        "entropy": 0.5 + float(rng.normal(0, 0.02)),
+        "completion/truncated_frac": 0.05,
+        "completion/mean_length": 40.0,
+        "advantage/min": -0.6,
+        "advantage/max": 0.7,
+        "advantage/abs_mean": 0.3,
+        "lr": 1e-5,
+        "update/rel_change": 1e-3,
         "skipped_updates": 0,
     }
 
 
 def run(stream, **thresholds) -> list[dict]:
-    monitor = HealthMonitor(Thresholds(HealthSettings(**thresholds), lr=1e-5, token_budget=64, accuracy_reward="correct"))
+    monitor = HealthMonitor(
+        Thresholds(HealthSettings(**thresholds), lr=1e-5, token_budget=64, accuracy_reward="correct")
+    )
     return [e for m in stream for e in monitor.observe(m)]
 
 
@@ -86,30 +101,46 @@ def spike(m, s):
 
 
 CASES = {
-    "reward_takeover": set_(**{"reward_share/correct": 0.1, "reward_share/format": 0.9, "groups/main_flat_frac": 0.2}),
+    "reward_takeover": set_(
+        **{"reward_share/correct": 0.1, "reward_share/format": 0.9, "groups/main_flat_frac": 0.2}
+    ),
     "answer_collapse": set_(**{"completion/top_share": 0.9, "completion/top_answer": "#### 3"}),
     # right answers 0.4 -> 0 from step 40 (health_rewards.py; tests/test_health_accuracy.py has more)
     "accuracy_collapse": lambda m, s: m.update({"reward/correct/mean": 0.4 if s < 40 else 0.0}),
     "grad_at_clip": set_(grad_norm=1.0, grad_clipped=True),
     "grad_spike": spike,
     "zero_std": set_(frac_zero_std=0.75),
-    "reward_collapse": set_(loss=0.0, grad_norm=0.0, **{"reward/std": 0.0, "reward/mean": 0.05,
-                                                        "frac_zero_std": 1.0}),
+    "reward_collapse": set_(
+        loss=0.0, grad_norm=0.0, **{"reward/std": 0.0, "reward/mean": 0.05, "frac_zero_std": 1.0}
+    ),
     "reward_down": falling_reward,
     "loss_spike": loss_jump,
     "kl_runaway": kl_growing,
     "entropy_collapse": entropy_falls,
     "truncated": set_(**{"completion/truncated_frac": 0.9, "completion/mean_length": 63.5}),
-    "advantage_blowup": set_(**{"reward/min": 0.62, "reward/max": 0.71, "advantage/min": -1.3,
-                                "advantage/max": 1.47}),
-    "lr_too_low": lambda m, s: m.update({"update/rel_change": 2e-6, "reward/mean": 0.45 + 0.01 * math.sin(s)}),
+    "advantage_blowup": set_(
+        **{"reward/min": 0.62, "reward/max": 0.71, "advantage/min": -1.3, "advantage/max": 1.47}
+    ),
+    "lr_too_low": lambda m, s: m.update(
+        {"update/rel_change": 2e-6, "reward/mean": 0.45 + 0.01 * math.sin(s)}
+    ),
     "judge_unreadable": set_(**{"judge/unreadable_frac": 0.25, "judge/unreadable_example": "#### 7"}),
     # tool episodes (health_tools.py; tests/test_health_tools.py has more)
-    "no_tool_calls_parse": set_(**{"tools/calls_per_episode": 1.5, "tools/parse_fail_frac": 1.0,
-                                   "tools/unreadable_example": '<tool_call>{"name": "search"'}),
+    "no_tool_calls_parse": set_(
+        **{
+            "tools/calls_per_episode": 1.5,
+            "tools/parse_fail_frac": 1.0,
+            "tools/unreadable_example": '<tool_call>{"name": "search"',
+        }
+    ),
     "stopped_calling_tools": lambda m, s: m.update({"tools/calls_per_episode": 2.0 if s < 40 else 0.0}),
-    "answers_without_searching": set_(**{"tools/calls_per_episode": 0.1, "tools/parse_fail_frac": 0.0,
-                                         "tools/answered_without_call_frac": 0.9}),
+    "answers_without_searching": set_(
+        **{
+            "tools/calls_per_episode": 0.1,
+            "tools/parse_fail_frac": 0.0,
+            "tools/answered_without_call_frac": 0.9,
+        }
+    ),
 }
 
 
@@ -172,8 +203,10 @@ def test_kl_runaway_judges_the_kl_gained_since_a_continued_start():
     assert kl_events({1: 2.09, 10: 2.15, 20: 2.3, 30: 2.5, 40: 2.9}, replayed=25) == []  # resumed: start kept
     [event] = kl_events({1: 2.09, 10: 2.6, 20: 3.3, 30: 3.9})
     assert event["step"] == 20  # 1.21 gained over the start; 2.6 at step 10 was only 0.51
-    assert event["evidence"] == ("KL to the reference is 3.3 and rising (2.09 at step 1, 2.6 at step 10, "
-                                 "3.3 at step 20), up 1.21 from the 2.09 it started at (step 1)")
+    assert event["evidence"] == (
+        "KL to the reference is 3.3 and rising (2.09 at step 1, 2.6 at step 10, "
+        "3.3 at step 20), up 1.21 from the 2.09 it started at (step 1)"
+    )
 
 
 def test_kl_runaway_from_the_base_and_on_a_single_value():
@@ -187,22 +220,41 @@ def test_a_rule_rearms_after_a_quiet_window():
     def on_off(m, s):
         if s < 42 or s >= 55:
             m["completion/truncated_frac"] = 1.0
+
     fired = [e["step"] for e in run(stream(on_off, start=20)) if e["rule"] == "truncated"]
     assert len(fired) == 2 and fired[0] < 42 < 55 <= fired[1]
 
 
 def test_collapse_at_the_top_is_told_apart():
-    solved = run(stream(set_(loss=0.0, grad_norm=0.0, **{"reward/std": 0.0, "reward/mean": 1.0,
-                                                          "reward/best_of_n": 1.0, "frac_zero_std": 1.0})))
+    solved = run(
+        stream(
+            set_(
+                loss=0.0,
+                grad_norm=0.0,
+                **{"reward/std": 0.0, "reward/mean": 1.0, "reward/best_of_n": 1.0, "frac_zero_std": 1.0},
+            )
+        )
+    )
     event = next(e for e in solved if e["rule"] == "reward_collapse")
     assert "best reward of the run" in event["evidence"]
 
 
 def test_a_run_that_never_had_a_signal_is_not_called_solved_nor_told_to_raise_lr():
     """SmolLM2 on multihop: reward 0 in every group from step 1, grad 0, the weights never move."""
+
     def never(m, s):
-        m.update({"loss": 0.0, "grad_norm": 0.0, "reward/std": 0.0, "reward/mean": 0.0, "reward/best_of_n": 0.0,
-                  "frac_zero_std": 1.0, "update/rel_change": 0.0})
+        m.update(
+            {
+                "loss": 0.0,
+                "grad_norm": 0.0,
+                "reward/std": 0.0,
+                "reward/mean": 0.0,
+                "reward/best_of_n": 0.0,
+                "frac_zero_std": 1.0,
+                "update/rel_change": 0.0,
+            }
+        )
+
     events = run(stream(never, start=1))
     assert {e["rule"] for e in events} == {"reward_collapse", "zero_std"}  # not lr_too_low
     collapse = next(e for e in events if e["rule"] == "reward_collapse")
@@ -237,6 +289,7 @@ def test_nonfinite_events_and_stop():
 
 # ---- the display ----
 
+
 def test_trend_arrows():
     assert trend([1, 1, 1, 2, 2, 2]) == "↑"
     assert trend([2, 2, 2, 1, 1, 1]) == "↓"
@@ -247,8 +300,13 @@ def test_trend_arrows():
 def test_plain_display_prints_a_health_event_once_and_live_view_renders():
     out = io.StringIO()
     display = TrainDisplay(Console(file=out, width=200), live=False)
-    event = {"step": 7, "rule": "zero_std", "title": "most groups carry no signal",
-             "evidence": "60% of groups ...", "suggestion": "raise temperature"}
+    event = {
+        "step": 7,
+        "rule": "zero_std",
+        "title": "most groups carry no signal",
+        "evidence": "60% of groups ...",
+        "suggestion": "raise temperature",
+    }
     display("health", event)
     text = out.getvalue()
     assert text.count("health: step 7: most groups carry no signal: 60% of groups") == 1
@@ -266,13 +324,15 @@ def test_plain_display_prints_a_health_event_once_and_live_view_renders():
 
 # ---- the guard in a real run ----
 
-REWARDS = '''
+REWARDS = """
 def variety(prompts, completions, **kw):
     return [len(set(c)) / 10 for c in completions]
-'''
+"""
 
 
-def test_injected_nan_skips_updates_then_stops_with_last_good_checkpoint(tmp_path, tiny_model_path, monkeypatch):
+def test_injected_nan_skips_updates_then_stops_with_last_good_checkpoint(
+    tmp_path, tiny_model_path, monkeypatch
+):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(40)))
     rewards = tmp_path / "rewards.py"
@@ -292,13 +352,44 @@ def test_injected_nan_skips_updates_then_stops_with_last_good_checkpoint(tmp_pat
     monkeypatch.setattr(update_step, "policy_loss", nan_loss)
     monkeypatch.setattr(trainer, "train_step", step_from_3)
     run_dir = tmp_path / "run"
-    result = CliRunner().invoke(app, [
-        "train", "--model", str(tiny_model_path), "--data", str(data), "--reward-file", str(rewards),
-        "--reward", "variety", "--steps", "6", "--batch-size", "2", "--group-size", "4", "--max-tokens", "8",
-        "--lr", "1e-2", "--save-every", "1", "--keep-checkpoints", "10", "--warmup-steps", "0",
-        "--max-nonfinite-steps", "2", "--output", str(run_dir)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            str(tiny_model_path),
+            "--data",
+            str(data),
+            "--reward-file",
+            str(rewards),
+            "--reward",
+            "variety",
+            "--steps",
+            "6",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "4",
+            "--max-tokens",
+            "8",
+            "--lr",
+            "1e-2",
+            "--save-every",
+            "1",
+            "--keep-checkpoints",
+            "10",
+            "--warmup-steps",
+            "0",
+            "--max-nonfinite-steps",
+            "2",
+            "--output",
+            str(run_dir),
+        ],
+    )
     assert result.exit_code == 1, result.output
-    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), result.exception
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), (
+        result.exception
+    )
     assert "Traceback" not in result.output
     last = result.output.strip().splitlines()[-1]
     assert "stopped at step 4" in last and "step_000003" in last
@@ -310,7 +401,10 @@ def test_injected_nan_skips_updates_then_stops_with_last_good_checkpoint(tmp_pat
     assert [m["update/nonfinite"] for m in metrics] == [0, 0, 1, 1]
     assert metrics[0]["update/rel_change"] > 0 and metrics[2]["update/rel_change"] == 0
     events = [json.loads(x) for x in (run_dir / "health.jsonl").read_text().splitlines()]
-    assert [(e["step"], e["rule"]) for e in events if e["rule"] == "nonfinite"] == [(3, "nonfinite"), (4, "nonfinite")]
+    assert [(e["step"], e["rule"]) for e in events if e["rule"] == "nonfinite"] == [
+        (3, "nonfinite"),
+        (4, "nonfinite"),
+    ]
     assert json.loads((run_dir / "summary.json").read_text())["stopped"] is True
 
     ckpts = run_dir / "checkpoints"
@@ -334,10 +428,28 @@ def test_resumed_run_reports_the_same_health_events(tmp_path, tiny_model_path):
 
     def config(out, **more):
         # Thresholds set so that rules fire on a few steps of a tiny run.
-        return build_config(dict(model=str(tiny_model_path), data=str(data), reward_file=str(rewards),
-                                 reward=["variety"], steps=6, batch_size=2, group_size=4, max_tokens=8, lr=1e-2,
-                                 save_every=3, seed=3, output=str(out), warmup_steps=0, health_window=2,
-                                 health_clip_frac=0.0, health_zero_std=0.0, health_min_update=1.0, **more))
+        return build_config(
+            dict(
+                model=str(tiny_model_path),
+                data=str(data),
+                reward_file=str(rewards),
+                reward=["variety"],
+                steps=6,
+                batch_size=2,
+                group_size=4,
+                max_tokens=8,
+                lr=1e-2,
+                save_every=3,
+                seed=3,
+                output=str(out),
+                warmup_steps=0,
+                health_window=2,
+                health_clip_frac=0.0,
+                health_zero_std=0.0,
+                health_min_update=1.0,
+                **more,
+            )
+        )
 
     trainer.train(config(tmp_path / "straight"))
 
@@ -347,6 +459,7 @@ def test_resumed_run_reports_the_same_health_events(tmp_path, tiny_model_path):
     def stop_at_3(kind, data):
         if kind == "checkpoint" and data["step"] == 3:
             raise Interrupt
+
     with pytest.raises(Interrupt):
         trainer.train(config(tmp_path / "resumed"), on_event=stop_at_3)
     trainer.train(config(tmp_path / "resumed", resume=str(tmp_path / "resumed")))
@@ -365,11 +478,21 @@ def test_live_view_goes_through_a_run_without_error():
     display("start", {"config": config, "run_dir": "r", "warnings": [], "resumed_from": 0})
     rng = np.random.default_rng(0)
     for step in (1, 2):
-        records = [{"step": step, "prompt": "Tom has [3] shells", "completion": "3 + 1 = 4\n#### 4", "reward": 1.0},
-                   {"step": step, "prompt": "Tom has [3] shells", "completion": "no idea", "reward": 0.0}]
+        records = [
+            {"step": step, "prompt": "Tom has [3] shells", "completion": "3 + 1 = 4\n#### 4", "reward": 1.0},
+            {"step": step, "prompt": "Tom has [3] shells", "completion": "no idea", "reward": 0.0},
+        ]
         display("step", {"metrics": healthy(step, rng), "records": records, "total": 2})
-    display("health", {"step": 2, "rule": "truncated", "title": "completions mostly truncated", "evidence": "e",
-                       "suggestion": "s"})
+    display(
+        "health",
+        {
+            "step": 2,
+            "rule": "truncated",
+            "title": "completions mostly truncated",
+            "evidence": "e",
+            "suggestion": "s",
+        },
+    )
     display("eval", {"when": "after", "accuracy": 0.5, "n": 10, "seconds": 0.1})
     display("end", {"result": SimpleNamespace(summary_line=lambda: "done", run_dir="r")})
     text = out.getvalue()
@@ -383,6 +506,9 @@ def test_judge_unreadable_counts_from_two_steps_and_stops_at_its_threshold():
     event = next(e for e in run(stream(CASES["judge_unreadable"])) if e["rule"] == "judge_unreadable")
     # logged from step 30 on: at step 31 the mean of two steps, 0.25, is above 0.2
     assert event["step"] == 31
-    assert event["evidence"] == "25% of the judge's answers over the last 2 steps were not a score; it said '#### 7'"
+    assert (
+        event["evidence"]
+        == "25% of the judge's answers over the last 2 steps were not a score; it said '#### 7'"
+    )
     assert run(stream(set_(**{"judge/unreadable_frac": 0.15}))) == []  # below the threshold
     assert run(stream(CASES["judge_unreadable"]), judge_unreadable=0.3) == []

@@ -13,8 +13,10 @@ REWARDS = [0.51, 0.46, 0.21, 0.14, 0.13, 0.41, 0.23, 0.08, 0.08, 0.35]
 
 def _rows(shares, rewards=None, name="ocaml_passes"):
     rewards = rewards or [0.3] * len(shares)
-    return [{"step": i + 1, "reward/mean": r, f"reward/{name}/mean": a}
-            for i, (a, r) in enumerate(zip(shares, rewards))]
+    return [
+        {"step": i + 1, "reward/mean": r, f"reward/{name}/mean": a}
+        for i, (a, r) in enumerate(zip(shares, rewards))
+    ]
 
 
 def _events(rows, accuracy="ocaml_passes", window=10):
@@ -32,7 +34,8 @@ def test_the_ocaml_run_fires_at_step_8_with_the_numbers_worked_out():
     assert events[0]["evidence"] == (
         "the share of right answers in training (reward/ocaml_passes/mean) fell from 0.28 (steps 1-4) to 0.02 "
         "(steps 5-8) while the mean reward went 0.33 -> 0.21: the reward may be paying for something other than "
-        "the task (a hack)")
+        "the task (a hack)"
+    )
     assert "docs/health.md" in events[0]["suggestion"]
 
 
@@ -58,7 +61,9 @@ def test_without_the_accuracy_part_it_stays_silent():
     rows = _rows(shares, REWARDS)
     assert len(_events(rows)) == 1  # the part logged and named: fires (as above)
     assert _events(rows, accuracy=None) == []  # a task without an accuracy reward
-    assert _events(rows, accuracy="correctness_reward") == []  # an accuracy reward that is not logged as a part
+    assert (
+        _events(rows, accuracy="correctness_reward") == []
+    )  # an accuracy reward that is not logged as a part
     # other parts and the total reward collapsing the same way are not the task's accuracy
     assert _events(_rows(shares, shares, name="format")) == []
 

@@ -31,18 +31,26 @@ def test_variance_shares_against_a_hand_computation():
         side_shaped_totals(parts, [1.0], 4, "gated")
     # gated: group 2's format bonus is not trained on, so it carries only group 1's variance
     gated = reward_variance_shares(parts, [1.0, 0.1], 4, "gated")
-    assert gated["reward_share/format"] == pytest.approx(np.var([0.1, 0.1, 0, 0]) / (main + np.var([0.1, 0.1, 0, 0])))
+    assert gated["reward_share/format"] == pytest.approx(
+        np.var([0.1, 0.1, 0, 0]) / (main + np.var([0.1, 0.1, 0, 0]))
+    )
     assert gated["groups/main_flat_frac"] == 0.0
     # scaled: the bonus is paid on group 1's right answer only
     scaled = reward_variance_shares(parts, [1.0, 0.1], 4, "scaled")
-    assert scaled["reward_share/format"] == pytest.approx(np.var([0.1, 0, 0, 0]) / (main + np.var([0.1, 0, 0, 0])))
+    assert scaled["reward_share/format"] == pytest.approx(
+        np.var([0.1, 0, 0, 0]) / (main + np.var([0.1, 0, 0, 0]))
+    )
 
 
 def test_side_rewards_always_gated_and_scaled_by_hand():
     parts = {"correct": [1, 0, 0, 0, 0, 0, 0, 0], "format": [1, 1, 0, 0, 1, 0, 1, None]}
-    np.testing.assert_allclose(side_shaped_totals(parts, [1.0, 0.1], 4, "always"), [1.1, 0.1, 0, 0, 0.1, 0, 0.1, 0])
+    np.testing.assert_allclose(
+        side_shaped_totals(parts, [1.0, 0.1], 4, "always"), [1.1, 0.1, 0, 0, 0.1, 0, 0.1, 0]
+    )
     # gated: group 2's main reward is flat, so its format bonus goes; group 1 keeps it
-    np.testing.assert_allclose(side_shaped_totals(parts, [1.0, 0.1], 4, "gated"), [1.1, 0.1, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_allclose(
+        side_shaped_totals(parts, [1.0, 0.1], 4, "gated"), [1.1, 0.1, 0, 0, 0, 0, 0, 0]
+    )
     # scaled: right/wrong main -> the bonus is paid on the right answer only
     np.testing.assert_allclose(side_shaped_totals(parts, [1.0, 0.1], 4, "scaled"), [1.1, 0, 0, 0, 0, 0, 0, 0])
     # a graded main reward (weight 2) and two side rewards: place in the group = (m - min) / (max - min)
@@ -55,7 +63,10 @@ def test_side_rewards_always_gated_and_scaled_by_hand():
 
 
 def test_answer_pattern():
-    assert answer_pattern(["#### 3", " ####  3", "x"]) == {"completion/top_share": 2 / 3, "completion/top_answer": "#### 3"}
+    assert answer_pattern(["#### 3", " ####  3", "x"]) == {
+        "completion/top_share": 2 / 3,
+        "completion/top_answer": "#### 3",
+    }
 
 
 def _gsm8k_like_steps(n=18, seed=0):
@@ -68,10 +79,15 @@ def _gsm8k_like_steps(n=18, seed=0):
         fmt = (rng.random(48) < format_rate).astype(float)
         short = step >= 9
         texts = ["#### 3" if short and rng.random() < 0.9 else f"long reasoning {i}" for i in range(48)]
-        rows.append({"step": step, "reward/correctness/mean": correct.mean(),
-                     "completion/mean_length": 201 - (151 * min(1.0, step / 12)),
-                     **reward_variance_shares({"correctness": list(correct), "format": list(fmt)}, [1.0, 0.1], 8),
-                     **answer_pattern(texts)})
+        rows.append(
+            {
+                "step": step,
+                "reward/correctness/mean": correct.mean(),
+                "completion/mean_length": 201 - (151 * min(1.0, step / 12)),
+                **reward_variance_shares({"correctness": list(correct), "format": list(fmt)}, [1.0, 0.1], 8),
+                **answer_pattern(texts),
+            }
+        )
     return rows
 
 
@@ -90,8 +106,13 @@ def test_the_gsm8k_run_pattern_fires_both_rules():
 def test_a_crafted_side_reward_takes_over():
     """Main reward flat in every group (never right), a 0.05-weight side reward varying: it fires on its share."""
     rng = np.random.default_rng(1)
-    rows = [{"step": s, **reward_variance_shares({"main": [0.0] * 32, "style": list(rng.random(32))}, [1.0, 0.05], 8)}
-            for s in range(1, 12)]
+    rows = [
+        {
+            "step": s,
+            **reward_variance_shares({"main": [0.0] * 32, "style": list(rng.random(32))}, [1.0, 0.05], 8),
+        }
+        for s in range(1, 12)
+    ]
     fired = _fired(rows)
     assert "style carries 100%" in fired["reward_takeover"]["evidence"]
 
@@ -104,10 +125,15 @@ def test_a_healthy_arith_run_fires_neither(tmp_path):
     train(make_config(steps=12, eval_num_problems=8, output=str(tmp_path / "run"), save_every=100))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("reward_share/correctness_reward" in r for r in rows)  # the metrics the rules read are logged
-    events = [json.loads(line) for line in (tmp_path / "run" / "health.jsonl").read_text().splitlines()] \
-        if (tmp_path / "run" / "health.jsonl").exists() else []
+    events = (
+        [json.loads(line) for line in (tmp_path / "run" / "health.jsonl").read_text().splitlines()]
+        if (tmp_path / "run" / "health.jsonl").exists()
+        else []
+    )
     assert not {"reward_takeover", "answer_collapse"} & {e["rule"] for e in events}
-    assert not {"reward_takeover", "answer_collapse"} & set(_fired(training_rows(rows), Thresholds(HealthSettings(window=4))))
+    assert not {"reward_takeover", "answer_collapse"} & set(
+        _fired(training_rows(rows), Thresholds(HealthSettings(window=4)))
+    )
 
 
 def test_shaping_is_a_checked_setting(tmp_path):
@@ -126,7 +152,6 @@ def test_shaping_is_a_checked_setting(tmp_path):
     assert CONFIG_SHAPING == SHAPING  # config_checks.py sits below tasks/, so it repeats the names
 
 
-
 @pytest.mark.parametrize("shaping", ["gated", "scaled"])
 def test_the_trainer_trains_on_the_shaped_rewards(tmp_path, shaping):
     """arith with its format reward at weight 0.1: each completion's trained reward, checked from its parts."""
@@ -134,11 +159,19 @@ def test_the_trainer_trains_on_the_shaped_rewards(tmp_path, shaping):
     from mlx_grpo.run.trainer import train
 
     out = tmp_path / shaping
-    train(make_config(steps=2, shaping=shaping, reward=["correctness_reward", "format_reward"],
-                      reward_weights=[1.0, 0.1], runaway_penalty=1.0,
-                      eval_num_problems=4, output=str(out)))
+    train(
+        make_config(
+            steps=2,
+            shaping=shaping,
+            reward=["correctness_reward", "format_reward"],
+            reward_weights=[1.0, 0.1],
+            runaway_penalty=1.0,
+            eval_num_problems=4,
+            output=str(out),
+        )
+    )
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
-    groups = [records[i:i + 8] for i in range(0, len(records), 8)]
+    groups = [records[i : i + 8] for i in range(0, len(records), 8)]
     assert len(groups) == 16
     side_counted = 0
     for group in groups:

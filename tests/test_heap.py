@@ -40,8 +40,13 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def _faults(mode: str, env: dict | None = None) -> int:
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(SIZE)], capture_output=True, text=True, check=True,
-                         env={**os.environ, **(env or {})})
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(SIZE)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **(env or {})},
+    )
     return int(out.stdout)
 
 

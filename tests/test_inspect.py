@@ -15,12 +15,23 @@ def fake_run(path, finished=True, stopped=False):
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(dump_yaml(TrainConfig(lr=1e-4, steps=10, group_size=4)))
     rewards = [0.2, 0.5, 0.4]
-    rows = [{"step": s, "reward/mean": r, "reward/best_of_n": 1.0, "grad_norm": 0.1 * s, "kl": None}
-            for s, r in enumerate(rewards, 1)]
+    rows = [
+        {"step": s, "reward/mean": r, "reward/best_of_n": 1.0, "grad_norm": 0.1 * s, "kl": None}
+        for s, r in enumerate(rewards, 1)
+    ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path / "health.jsonl").write_text(json.dumps({"step": 3, "rule": "zero_std", "title": "t",
-                                                   "evidence": "75% of groups had identical rewards",
-                                                   "suggestion": "s"}) + "\n")
+    (path / "health.jsonl").write_text(
+        json.dumps(
+            {
+                "step": 3,
+                "rule": "zero_std",
+                "title": "t",
+                "evidence": "75% of groups had identical rewards",
+                "suggestion": "s",
+            }
+        )
+        + "\n"
+    )
     folder = path / "checkpoints" / "step_000002"
     folder.mkdir(parents=True)
     (folder / "adapters.safetensors").write_bytes(b"x" * 500_000)
@@ -28,9 +39,18 @@ def fake_run(path, finished=True, stopped=False):
     (folder / "manifest.json").write_text("{}")
     (path / "checkpoints" / "latest").write_text("step_000002\n")
     if finished:
-        (path / "summary.json").write_text(json.dumps(
-            {"stopped": True, "line": "stopped at step 3: NaN"} if stopped else
-            {"accuracy_before": 0.3, "accuracy_after": 0.6, "eval_n": 50, "line": "accuracy 0.30 -> 0.60"}))
+        (path / "summary.json").write_text(
+            json.dumps(
+                {"stopped": True, "line": "stopped at step 3: NaN"}
+                if stopped
+                else {
+                    "accuracy_before": 0.3,
+                    "accuracy_after": 0.6,
+                    "eval_n": 50,
+                    "line": "accuracy 0.30 -> 0.60",
+                }
+            )
+        )
     return path
 
 
@@ -67,12 +87,34 @@ def test_inspect_a_real_run(tmp_path, tiny_model_path):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(20)))
     rewards = tmp_path / "rewards.py"
-    rewards.write_text("def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n")
+    rewards.write_text(
+        "def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n"
+    )
     run = tmp_path / "run"
-    result = CliRunner().invoke(app, [
-        "train", "--model", str(tiny_model_path), "--data", str(data), "--reward-file", str(rewards),
-        "--reward", "variety", "--steps", "2", "--batch-size", "2", "--group-size", "4", "--max-tokens", "8",
-        "--output", str(run)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            str(tiny_model_path),
+            "--data",
+            str(data),
+            "--reward-file",
+            str(rewards),
+            "--reward",
+            "variety",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "4",
+            "--max-tokens",
+            "8",
+            "--output",
+            str(run),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (run / "health.jsonl").is_file()  # written every run, empty when all is well
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

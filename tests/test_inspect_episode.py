@@ -23,36 +23,71 @@ def test_segments_follow_the_mask():
 
     text = [ord(c) for c in "ab<r>c"]
     mask = [1, 1, 0, 0, 0, 1]
-    assert episode_segments(Chars(), text, mask) == [{"text": "ab", "trained": True},
-                                                     {"text": "<r>", "trained": False},
-                                                     {"text": "c", "trained": True}]
+    assert episode_segments(Chars(), text, mask) == [
+        {"text": "ab", "trained": True},
+        {"text": "<r>", "trained": False},
+        {"text": "c", "trained": True},
+    ]
     assert episode_segments(Chars(), [], []) == []
 
 
 def _tool_run(tmp_path, tiny_model_path, monkeypatch):
     """A real one-step --tools run on the tiny model; every turn calls lookup (the random model writes no
     call of its own), so each episode is: turn, tool result, turn (max_turns 2)."""
-    monkeypatch.setattr(tool_env, "parse_calls",
-                        lambda text, style="hermes": [ToolCall("lookup", {"title": "Norway"}, None, text)])
+    monkeypatch.setattr(
+        tool_env,
+        "parse_calls",
+        lambda text, style="hermes": [ToolCall("lookup", {"title": "Norway"}, None, text)],
+    )
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(f'{{"prompt": "Capital of country {i}?", "answer": "Oslo"}}\n' for i in range(8)))
     (tmp_path / "rewards.py").write_text(
         "def exact(prompts, completions, answer, **kw):\n"
-        "    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]\n")
-    (tmp_path / "tools.py").write_text("def lookup(title: str) -> str:\n"
-                                       f"    '''Read a page.'''\n    return {RESULT!r}\n")
+        "    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]\n"
+    )
+    (tmp_path / "tools.py").write_text(
+        f"def lookup(title: str) -> str:\n    '''Read a page.'''\n    return {RESULT!r}\n"
+    )
     run = tmp_path / "run"
-    result = CliRunner().invoke(app, [
-        "train", "--model", str(tiny_model_path), "--task", "custom", "--data", str(data),
-        "--reward-file", str(tmp_path / "rewards.py"), "--reward", "exact", "--tools", str(tmp_path / "tools.py"),
-        "--steps", "1", "--batch-size", "2", "--group-size", "2", "--max-turns", "2", "--max-tokens", "6",
-        "--eval-num-problems", "2", "--output", str(run)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            str(tiny_model_path),
+            "--task",
+            "custom",
+            "--data",
+            str(data),
+            "--reward-file",
+            str(tmp_path / "rewards.py"),
+            "--reward",
+            "exact",
+            "--tools",
+            str(tmp_path / "tools.py"),
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--max-turns",
+            "2",
+            "--max-tokens",
+            "6",
+            "--eval-num-problems",
+            "2",
+            "--output",
+            str(run),
+        ],
+    )
     assert result.exit_code == 0, result.output
     return run
 
 
-def test_inspect_shows_a_tool_episode_with_its_calls_results_and_masked_spans(tmp_path, tiny_model_path,
-                                                                              monkeypatch):
+def test_inspect_shows_a_tool_episode_with_its_calls_results_and_masked_spans(
+    tmp_path, tiny_model_path, monkeypatch
+):
     run = _tool_run(tmp_path, tiny_model_path, monkeypatch)
     records = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     assert len(records) == 4
@@ -64,7 +99,9 @@ def test_inspect_shows_a_tool_episode_with_its_calls_results_and_masked_spans(tm
     ran = {"name": "lookup", "arguments": {"title": "Norway"}, "error": None}
     assert record["turns"] == 2 and record["calls"] == [[ran], [ran]]
     # the step metrics the tool health rules read
-    metrics = training_rows([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()])[0]
+    metrics = training_rows([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()])[
+        0
+    ]
     assert metrics["tools/calls_per_episode"] == 2.0 and metrics["tools/parse_fail_frac"] == 0.0
     assert metrics["tools/answered_without_call_frac"] == 0.0
 
@@ -77,10 +114,10 @@ def test_inspect_shows_a_tool_episode_with_its_calls_results_and_masked_spans(tm
     inserted = lines.index("  inserted (masked)")
     turn1 = [f"    {line}" for line in _split(record["segments"][0]["text"])]
     # turn 1's text as the model wrote it (not bracketed), then the call read from it, then the masked result
-    assert lines[first + 1:first + 1 + len(turn1)] == turn1
+    assert lines[first + 1 : first + 1 + len(turn1)] == turn1
     assert lines[first + 1 + len(turn1)] == '    -> calls: lookup(title="Norway") ran'
     assert first < inserted < second
-    masked = lines[inserted + 1:second]
+    masked = lines[inserted + 1 : second]
     assert masked and all(line.startswith(f"    {OPEN}") and line.endswith(CLOSE) for line in masked)
     assert [line[5:-1] for line in masked] == _split(record["segments"][1]["text"])
     assert f"    {OPEN}{RESULT}{CLOSE}" in masked
@@ -99,10 +136,21 @@ def _write_records(run, records):
 
 def test_single_turn_records_old_episode_records_and_bad_choices(tmp_path):
     run = tmp_path / "run"
-    base = {"step": 1, "prompt": "2+2?", "reward": 1.0, "rewards": {"correct": 1.0}, "advantage": 0.5,
-            "length": 3}
-    _write_records(run, [{**base, "completion": "4", "finish_reason": "stop"},
-                         {**base, "completion": "> look\nresult", "finish_reason": "done", "advantage": None}])
+    base = {
+        "step": 1,
+        "prompt": "2+2?",
+        "reward": 1.0,
+        "rewards": {"correct": 1.0},
+        "advantage": 0.5,
+        "length": 3,
+    }
+    _write_records(
+        run,
+        [
+            {**base, "completion": "4", "finish_reason": "stop"},
+            {**base, "completion": "> look\nresult", "finish_reason": "done", "advantage": None},
+        ],
+    )
     text = "\n".join(record_lines(run, 1, 0))
     assert text.startswith("completion: step 1, index 0 of 2") and "completion (trained)\n    4" in text
     assert "reward 1.000 (correct 1.000), advantage +0.500, ended stop, 3 tokens" in text
@@ -110,7 +158,9 @@ def test_single_turn_records_old_episode_records_and_bad_choices(tmp_path):
     assert old.startswith("episode: step 1, index 1 of 2") and "masked spans cannot be marked" in old
     assert "not trained (its group was filtered out)" in old
     runner = CliRunner()
-    for args, said in ((["--step", "9"], "no records of step 9 (it has steps 1 to 1)"),
-                       (["--index", "5"], "--index 5: step 1 has 2 completions (0 to 1)")):
+    for args, said in (
+        (["--step", "9"], "no records of step 9 (it has steps 1 to 1)"),
+        (["--index", "5"], "--index 5: step 1 has 2 completions (0 to 1)"),
+    ):
         result = runner.invoke(app, ["inspect", str(run), *args])
         assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output

@@ -17,7 +17,7 @@ def write(tmp_path, lines):
 
 
 def test_records_skip_blank_lines_and_say_where_each_came_from(tmp_path):
-    path = write(tmp_path, ['{"a": 1}', "", "   ", '[2]'])
+    path = write(tmp_path, ['{"a": 1}', "", "   ", "[2]"])
     assert list(jsonl_records(path)) == [(f"{path}:1", {"a": 1}), (f"{path}:4", [2])]
 
 
@@ -27,20 +27,27 @@ def test_a_malformed_line_is_named_by_its_number(tmp_path):
         list(jsonl_records(path))
 
 
-@pytest.mark.parametrize("read", [
-    read_problems,
-    read_task_file,
-    lambda path: gsm8k.load_rows("train", SimpleNamespace(data=str(path), eval_num_problems=1)),
-])
+@pytest.mark.parametrize(
+    "read",
+    [
+        read_problems,
+        read_task_file,
+        lambda path: gsm8k.load_rows("train", SimpleNamespace(data=str(path), eval_num_problems=1)),
+    ],
+)
 def test_every_task_reader_names_the_malformed_line(tmp_path, read):
-    path = write(tmp_path, ['{"family": "fact", "difficulty": 1, "seed": 0, "question": "q", "answer": "#### 1"}',
-                            "not json"])
+    path = write(
+        tmp_path,
+        ['{"family": "fact", "difficulty": 1, "seed": 0, "question": "q", "answer": "#### 1"}', "not json"],
+    )
     with pytest.raises(ValueError, match=r"rows\.jsonl:2: malformed JSON"):
         read(path)
 
 
 def test_a_web_row_missing_a_field_is_named_by_its_line(tmp_path):
-    path = write(tmp_path, ['{"family": "fact", "difficulty": 1, "seed": 0}', "", '{"family": "fact", "seed": 1}'])
+    path = write(
+        tmp_path, ['{"family": "fact", "difficulty": 1, "seed": 0}', "", '{"family": "fact", "seed": 1}']
+    )
     with pytest.raises(ValueError, match=r"rows\.jsonl:3: a web task row needs .* \(no 'difficulty'\)"):
         read_task_file(path)
 

@@ -15,9 +15,21 @@ def test_keep_best_compares_the_final_evaluation_too(tmp_path, monkeypatch, fina
     """Accuracy 0.1 before, 0.2 and 0.3 at steps 1 and 2 (eval_steps 1), then `final` after step 3:
     the best checkpoint is the one whose evaluation is highest, the final weights included."""
     accuracies = iter([0.1, 0.2, 0.3, final])
-    monkeypatch.setattr(run_result, "evaluate", lambda *a: {"accuracy": next(accuracies), "n": 4, "seconds": 0.0})
-    config = build_config({"steps": 3, "batch_size": 2, "group_size": 2, "max_tokens": 8, "eval_steps": 1,
-                           "keep_best": True, "keep_checkpoints": 1, "output": str(tmp_path / "run")})
+    monkeypatch.setattr(
+        run_result, "evaluate", lambda *a: {"accuracy": next(accuracies), "n": 4, "seconds": 0.0}
+    )
+    config = build_config(
+        {
+            "steps": 3,
+            "batch_size": 2,
+            "group_size": 2,
+            "max_tokens": 8,
+            "eval_steps": 1,
+            "keep_best": True,
+            "keep_checkpoints": 1,
+            "output": str(tmp_path / "run"),
+        }
+    )
     result = trainer.train(config)
     folder = ckpt.best_checkpoint(result.run_dir)
     assert folder.name == best and (result.run_dir / "checkpoints" / "best").read_text().strip() == best

@@ -26,7 +26,9 @@ def test_logprobs_and_entropy_match_numpy_with_large_logits():
     for temperature in (1.0, 0.7):
         want_logp, want_entropy = _numpy_logprobs_and_entropy(logits, targets, temperature)
         for entropy_grad in (False, True):
-            logp, entropy = _logprobs_and_entropy(mx.array(logits), mx.array(targets), temperature, entropy_grad)
+            logp, entropy = _logprobs_and_entropy(
+                mx.array(logits), mx.array(targets), temperature, entropy_grad
+            )
             np.testing.assert_allclose(np.array(logp), want_logp, atol=1e-4)
             np.testing.assert_allclose(np.array(entropy), want_entropy, atol=1e-4)
 
@@ -66,17 +68,21 @@ def test_logprob_and_entropy_gradients_match_finite_differences():
 
 
 def _case(rng, group_size=3):
-    prompts = [[int(t) for t in rng.integers(3, 250, n)] for n in (5, 9, 2)]  # different lengths: left padding
-    completions = [[int(t) for t in rng.integers(3, 250, rng.integers(1, 7))] for _ in range(len(prompts) * group_size)]
+    prompts = [
+        [int(t) for t in rng.integers(3, 250, n)] for n in (5, 9, 2)
+    ]  # different lengths: left padding
+    completions = [
+        [int(t) for t in rng.integers(3, 250, rng.integers(1, 7))] for _ in range(len(prompts) * group_size)
+    ]
     width = max(map(len, prompts))
     padded = np.zeros((len(prompts), width), dtype=np.int32)
     for i, p in enumerate(prompts):
-        padded[i, width - len(p):] = p
+        padded[i, width - len(p) :] = p
     k = max(map(len, completions))
     comp = np.zeros((len(completions), k), dtype=np.int32)
     mask = np.zeros((len(completions), k), dtype=np.float32)
     for i, c in enumerate(completions):
-        comp[i, :len(c)], mask[i, :len(c)] = c, 1
+        comp[i, : len(c)], mask[i, : len(c)] = c, 1
     left = mx.array([width - len(p) for p in prompts])
     return prompts, completions, mx.array(padded), left, mx.array(comp), mx.array(mask)
 
@@ -86,7 +92,7 @@ def _plain(model, prompts, completions, group_size, temperature):
     for i, c in enumerate(completions):
         p = prompts[i // group_size]
         logp, _ = token_logprobs(model, mx.array([p + c]), temperature)
-        rows.append(logp[0, len(p) - 1:])
+        rows.append(logp[0, len(p) - 1 :])
     return rows
 
 
@@ -97,7 +103,7 @@ def test_shared_prompt_matches_plain_forward(tiny_model_path):
         shared, entropy = completion_logprobs(model, padded, left, comp, 3, temperature=0.8, chunk_size=chunk)
         assert not np.isnan(np.array(shared)).any() and not np.isnan(np.array(entropy)).any()
         for i, row in enumerate(_plain(model, prompts, completions, 3, 0.8)):
-            np.testing.assert_allclose(np.array(shared[i, :len(completions[i])]), np.array(row), atol=2e-5)
+            np.testing.assert_allclose(np.array(shared[i, : len(completions[i])]), np.array(row), atol=2e-5)
 
 
 def _lora_model_and_case(path, seed: int):
@@ -119,7 +125,7 @@ def test_shared_prompt_gradients_match_plain(tiny_model_path):
 
     def plain_loss(m):
         rows = _plain(m, prompts, completions, 3, 1.0)
-        return sum((r * weights[i, :r.shape[0]]).sum() for i, r in enumerate(rows))
+        return sum((r * weights[i, : r.shape[0]]).sum() for i, r in enumerate(rows))
 
     _, g_shared = nn.value_and_grad(model, shared_loss)(model)
     _, g_plain = nn.value_and_grad(model, plain_loss)(model)
@@ -138,6 +144,7 @@ def test_chunked_projection_trains_a_trainable_head(tiny_model_path):
     weights = mx.array(np.random.default_rng(6).normal(size=comp.shape).astype(np.float32)) * mask
     grads = {}
     for chunk in (None, 2):
+
         def loss(m):
             return (completion_logprobs(m, padded, left, comp, 3, chunk_size=chunk)[0] * weights).sum()
 
@@ -152,9 +159,19 @@ def test_shared_prompt_matches_plain_forward_with_a_sliding_window():
     from mlx_lm.models import gemma3_text
 
     mx.random.seed(3)
-    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=32, num_hidden_layers=4, intermediate_size=64,
-                                 num_attention_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=256,
-                                 num_key_value_heads=1, sliding_window=4, sliding_window_pattern=2)
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text",
+        hidden_size=32,
+        num_hidden_layers=4,
+        intermediate_size=64,
+        num_attention_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=256,
+        num_key_value_heads=1,
+        sliding_window=4,
+        sliding_window_pattern=2,
+    )
     model = gemma3_text.Model(args)
     model.sanitize({})  # no lm_head: the head is the tied embedding, as in the real checkpoints
     model.update(nn.utils.tree_map(lambda p: mx.random.normal(p.shape) * 0.5, model.parameters()))
@@ -165,7 +182,7 @@ def test_shared_prompt_matches_plain_forward_with_a_sliding_window():
     for chunk in (None, 2):
         shared, _ = completion_logprobs(model, padded, left, comp, 3, temperature=0.8, chunk_size=chunk)
         for i, row in enumerate(plain):
-            np.testing.assert_allclose(np.array(shared[i, :len(completions[i])]), np.array(row), atol=2e-5)
+            np.testing.assert_allclose(np.array(shared[i, : len(completions[i])]), np.array(row), atol=2e-5)
 
 
 def test_frozen_head_gradient_worked_out_in_the_forward_matches_autodiff(tiny_model_path, monkeypatch):
@@ -183,9 +200,11 @@ def test_frozen_head_gradient_worked_out_in_the_forward_matches_autodiff(tiny_mo
     for chunk in (None, 2):
         values, grads = {}, {}
         for differentiated in (False, True):
+
             def loss(m):
-                logp, entropy = completion_logprobs(m, padded, left, comp, 3, temperature=0.7, chunk_size=chunk,
-                                                    differentiated=differentiated)
+                logp, entropy = completion_logprobs(
+                    m, padded, left, comp, 3, temperature=0.7, chunk_size=chunk, differentiated=differentiated
+                )
                 values[differentiated] = (np.array(logp), np.array(entropy))
                 return (logp * weights).sum()
 
@@ -194,8 +213,9 @@ def test_frozen_head_gradient_worked_out_in_the_forward_matches_autodiff(tiny_mo
             np.testing.assert_allclose(a, b, atol=1e-6)
         assert grads[True].keys() == grads[False].keys()
         for name in grads[True]:
-            np.testing.assert_allclose(np.array(grads[True][name]), np.array(grads[False][name]), rtol=2e-5,
-                                       atol=2e-6, err_msg=name)
+            np.testing.assert_allclose(
+                np.array(grads[True][name]), np.array(grads[False][name]), rtol=2e-5, atol=2e-6, err_msg=name
+            )
         assert max(np.abs(np.array(v)).max() for v in grads[True].values()) > 1e-3
     assert len(calls) == 2  # the differentiated passes took the frozen-head path; the others did not
 
@@ -215,7 +235,10 @@ def test_frozen_head_gradient_worked_out_in_the_forward_matches_autodiff(tiny_mo
         step = np.zeros(hidden.shape)
         step[i] = 1e-5
         numeric[i] = (numpy_objective(hidden + step) - numpy_objective(hidden - step)) / 2e-5
-    got = mx.grad(lambda h: (mx.array(a, dtype=mx.float32)
-                             * _project(head, h, targets, 0.7, None, differentiated=True)[0]).sum())(mx.array(hidden))
+    got = mx.grad(
+        lambda h: (
+            mx.array(a, dtype=mx.float32) * _project(head, h, targets, 0.7, None, differentiated=True)[0]
+        ).sum()
+    )(mx.array(hidden))
     np.testing.assert_allclose(np.array(got), numeric, atol=1e-4)
     assert len(calls) == 3

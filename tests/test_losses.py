@@ -19,9 +19,29 @@ def _sigmoid(x):
     return 1 / (1 + np.exp(-x))
 
 
-def numpy_loss(logp, old, adv, mask, loss_type, *, eps_low=0.2, eps_high=0.28, beta=0.0, ref=None, max_tokens=12,
-               micro_batches=1, delta=None, tau_pos=1.0, tau_neg=1.05, entropy=None, entropy_coef=0.0,
-               token_weight=None, logp_stopped=None, guided=None, guide_shaping=0.0):
+def numpy_loss(
+    logp,
+    old,
+    adv,
+    mask,
+    loss_type,
+    *,
+    eps_low=0.2,
+    eps_high=0.28,
+    beta=0.0,
+    ref=None,
+    max_tokens=12,
+    micro_batches=1,
+    delta=None,
+    tau_pos=1.0,
+    tau_neg=1.05,
+    entropy=None,
+    entropy_coef=0.0,
+    token_weight=None,
+    logp_stopped=None,
+    guided=None,
+    guide_shaping=0.0,
+):
     """Each paper's formula, written out in float64.
 
     One micro-batch = the whole batch, except for bnpo, which normalises by each
@@ -99,12 +119,23 @@ def random_inputs(seed, n=16, t=9):
 def mlx_loss(logp, old, adv, mask, loss_type, micro=2, **kw):
     """Sum of the micro-batch losses, as the trainer accumulates them; the summed clip count; d loss / d logp."""
     n = len(adv)
-    shape = BatchShape(num_sequences=n, num_tokens=int(mask.sum()), num_micro_batches=micro,
-                       max_tokens=kw.pop("max_tokens", 12))
-    settings = LossSettings(loss_type=loss_type, epsilon_low=kw.pop("eps_low", 0.2),
-                            epsilon_high=kw.pop("eps_high", 0.28), delta=kw.pop("delta", None),
-                            beta=kw.pop("beta", 0.0), sapo_tau_pos=1.0, sapo_tau_neg=1.05,
-                            entropy_coef=kw.pop("entropy_coef", 0.0), guide_shaping=kw.pop("guide_shaping", 0.0))
+    shape = BatchShape(
+        num_sequences=n,
+        num_tokens=int(mask.sum()),
+        num_micro_batches=micro,
+        max_tokens=kw.pop("max_tokens", 12),
+    )
+    settings = LossSettings(
+        loss_type=loss_type,
+        epsilon_low=kw.pop("eps_low", 0.2),
+        epsilon_high=kw.pop("eps_high", 0.28),
+        delta=kw.pop("delta", None),
+        beta=kw.pop("beta", 0.0),
+        sapo_tau_pos=1.0,
+        sapo_tau_neg=1.05,
+        entropy_coef=kw.pop("entropy_coef", 0.0),
+        guide_shaping=kw.pop("guide_shaping", 0.0),
+    )
     ref, entropy, weight = kw.pop("ref", None), kw.pop("entropy", None), kw.pop("token_weight", None)
     guided = kw.pop("guided", None)
     assert not kw, kw
@@ -117,11 +148,17 @@ def mlx_loss(logp, old, adv, mask, loss_type, micro=2, **kw):
         for p in np.array_split(np.arange(n), micro):
             rows = mx.array(p)
             part_loss, stats = policy_loss(
-                lp[rows], f(old[p]), f(adv[p]), f(mask[p]), shape, settings,
+                lp[rows],
+                f(old[p]),
+                f(adv[p]),
+                f(mask[p]),
+                shape,
+                settings,
                 ref_logp=f(ref[p]) if ref is not None else None,
                 entropy=f(entropy[p]) if entropy is not None else None,
                 token_weight=f(weight[p]) if weight is not None else None,
-                guided=mx.array(guided[p]) if guided is not None else None)
+                guided=mx.array(guided[p]) if guided is not None else None,
+            )
             loss = loss + part_loss
             clipped = clipped + stats["clipped"]
         return loss, clipped
@@ -153,7 +190,9 @@ def test_loss_and_gradient_match_the_paper_formula(loss_type, beta):
     loss, clipped, grad = mlx_loss(logp, old, adv, mask, loss_type, micro=micro, beta=beta, ref=ref)
 
     def reference(lp):
-        return numpy_loss(lp, old, adv, mask, loss_type, beta=beta, ref=ref, micro_batches=micro, logp_stopped=logp)
+        return numpy_loss(
+            lp, old, adv, mask, loss_type, beta=beta, ref=ref, micro_batches=micro, logp_stopped=logp
+        )
 
     assert loss == pytest.approx(reference(logp), rel=1e-5, abs=1e-6)
     np.testing.assert_allclose(grad, finite_difference_grad(reference, logp), rtol=1e-3, atol=2e-6)
@@ -193,8 +232,17 @@ def test_shaped_reference_tokens_match_luffys_formula(loss_type):
     loss, clipped, grad = mlx_loss(logp, old, adv, mask, loss_type, guided=guided, guide_shaping=gamma)
 
     def reference(lp):
-        return numpy_loss(lp, old, adv, mask, loss_type, micro_batches=2, logp_stopped=logp, guided=guided,
-                          guide_shaping=gamma)
+        return numpy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            loss_type,
+            micro_batches=2,
+            logp_stopped=logp,
+            guided=guided,
+            guide_shaping=gamma,
+        )
 
     assert loss == pytest.approx(reference(logp), rel=1e-5, abs=1e-6)
     np.testing.assert_allclose(grad, finite_difference_grad(reference, logp), rtol=1e-3, atol=2e-6)
@@ -215,17 +263,30 @@ def test_shaped_reference_tokens_match_luffys_formula(loss_type):
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo"])
 def test_entropy_bonus_and_top_entropy_mask(loss_type):
     logp, old, _, adv, mask, entropy = random_inputs(seed=21)
-    weight = np.array(top_entropy_mask(mx.array(entropy, dtype=mx.float32), mx.array(mask, dtype=mx.float32), 0.2))
+    weight = np.array(
+        top_entropy_mask(mx.array(entropy, dtype=mx.float32), mx.array(mask, dtype=mx.float32), 0.2)
+    )
     # exactly the top 20% (rounded up) of the real tokens by entropy
     assert weight.sum() == np.ceil(0.2 * mask.sum())
     assert entropy[weight > 0].min() >= entropy[(mask > 0) & (weight == 0)].max()
     assert np.all(weight[mask == 0] == 0)
-    loss, _, grad = mlx_loss(logp, old, adv, mask, loss_type, entropy=entropy, entropy_coef=0.01,
-                             token_weight=weight)
+    loss, _, grad = mlx_loss(
+        logp, old, adv, mask, loss_type, entropy=entropy, entropy_coef=0.01, token_weight=weight
+    )
 
     def reference(lp):
-        return numpy_loss(lp, old, adv, mask, loss_type, entropy=entropy, entropy_coef=0.01, token_weight=weight,
-                          micro_batches=2, logp_stopped=logp)
+        return numpy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            loss_type,
+            entropy=entropy,
+            entropy_coef=0.01,
+            token_weight=weight,
+            micro_batches=2,
+            logp_stopped=logp,
+        )
 
     assert loss == pytest.approx(reference(logp), rel=1e-5, abs=1e-6)
     np.testing.assert_allclose(grad, finite_difference_grad(reference, logp), rtol=1e-3, atol=2e-6)
@@ -245,7 +306,9 @@ def test_ratio_one_gives_reinforce_with_a_baseline(loss_type):
     elif loss_type == "dr_grpo":
         expected = -a * mask / (n * 12)
     elif loss_type == "bnpo":
-        expected = np.concatenate([-a[p] * mask[p] / mask[p].sum() / 2 for p in np.array_split(np.arange(n), 2)])
+        expected = np.concatenate(
+            [-a[p] * mask[p] / mask[p].sum() / 2 for p in np.array_split(np.arange(n), 2)]
+        )
     else:
         expected = -a * mask / mask.sum()
     np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-8)
@@ -299,6 +362,7 @@ def _loss_fn(tokens, mask, behaviour, adv, chunk=None):
         logp, _ = token_logprobs(model, tokens, temperature=0.9, chunk_size=chunk)
         settings = update_settings(TrainConfig.from_flat({"beta": 0.1})).loss  # grpo, epsilon 0.2 both sides
         return policy_loss(logp, behaviour, adv, mask, shape, settings, ref_logp=behaviour - 0.1)[0]
+
     return fn
 
 
@@ -375,14 +439,31 @@ def _sampled_and_reference_rows():
 
 def test_the_kl_penalty_and_its_mean_leave_reference_rows_out():
     logp, ref, mask, guided, sampled_kl = _sampled_and_reference_rows()
-    settings = LossSettings(loss_type="dr_grpo", epsilon_low=0.2, epsilon_high=0.28, delta=None, beta=0.1,
-                            sapo_tau_pos=1.0, sapo_tau_neg=1.05, entropy_coef=0.0, guide_shaping=0.0)
+    settings = LossSettings(
+        loss_type="dr_grpo",
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        delta=None,
+        beta=0.1,
+        sapo_tau_pos=1.0,
+        sapo_tau_neg=1.05,
+        entropy_coef=0.0,
+        guide_shaping=0.0,
+    )
     shape = BatchShape(num_sequences=2, num_tokens=6, num_micro_batches=1, max_tokens=3)
     f = lambda a: mx.array(a, dtype=mx.float32)  # noqa: E731
 
     def loss_and_kl(rows_guided):
-        loss, stats = policy_loss(f(logp), f(logp), f([0.5, -0.5]), f(mask), shape, settings, ref_logp=f(ref),
-                                  guided=mx.array(rows_guided))
+        loss, stats = policy_loss(
+            f(logp),
+            f(logp),
+            f([0.5, -0.5]),
+            f(mask),
+            shape,
+            settings,
+            ref_logp=f(ref),
+            guided=mx.array(rows_guided),
+        )
         return loss.item(), stats["kl"].item() / stats["kl_tokens"].item()
 
     loss, kl = loss_and_kl(guided)
@@ -399,9 +480,16 @@ def test_the_watched_kl_leaves_reference_rows_out():
 
     logp, ref, mask, guided, sampled_kl = _sampled_and_reference_rows()
     f = lambda a: mx.array(a, dtype=mx.float32)  # noqa: E731
-    mb = MicroBatch(prompts=mx.array([[1, 2]]), left_padding=mx.array([0]), completions=mx.zeros((2, 3), mx.int32),
-                    mask=f(mask), behaviour_logp=f(logp), advantages=f([0.5, -0.5]), group_size=2,
-                    guided=mx.array(guided))
+    mb = MicroBatch(
+        prompts=mx.array([[1, 2]]),
+        left_padding=mx.array([0]),
+        completions=mx.zeros((2, 3), mx.int32),
+        mask=f(mask),
+        behaviour_logp=f(logp),
+        advantages=f([0.5, -0.5]),
+        group_size=2,
+        guided=mx.array(guided),
+    )
     assert _kl_to_reference([mb], [f(ref)]) == pytest.approx(sampled_kl, rel=1e-5)
     only_reference = MicroBatch(**{**mb.__dict__, "guided": mx.array([True, True])})
     assert _kl_to_reference([only_reference], [f(ref)]) is None
@@ -411,8 +499,18 @@ def test_a_reference_row_past_exps_range_leaves_the_loss_and_its_gradient_finite
     """exp(200) overflows float32: off the KL mask the log-ratio must be 0 before exp, not masked after it."""
     logp, ref, mask, guided, sampled_kl = _sampled_and_reference_rows()
     ref[1] = logp[1] + 200.0
-    _, _, grad = mlx_loss(logp, logp, np.array([0.5, -0.5]), mask, "dr_grpo", micro=1, max_tokens=3, beta=0.1,
-                          ref=ref, guided=guided)
+    _, _, grad = mlx_loss(
+        logp,
+        logp,
+        np.array([0.5, -0.5]),
+        mask,
+        "dr_grpo",
+        micro=1,
+        max_tokens=3,
+        beta=0.1,
+        ref=ref,
+        guided=guided,
+    )
     assert np.isfinite(grad).all()
     d = ref[0] - logp[0]
     np.testing.assert_allclose(grad[0], -0.5 / 6 + 0.1 * (1 - np.exp(d)) / 6, rtol=1e-4)

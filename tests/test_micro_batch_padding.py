@@ -26,8 +26,17 @@ def _completions(lengths: list[int], group_size: int, seed: int = 0) -> list[Com
     """One completion of each length, `group_size` a group, each group with its own prompt."""
     rng = np.random.default_rng(seed)
     prompts = [[int(t) for t in rng.integers(3, 250, 3 + g)] for g in range(len(lengths) // group_size)]
-    return [Completion(i // group_size, prompts[i // group_size], [int(t) for t in rng.integers(3, 250, k)],
-                       list(rng.normal(-3, 0.5, k)), "stop", "") for i, k in enumerate(lengths)]
+    return [
+        Completion(
+            i // group_size,
+            prompts[i // group_size],
+            [int(t) for t in rng.integers(3, 250, k)],
+            list(rng.normal(-3, 0.5, k)),
+            "stop",
+            "",
+        )
+        for i, k in enumerate(lengths)
+    ]
 
 
 def _batch(lengths, group_size, advantages=None, seed=0):
@@ -92,7 +101,9 @@ def _loss_and_gradients(model, parts, sizes: BatchShape, loss_type: str):
 def test_sorted_pieces_train_like_the_whole_group(tiny_model_path, loss_type):
     """Two groups of 6 with lengths out of order, cut by length into pieces of 2: the loss and its
     gradient are those of both groups in one micro-batch."""
-    batch = _batch([5, 1, 4, 2, 6, 3, 2, 7, 1, 3, 5, 4], 6, advantages=np.random.default_rng(1).normal(size=12))
+    batch = _batch(
+        [5, 1, 4, 2, 6, 3, 2, 7, 1, 3, 5, 4], 6, advantages=np.random.default_rng(1).normal(size=12)
+    )
     whole, pieces = micro_batches(batch, 12), micro_batches(batch, 2, by_length=True)
     assert _lengths(pieces) == [[1, 2], [3, 4], [5, 6], [1, 2], [3, 4], [5, 7]] and len(whole) == 1
     sizes = batch_shape(batch, 12, 8)
@@ -124,13 +135,24 @@ def test_bnpo_counts_the_micro_batches_it_is_given():
         for size in (1, 2, 4, 6, 12):
             for by_length in (False, True):
                 assert batch_shape(batch, size, 8, by_length).num_micro_batches == len(
-                    micro_batches(batch, size, by_length))
-    assert not same_at_any_cut("bnpo") and all(same_at_any_cut(k) for k in ("grpo", "dapo", "dr_grpo", "gspo"))
+                    micro_batches(batch, size, by_length)
+                )
+    assert not same_at_any_cut("bnpo") and all(
+        same_at_any_cut(k) for k in ("grpo", "dapo", "dr_grpo", "gspo")
+    )
 
 
 def _task():
-    return Task("t", [{"prompt": p} for p in ("1+1", "2+2")], [], [lambda prompts, completions, **kw: [
-        float(len(c)) for c in completions]], [1.0], None, None, [])
+    return Task(
+        "t",
+        [{"prompt": p} for p in ("1+1", "2+2")],
+        [],
+        [lambda prompts, completions, **kw: [float(len(c)) for c in completions]],
+        [1.0],
+        None,
+        None,
+        [],
+    )
 
 
 @pytest.mark.parametrize("loss, lengths", [("grpo", [[1, 2], [5, 6]]), ("bnpo", [[2, 6], [1, 5]])])
@@ -144,8 +166,9 @@ def test_a_step_orders_pieces_by_length_unless_bnpo(tiny_model_path, loss, lengt
 
 
 def test_a_training_step_logs_the_padded_fraction(tiny_model_path):
-    config = build_config({"group_size": 4, "batch_size": 2, "micro_batch_size": 2, "max_tokens": 6,
-                           "kl_every": 0, "steps": 2})
+    config = build_config(
+        {"group_size": 4, "batch_size": 2, "micro_batch_size": 2, "max_tokens": 6, "kl_every": 0, "steps": 2}
+    )
     model, tokenizer = load_policy(str(tiny_model_path))
     mx.random.seed(0)
     prepare_for_training(model, "lora", {"rank": 4})
@@ -192,7 +215,9 @@ def test_pieces_with_adapters_on_the_top_layers_train_like_the_whole_group(tmp_p
     loss_whole, grads_whole = _loss_and_gradients(model, whole, sizes, "dr_grpo")
     loss_pieces, grads_pieces = _loss_and_gradients(model, pieces, sizes, "dr_grpo")
     assert abs(loss_whole) > 1e-4
-    assert {int(re.search(r"layers\.(\d+)\.", name).group(1)) for name in grads_whole} == set(range(3 - adapted_layers, 3))
+    assert {int(re.search(r"layers\.(\d+)\.", name).group(1)) for name in grads_whole} == set(
+        range(3 - adapted_layers, 3)
+    )
     assert min(np.abs(g).max() for g in grads_whole.values()) > 1e-7
     assert loss_pieces == pytest.approx(loss_whole, rel=1e-5, abs=1e-6)
     for name, g in grads_whole.items():

@@ -9,7 +9,16 @@ import pytest
 from mlx_grpo.config import ConfigError, build_config
 from mlx_grpo.run.task_setup import load_task
 from mlx_grpo.tasks.registry import recommended_settings
-from rewards.multihop import Corpus, exact_match, final_answer, load_musique, make_row, make_world, normalize, token_f1
+from rewards.multihop import (
+    Corpus,
+    exact_match,
+    final_answer,
+    load_musique,
+    make_row,
+    make_world,
+    normalize,
+    token_f1,
+)
 from rewards.multihop.answers import exact_match_reward, f1_reward, support_reward
 from rewards.multihop.training import MultihopEnv, synthetic_rows
 
@@ -27,7 +36,9 @@ def test_a_question_is_answered_by_following_its_decomposition_through_the_world
             assert paragraph["is_supporting"] and step["answer"] in paragraph["paragraph_text"]
             if k:  # MuSiQue's "#k" stands for the previous hop's answer, whose paragraph this is
                 assert f"#{k}" in step["question"] and paragraph["title"] == steps[k - 1]["answer"]
-        assert sum(p["is_supporting"] for p in row["paragraphs"]) == len({s["paragraph_support_idx"] for s in steps})
+        assert sum(p["is_supporting"] for p in row["paragraphs"]) == len(
+            {s["paragraph_support_idx"] for s in steps}
+        )
         assert sorted(titles) == sorted(world)  # one paragraph an entity
         assert row["answer"] not in row["question"]
 
@@ -42,9 +53,11 @@ def test_worlds_are_deterministic_and_train_and_test_never_share_one():
 
 
 def test_search_ranks_by_bm25_and_read_finds_titles_and_both_record_what_was_shown():
-    paragraphs = [{"title": "Kalo", "paragraph_text": "Kalo is a city on the Amber river.", "is_supporting": True},
-                  {"title": "Mira Tass", "paragraph_text": "Mira Tass was born in Kalo.", "is_supporting": True},
-                  {"title": "Vent", "paragraph_text": "Vent is a company based in Orra.", "is_supporting": False}]
+    paragraphs = [
+        {"title": "Kalo", "paragraph_text": "Kalo is a city on the Amber river.", "is_supporting": True},
+        {"title": "Mira Tass", "paragraph_text": "Mira Tass was born in Kalo.", "is_supporting": True},
+        {"title": "Vent", "paragraph_text": "Vent is a company based in Orra.", "is_supporting": False},
+    ]
     corpus = Corpus(paragraphs)
     tools = corpus.tools()
     hits = tools["search"]("Where was Mira Tass born").splitlines()
@@ -73,19 +86,43 @@ def test_answers_are_scored_as_squad_and_musique_score_them():
 
 
 def test_musique_rows_are_read_and_bad_ones_skipped_and_named(tmp_path):
-    good = {"id": "2hop_1", "question": "Who founded the company based in Kalo?", "answer": "Mira Tass",
-            "answer_aliases": ["M. Tass"], "answerable": True,
-            "paragraphs": [{"idx": 0, "title": "Kalo", "paragraph_text": "Vent is based in Kalo.", "is_supporting": True},
-                           {"idx": 1, "title": "Vent", "paragraph_text": "Vent was founded by Mira Tass.",
-                            "is_supporting": True}],
-            "question_decomposition": [{"id": 1, "question": "Which company is based in Kalo?", "answer": "Vent",
-                                        "paragraph_support_idx": 0}]}
-    lines = [json.dumps(good), json.dumps({**good, "answerable": False}), json.dumps({**good, "paragraphs": []}),
-             "{broken", json.dumps({**good, "answer_aliases": "M. Tass"})]
+    good = {
+        "id": "2hop_1",
+        "question": "Who founded the company based in Kalo?",
+        "answer": "Mira Tass",
+        "answer_aliases": ["M. Tass"],
+        "answerable": True,
+        "paragraphs": [
+            {"idx": 0, "title": "Kalo", "paragraph_text": "Vent is based in Kalo.", "is_supporting": True},
+            {
+                "idx": 1,
+                "title": "Vent",
+                "paragraph_text": "Vent was founded by Mira Tass.",
+                "is_supporting": True,
+            },
+        ],
+        "question_decomposition": [
+            {
+                "id": 1,
+                "question": "Which company is based in Kalo?",
+                "answer": "Vent",
+                "paragraph_support_idx": 0,
+            }
+        ],
+    }
+    lines = [
+        json.dumps(good),
+        json.dumps({**good, "answerable": False}),
+        json.dumps({**good, "paragraphs": []}),
+        "{broken",
+        json.dumps({**good, "answer_aliases": "M. Tass"}),
+    ]
     path = tmp_path / "musique.jsonl"
     path.write_text("\n".join(lines) + "\n")
     rows, note = load_musique(str(path), "train")
-    assert len(rows) == 1 and rows[0]["prompt"] == good["question"] and rows[0]["answer_aliases"] == ["M. Tass"]
+    assert (
+        len(rows) == 1 and rows[0]["prompt"] == good["question"] and rows[0]["answer_aliases"] == ["M. Tass"]
+    )
     assert "skipped 4 bad row(s) of 5" in note and "unanswerable" in note and "no 'paragraphs' list" in note
     assert "line 2: unanswerable" in note and "line 4: malformed JSON" in note
     with pytest.raises(ValueError, match="line 2: unanswerable"):
@@ -117,13 +154,19 @@ def test_the_task_loads_synthetic_rows_and_refuses_what_does_not_apply(tmp_path)
 def test_chains_keep_one_kind_of_question_and_leave_the_other_rows_as_they_were(tmp_path):
     """multihop_chains ("city/country": company -> city -> country) as the tiny tool model trains on."""
     rows = [make_row(f"c/{i}", 2, ["city/country"]) for i in range(30)]
-    assert all(r["question"].startswith("In which country is ") and r["question"].endswith(" based?") for r in rows)
-    assert all([s["question"].split()[0] for s in r["question_decomposition"]] == ["Where", "In"] for r in rows)
+    assert all(
+        r["question"].startswith("In which country is ") and r["question"].endswith(" based?") for r in rows
+    )
+    assert all(
+        [s["question"].split()[0] for s in r["question_decomposition"]] == ["Where", "In"] for r in rows
+    )
     # a row drawn without chains that happens to be of that chain is the same row
     plain = [make_row(f"c/{i}", 2) for i in range(30)]
     same = [p for p in plain if p["question"].endswith(" based?")]
     assert same and all(p == r for p, r in zip(plain, rows) if p["question"].endswith(" based?"))
-    task = load_task(_config(tmp_path, multihop_chains=["city/country", "city/country/language"], multihop_hops=[2, 3, 4]))
+    task = load_task(
+        _config(tmp_path, multihop_chains=["city/country", "city/country/language"], multihop_hops=[2, 3, 4])
+    )
     assert {r["hops"] for r in task.train_rows} == {2, 3}
     assert all(" based" in r["question"] for r in task.train_rows + task.eval_rows)
     with pytest.raises(ConfigError, match="'city/river' is not a chain of relations; one of founder/born_in"):
@@ -136,11 +179,15 @@ def test_musique_rows_come_in_through_data_and_each_episode_searches_only_its_ow
     rows = [make_row(f"m/{i}", 2) for i in range(12)]
     folder = tmp_path / "musique"
     folder.mkdir()
-    (folder / "train.jsonl").write_text("\n".join(json.dumps({k: v for k, v in r.items() if k != "prompt"})
-                                                  for r in rows[:10]) + "\n")
+    (folder / "train.jsonl").write_text(
+        "\n".join(json.dumps({k: v for k, v in r.items() if k != "prompt"}) for r in rows[:10]) + "\n"
+    )
     (folder / "validation.jsonl").write_text("\n".join(json.dumps(r) for r in rows[10:]) + "\n")
     task = load_task(_config(tmp_path, data=str(folder)))
-    assert [r["id"] for r in task.eval_rows] == [rows[10]["id"], rows[11]["id"]]  # the folder's validation split
+    assert [r["id"] for r in task.eval_rows] == [
+        rows[10]["id"],
+        rows[11]["id"],
+    ]  # the folder's validation split
     # No test file: the train rows whose prompt and id hash into the test share are held out as test.
     test_ids = [r["id"] for r in task.test_rows]
     assert test_ids and len(task.train_rows) + len(test_ids) == 10
@@ -162,16 +209,26 @@ def test_an_episode_reads_two_hops_and_its_answer_is_scored(tmp_path, tiny_model
     first, second = row["question_decomposition"]
     start = row["paragraphs"][first["paragraph_support_idx"]]["title"]
     for title in (start, first["answer"]):
-        observation, done, info = env.step(f'<tool_call>{{"name": "read", "arguments": {{"title": "{title}"}}}}</tool_call>')
+        observation, done, info = env.step(
+            f'<tool_call>{{"name": "read", "arguments": {{"title": "{title}"}}}}</tool_call>'
+        )
         assert not done and "<tool_response>" in observation
     assert info["tools/support_recall"] == 1.0 and not info["solved"]
     _, done, info = env.step(f"Answer: {row['answer']}")
     assert done and info["solved"] and info["tools/calls"] == 2
-    assert env.reward() == 1.5 and env.reward_parts() == {"exact_match_reward": 1.0, "f1_reward": 1.0,
-                                                         "support_reward": 1.0}
+    assert env.reward() == 1.5 and env.reward_parts() == {
+        "exact_match_reward": 1.0,
+        "f1_reward": 1.0,
+        "support_reward": 1.0,
+    }
     env.reset()
     _, done, info = env.step("I do not know")
-    assert done and env.reward() == 0.0 and info["tools/answered_without_call"] and info["tools/support_recall"] == 0.0
+    assert (
+        done
+        and env.reward() == 0.0
+        and info["tools/answered_without_call"]
+        and info["tools/support_recall"] == 0.0
+    )
 
 
 def test_eval_on_multihop_reports_turns_and_tool_use(tmp_path, tiny_model_path):
@@ -180,8 +237,22 @@ def test_eval_on_multihop_reports_turns_and_tool_use(tmp_path, tiny_model_path):
 
     from mlx_grpo.cli import app
 
-    result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--task", "multihop", "--n", "2",
-                                      "--max-tokens", "4", "--output", str(tmp_path / "eval")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(tiny_model_path),
+            "--task",
+            "multihop",
+            "--n",
+            "2",
+            "--max-tokens",
+            "4",
+            "--output",
+            str(tmp_path / "eval"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "exact_match_reward" in result.output and "turns" in result.output
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
@@ -199,8 +270,10 @@ def test_grpo_teaches_the_tiny_tool_model_to_read_both_hops(tmp_path):
 
     if tiny_tool_model() is None:
         pytest.skip("the tiny tool model has not been built (scripts/build_tiny_tool_model.py)")
-    config = build_config({"task": "multihop", "output": str(tmp_path / "run"), "seed": 0, **TOOL_LEARNING_RUN},
-                          task_defaults=recommended_settings)
+    config = build_config(
+        {"task": "multihop", "output": str(tmp_path / "run"), "seed": 0, **TOOL_LEARNING_RUN},
+        task_defaults=recommended_settings,
+    )
     assert config.model == str(tiny_tool_model()) and config.task_options.multihop_chains == ["city/country"]
     result = train(config)
     reward = [m["reward/mean"] for m in result.history]

@@ -14,7 +14,9 @@ def test_an_episode_that_ran_out_of_turns_is_scored_on_what_it_read(tiny_model_p
     env.bind(tokenizer)
     env.reset()
     start = row["paragraphs"][row["question_decomposition"][0]["paragraph_support_idx"]]["title"]
-    _, done, info = env.step(f'<tool_call>{{"name": "read", "arguments": {{"title": "{start}"}}}}</tool_call>')
+    _, done, info = env.step(
+        f'<tool_call>{{"name": "read", "arguments": {{"title": "{start}"}}}}</tool_call>'
+    )
     assert not done and info["tools/support_recall"] == 0.5  # then the rollout stops it: max_turns
     assert env.reward_parts() == {"exact_match_reward": 0.0, "f1_reward": 0.0, "support_reward": 0.5}
     assert env.reward() == 0.25 and env.answer is None and not env.info()["solved"]

@@ -57,8 +57,15 @@ def policy(tiny_model_path):
 def _roll(policy, envs, group_size, max_turns=4, budget=400, max_tokens=6, temperature=1.0, seed=0):
     model, tokenizer = policy
     mx.random.seed(seed)
-    return rollout_episodes(model, tokenizer, envs, group_size, SamplingConfig(temperature, max_tokens=max_tokens),
-                            max_turns, budget)
+    return rollout_episodes(
+        model,
+        tokenizer,
+        envs,
+        group_size,
+        SamplingConfig(temperature, max_tokens=max_tokens),
+        max_turns,
+        budget,
+    )
 
 
 def test_protocol_is_satisfied_by_the_web_and_single_turn_envs():
@@ -76,8 +83,11 @@ def test_episode_layout_mask_and_observations_through_the_chat_template(policy):
     end = tokenizer.eos_token_id
     for i, ep in enumerate(episodes):
         assert ep.prompt_index == i // 3
-        assert ep.prompt_tokens == list(tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"start {'ab'[i // 3]}"}], add_generation_prompt=True))
+        assert ep.prompt_tokens == list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"start {'ab'[i // 3]}"}], add_generation_prompt=True
+            )
+        )
         assert len(ep.tokens) == len(ep.logprobs) == len(ep.mask)
         assert ep.finish_reason == "done" and len(ep.turns) == 3 and envs[i].calls == 3
         assert ep.reward == 3.0 and ep.reward_parts == {"steps": 3.0, "constant": 0.5}
@@ -103,7 +113,7 @@ def test_behaviour_logprobs_match_a_forward_pass_over_the_whole_conversation(pol
     model, _ = policy
     for ep in _roll(policy, [CountingEnv() for _ in range(4)], 2, temperature=0.9, seed=3):
         logp, _ = token_logprobs(model, mx.array([ep.prompt_tokens + ep.tokens]), temperature=0.9)
-        forward = np.array(logp[0, len(ep.prompt_tokens) - 1:])
+        forward = np.array(logp[0, len(ep.prompt_tokens) - 1 :])
         model_tokens = np.array(ep.mask) == 1
         np.testing.assert_allclose(np.array(ep.logprobs)[model_tokens], forward[model_tokens], atol=2e-4)
 
@@ -112,7 +122,9 @@ def test_limits_on_turns_and_tokens(policy):
     episodes = _roll(policy, [CountingEnv(turns=10) for _ in range(4)], 2, max_turns=2)
     assert all(ep.finish_reason == "max_turns" and len(ep.turns) == 2 for ep in episodes)
     assert all(ep.mask[-1] == 1 for ep in episodes)  # nothing follows the last model turn
-    episodes = _roll(policy, [CountingEnv(turns=10) for _ in range(4)], 2, max_turns=10, budget=40, max_tokens=8)
+    episodes = _roll(
+        policy, [CountingEnv(turns=10) for _ in range(4)], 2, max_turns=10, budget=40, max_tokens=8
+    )
     for ep in episodes:
         assert ep.finish_reason == "max_tokens" and len(ep.tokens) <= 40 and ep.mask[-1] == 1
     # a budget smaller than one turn cuts the first turn
@@ -147,7 +159,10 @@ def test_single_turn_task_is_the_one_step_case(policy):
     episodes = _roll(policy, envs, 4, max_turns=5)
     for ep in episodes:
         assert ep.finish_reason == "done" and len(ep.turns) == 1 and all(m == 1 for m in ep.mask)
-        assert ep.reward_parts == {"exact": float(ep.turns[0].strip() == "4"), "length": len(ep.turns[0]) / 10}
+        assert ep.reward_parts == {
+            "exact": float(ep.turns[0].strip() == "4"),
+            "length": len(ep.turns[0]) / 10,
+        }
         assert ep.reward == pytest.approx(ep.reward_parts["exact"] + 0.5 * ep.reward_parts["length"])
 
 
@@ -162,13 +177,19 @@ def test_web_episodes_run_and_score(policy):
 
 def _loss_and_grads(model, batch, behaviour=None):
     parts = micro_batches(batch, 64)
-    shape = BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
-                       num_micro_batches=len(parts), max_tokens=batch.completions.shape[1])
+    shape = BatchShape(
+        num_sequences=len(batch.advantages),
+        num_tokens=int(batch.mask.sum()),
+        num_micro_batches=len(parts),
+        max_tokens=batch.completions.shape[1],
+    )
 
     def loss_fn(model, logp_offset):
         total = 0.0
         for mb in parts:
-            logp, _ = completion_logprobs(model, mb.prompts, mb.left_padding, mb.completions, batch.group_size)
+            logp, _ = completion_logprobs(
+                model, mb.prompts, mb.left_padding, mb.completions, batch.group_size
+            )
             logp = logp + logp_offset
             b = mb.behaviour_logp if behaviour is None else mx.array(behaviour)
             loss, _ = policy_loss(logp, b, mb.advantages, mb.mask, shape, update_settings(TrainConfig()).loss)
@@ -188,14 +209,15 @@ def test_environment_tokens_get_no_gradient(policy, tiny_model_path):
     model.update(nn.utils.tree_map(lambda p: mx.random.normal(p.shape) * 0.1, model.trainable_parameters()))
     _, tokenizer = policy
     mx.random.seed(1)
-    episodes = rollout_episodes(model, tokenizer, [CountingEnv() for _ in range(4)], 4,
-                                SamplingConfig(1.0, max_tokens=5), 3, 200)
+    episodes = rollout_episodes(
+        model, tokenizer, [CountingEnv() for _ in range(4)], 4, SamplingConfig(1.0, max_tokens=5), 3, 200
+    )
     advantages = np.array([1.0, -0.5, 0.25, -0.75])
     batch = build_batch(episodes, advantages, 4)
     assert batch.mask.sum() == sum(sum(ep.mask) for ep in episodes) < batch.mask.size
     env_positions = np.zeros_like(batch.mask, dtype=bool)
     for i, ep in enumerate(episodes):
-        env_positions[i, :len(ep.mask)] = np.array(ep.mask) == 0
+        env_positions[i, : len(ep.mask)] = np.array(ep.mask) == 0
     assert env_positions.any()
 
     loss, grads, token_grad = _loss_and_grads(model, batch)
@@ -205,7 +227,7 @@ def test_environment_tokens_get_no_gradient(policy, tiny_model_path):
     # and nothing recorded for environment tokens can change the update: scramble their behaviour log-probs
     scrambled = batch.behaviour_logp.copy()
     scrambled[env_positions] = np.random.default_rng(0).normal(-3, 2, env_positions.sum())
-    loss2, grads2, _ = _loss_and_grads(model, batch, behaviour=scrambled[:, :batch.completions.shape[1]])
+    loss2, grads2, _ = _loss_and_grads(model, batch, behaviour=scrambled[:, : batch.completions.shape[1]])
     assert float(loss2) == pytest.approx(float(loss), abs=1e-6)
     for name in grads:
         np.testing.assert_allclose(np.array(grads2[name]), np.array(grads[name]), atol=1e-7, err_msg=name)
@@ -216,10 +238,23 @@ def _web_config(tiny_model_path, tmp_path, **extra):
     from mlx_grpo.config import build_config
     from mlx_grpo.tasks.registry import recommended_settings
 
-    settings = {"task": "web", "model": str(tiny_model_path), "steps": 2, "batch_size": 2, "group_size": 2,
-                "max_tokens": 6, "max_turns": 2, "max_episode_tokens": 1500, "eval_num_problems": 2,
-                "web_kinds": ["fact/1", "account/1"], "output": str(tmp_path / "run"), "save_every": 1,
-                "system_prompt": "", "micro_batch_size": 4, **extra}
+    settings = {
+        "task": "web",
+        "model": str(tiny_model_path),
+        "steps": 2,
+        "batch_size": 2,
+        "group_size": 2,
+        "max_tokens": 6,
+        "max_turns": 2,
+        "max_episode_tokens": 1500,
+        "eval_num_problems": 2,
+        "web_kinds": ["fact/1", "account/1"],
+        "output": str(tmp_path / "run"),
+        "save_every": 1,
+        "system_prompt": "",
+        "micro_batch_size": 4,
+        **extra,
+    }
     return build_config(settings, task_defaults=recommended_settings)
 
 
@@ -232,9 +267,19 @@ def test_training_on_the_web_task_runs_logs_and_checkpoints_the_curriculum(tiny_
     assert config.curriculum == "ued" and config.curriculum_key == "kind"  # the web task's defaults
     result = train(config)
     first = result.history[0]
-    for key in ("reward/mean", "reward/success/mean", "reward/format/mean", "reward/efficiency/mean",
-                "reward/invalid/mean", "episode/turns", "episode/env_tokens", "episode/done_frac",
-                "curriculum/prob/fact/1", "curriculum/prob/account/1", "curriculum/estimate/fact/1"):
+    for key in (
+        "reward/mean",
+        "reward/success/mean",
+        "reward/format/mean",
+        "reward/efficiency/mean",
+        "reward/invalid/mean",
+        "episode/turns",
+        "episode/env_tokens",
+        "episode/done_frac",
+        "curriculum/prob/fact/1",
+        "curriculum/prob/account/1",
+        "curriculum/estimate/fact/1",
+    ):
         assert key in first, key
     assert first["curriculum/prob/fact/1"] + first["curriculum/prob/account/1"] == pytest.approx(1.0)
     assert all(np.isfinite(m["grad_norm"]) for m in result.history)
@@ -269,8 +314,10 @@ def test_grpo_on_the_multi_turn_path_raises_reward_on_easy_web_tasks(tmp_path):
 
     if tiny_web_model() is None:
         pytest.skip("the tiny web model has not been built (scripts/build_tiny_web_model.py)")
-    config = build_config({"task": "web", "output": str(tmp_path / "run"), "seed": 0, **LEARNING_RUN},
-                          task_defaults=recommended_settings)
+    config = build_config(
+        {"task": "web", "output": str(tmp_path / "run"), "seed": 0, **LEARNING_RUN},
+        task_defaults=recommended_settings,
+    )
     assert config.model == str(tiny_web_model()) and config.task_options.web_kinds == ["fact/1"]
     result = train(config)
     success = [m["reward/success/mean"] for m in result.history]
@@ -297,11 +344,28 @@ def test_eval_of_a_multi_turn_task_shows_its_turns_and_takes_the_width(tiny_mode
     from mlx_grpo.cli import app
 
     def turn_lines(*extra):
-        result = CliRunner().invoke(app, ["eval", "--model", str(tiny_model_path), "--task", "web", "--n", "2",
-                                          "--samples", "2", "--max-tokens", "3", *extra])
+        result = CliRunner().invoke(
+            app,
+            [
+                "eval",
+                "--model",
+                str(tiny_model_path),
+                "--task",
+                "web",
+                "--n",
+                "2",
+                "--samples",
+                "2",
+                "--max-tokens",
+                "3",
+                *extra,
+            ],
+        )
         assert result.exit_code == 0, result.output
-        return re.findall(r"model: turn (\d+)/(\d+), (\d+) of (\d+) episodes playing, (\d+) done, (\d+) tok/s",
-                          result.output)
+        return re.findall(
+            r"model: turn (\d+)/(\d+), (\d+) of (\d+) episodes playing, (\d+) done, (\d+) tok/s",
+            result.output,
+        )
 
     lines = turn_lines()
     assert lines and lines[0][:4] == ("1", lines[0][1], "4", "4")  # 2 prompts x 2 samples in one batch
@@ -323,10 +387,17 @@ def test_a_multi_turn_rollout_leaves_mlx_global_random_state_alone(policy):
 
     model, tokenizer = policy
     rows = [{"prompt": "a"}, {"prompt": "b"}]
-    task = Task("counting", rows, rows, [], [], None, None, [], make_env=lambda row: CountingEnv(row["prompt"]))
+    task = Task(
+        "counting", rows, rows, [], [], None, None, [], make_env=lambda row: CountingEnv(row["prompt"])
+    )
     kind = MultiTurn(task)
-    settings = replace(rollout_settings(TrainConfig()), group_size=2, sampling=SamplingConfig(1.0, max_tokens=5),
-                       max_turns=3, max_episode_tokens=200)
+    settings = replace(
+        rollout_settings(TrainConfig()),
+        group_size=2,
+        sampling=SamplingConfig(1.0, max_tokens=5),
+        max_turns=3,
+        max_episode_tokens=200,
+    )
 
     def then_draw(global_seed, play):
         mx.random.seed(global_seed)
@@ -335,12 +406,25 @@ def test_a_multi_turn_rollout_leaves_mlx_global_random_state_alone(policy):
 
     mx.random.seed(123)
     expected = mx.random.uniform(shape=(4,)).tolist()
-    episodes, after = then_draw(123, lambda: kind.sample_and_score(model, tokenizer, rows, settings, seed=7)[0])
+    episodes, after = then_draw(
+        123, lambda: kind.sample_and_score(model, tokenizer, rows, settings, seed=7)[0]
+    )
     assert after == expected
     _, after = then_draw(123, lambda: kind.evaluate(model, tokenizer, settings))
     assert after == expected
-    _, after = then_draw(123, lambda: rollout_episodes(model, tokenizer, [CountingEnv() for _ in range(2)], 2,
-                                                       SamplingConfig(1.0, max_tokens=5), 2, 100, seed=3))
+    _, after = then_draw(
+        123,
+        lambda: rollout_episodes(
+            model,
+            tokenizer,
+            [CountingEnv() for _ in range(2)],
+            2,
+            SamplingConfig(1.0, max_tokens=5),
+            2,
+            100,
+            seed=3,
+        ),
+    )
     assert after == expected
     again, _ = then_draw(999, lambda: kind.sample_and_score(model, tokenizer, rows, settings, seed=7)[0])
     other, _ = then_draw(123, lambda: kind.sample_and_score(model, tokenizer, rows, settings, seed=8)[0])

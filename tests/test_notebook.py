@@ -23,8 +23,9 @@ def test_quickstart_notebook_runs_top_to_bottom(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")  # stored without outputs
     # Raises CellExecutionError, with the cell and its traceback, if any cell fails.
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code)
     texts = [_text(c) for c in code]

@@ -38,7 +38,9 @@ def test_code_extraction_and_joining():
     assert ocaml.extract_code("let rev_list xs = xs\n", "rev_list") == "let rev_list xs = xs"
     assert ocaml.extract_code("```ocaml\nlet f x =\n  x", "f") == "let f x =\n  x"  # cut: no closing fence
     assert ocaml.assemble("let rev_list xs = xs", sig) == "let rev_list xs = xs"
-    assert ocaml.assemble("List.rev xs", sig) == "let rec rev_list (xs : int list) : int list =\n  List.rev xs"
+    assert (
+        ocaml.assemble("List.rev xs", sig) == "let rec rev_list (xs : int list) : int list =\n  List.rev xs"
+    )
     assert ocaml.function_name("let rec f (x : int) : int =") == "f"
 
 
@@ -57,8 +59,15 @@ def test_runaway_detection():
 
 def test_stage_weights_give_a_ladder():
     w = ocaml.StageWeights()
-    values = [w.value("syntax_error", 0, 4), w.value("type_error", 0, 4), w.value("compile_error", 0, 4),
-              w.value("tests", 0, 4), w.value("tests", 1, 4), w.value("tests", 3, 4), w.value("passed", 4, 4)]
+    values = [
+        w.value("syntax_error", 0, 4),
+        w.value("type_error", 0, 4),
+        w.value("compile_error", 0, 4),
+        w.value("tests", 0, 4),
+        w.value("tests", 1, 4),
+        w.value("tests", 3, 4),
+        w.value("passed", 4, 4),
+    ]
     assert values == sorted(values) and len(set(values)) == len(values)
     assert values[0] == 0.0 and values[-1] == 1.0
     assert w.value("tests", 2, 4) == pytest.approx(0.3 + 0.7 * 0.5)
@@ -94,7 +103,7 @@ HAND_MADE = {  # for sum_list, best first
     "partial": "let sum_list (xs : int list) : int =\n  List.fold_left (fun a x -> if x > 0 then a + x else a) 0 xs",
     "wrong": "let sum_list (xs : int list) : int =\n  List.length xs + 42",
     "does_not_compile": "let sum_list xs = List.fold_left ( +. ) 0. xs",  # its own type clashes with the tests
-    "type_error": "let sum_list (xs : int list) : int =\n  List.fold_left ( + ) \"0\" xs",
+    "type_error": 'let sum_list (xs : int list) : int =\n  List.fold_left ( + ) "0" xs',
     "syntax_error": "let sum_list (xs : int list) : int =\n  List.fold_left ( + ) 0 xs +",
 }
 
@@ -103,7 +112,14 @@ HAND_MADE = {  # for sum_list, best first
 def test_hand_made_completions_score_in_order():
     grades = ocaml.grade_many([fenced(c) for c in HAND_MADE.values()], [SUM_LIST] * len(HAND_MADE))
     by_name = dict(zip(HAND_MADE, grades))
-    assert [g.stage for g in grades] == ["passed", "tests", "tests", "compile_error", "type_error", "syntax_error"]
+    assert [g.stage for g in grades] == [
+        "passed",
+        "tests",
+        "tests",
+        "compile_error",
+        "type_error",
+        "syntax_error",
+    ]
     assert by_name["partial"].tests_passed == 3 and by_name["wrong"].tests_passed == 0
     scores = [g.score for g in grades]
     assert scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores)  # a spread, no ties
@@ -147,9 +163,11 @@ def test_runaway_penalty_multiplies_and_is_configurable():
 
 @needs_ocaml
 def test_a_solution_cannot_redefine_equality_to_pass():
-    for cheat in ["let ( = ) _ _ = true\nlet sum_list (xs : int list) : int = 0",
-                  "module Stdlib = struct let ( = ) _ _ = true end\nlet sum_list (xs : int list) : int = 0",
-                  'let () = print_endline "PASS 0"; print_endline "PASS 1"\nlet sum_list (xs : int list) : int = 0']:
+    for cheat in [
+        "let ( = ) _ _ = true\nlet sum_list (xs : int list) : int = 0",
+        "module Stdlib = struct let ( = ) _ _ = true end\nlet sum_list (xs : int list) : int = 0",
+        'let () = print_endline "PASS 0"; print_endline "PASS 1"\nlet sum_list (xs : int list) : int = 0',
+    ]:
         g = ocaml.grade(fenced(cheat), SUM_LIST)
         assert g.stage == "constant" and g.tests_passed == 1, cheat  # only sum_list [] = 0 holds
 
@@ -160,7 +178,7 @@ def test_reward_functions_through_the_engine():
 
     rows = ocaml.load_rows("test", type("C", (), {"data": None, "model": "some/model"})())
     assert len(rows) == len(TEST)
-    row = next(r for r in rows if r["preamble"]) 
+    row = next(r for r in rows if r["preamble"])
     problem = next(p for p in TEST if p["id"] == row["id"])
     assert problem["signature"] in row["prompt"] and problem["prompt"] in row["prompt"]
     completions = [fenced(problem["solution"]), "Sorry, I cannot help.", fenced(problem["solution"])[:-4]]
@@ -185,26 +203,45 @@ FIRST_ELEMENT = "let sum_list (xs : int list) : int =\n  match xs with [] -> 0 |
 # Each block with its tests as cut (expressions; setup code in brackets), and by hand, for
 # the correct, positives-only ("partial") and first-element answers, the tests they pass.
 BLOCKS = {
-    "sequence": ("let () =\n  assert (sum_list [] = 0);\n  assert (sum_list [1;2] = 3)\n",
-                 ["assert (sum_list [] = 0)", "assert (sum_list [1;2] = 3)"], (2, 2, 1)),
-    "phrases": ("(* sum_list; the tests *)\nlet () = assert (sum_list [] = 0)\n"
-                "let big = List.init 100 (fun i -> i)\nlet () = assert (sum_list big = 4950)\n"
-                "let () = assert (sum_list [-5; 5; -1] = -1); assert (String.length \"a;b\" = 3)\n",
-                ["assert (sum_list [] = 0)", "[let big = List.init 100 (fun i -> i)]",
-                 "assert (sum_list big = 4950)", "assert (sum_list [-5; 5; -1] = -1)",
-                 "assert (String.length \"a;b\" = 3)"], (4, 3, 2)),
-    "bare": ("assert (sum_list [7] = 7);;\nassert (sum_list [1; 2; 3; 4] = 10);;\n",
-             ["assert (sum_list [7] = 7)", "assert (sum_list [1; 2; 3; 4] = 10)"], (2, 2, 1)),
-    "unsplittable": ("let () =\n  let check xs n = assert (sum_list xs = n) in\n"
-                     "  check [] 0;\n  check [-5; 5; -1] (-1)\n",
-                     ["let check xs n = assert (sum_list xs = n) in\n  check [] 0;\n  check [-5; 5; -1] (-1)"],
-                     (1, 0, 0)),
+    "sequence": (
+        "let () =\n  assert (sum_list [] = 0);\n  assert (sum_list [1;2] = 3)\n",
+        ["assert (sum_list [] = 0)", "assert (sum_list [1;2] = 3)"],
+        (2, 2, 1),
+    ),
+    "phrases": (
+        "(* sum_list; the tests *)\nlet () = assert (sum_list [] = 0)\n"
+        "let big = List.init 100 (fun i -> i)\nlet () = assert (sum_list big = 4950)\n"
+        'let () = assert (sum_list [-5; 5; -1] = -1); assert (String.length "a;b" = 3)\n',
+        [
+            "assert (sum_list [] = 0)",
+            "[let big = List.init 100 (fun i -> i)]",
+            "assert (sum_list big = 4950)",
+            "assert (sum_list [-5; 5; -1] = -1)",
+            'assert (String.length "a;b" = 3)',
+        ],
+        (4, 3, 2),
+    ),
+    "bare": (
+        "assert (sum_list [7] = 7);;\nassert (sum_list [1; 2; 3; 4] = 10);;\n",
+        ["assert (sum_list [7] = 7)", "assert (sum_list [1; 2; 3; 4] = 10)"],
+        (2, 2, 1),
+    ),
+    "unsplittable": (
+        "let () =\n  let check xs n = assert (sum_list xs = n) in\n  check [] 0;\n  check [-5; 5; -1] (-1)\n",
+        ["let check xs n = assert (sum_list xs = n) in\n  check [] 0;\n  check [-5; 5; -1] (-1)"],
+        (1, 0, 0),
+    ),
     # Code after the last test: reaching the end of the program is one more test.
-    "setup_last": ("let () = assert (sum_list [] = 0)\nlet five = assert (sum_list [2; 3] = 5)\n",
-                   ["assert (sum_list [] = 0)", "[let five = assert (sum_list [2; 3] = 5)]", "()"], (2, 2, 1)),
-    "no_test_phrase": ("let check = sum_list\nlet six = if sum_list [1; 2; 3] <> 6 then failwith \"sum\"\n",
-                       ["[let check = sum_list]", "[let six = if sum_list [1; 2; 3] <> 6 then failwith \"sum\"]",
-                        "()"], (1, 1, 0)),
+    "setup_last": (
+        "let () = assert (sum_list [] = 0)\nlet five = assert (sum_list [2; 3] = 5)\n",
+        ["assert (sum_list [] = 0)", "[let five = assert (sum_list [2; 3] = 5)]", "()"],
+        (2, 2, 1),
+    ),
+    "no_test_phrase": (
+        'let check = sum_list\nlet six = if sum_list [1; 2; 3] <> 6 then failwith "sum"\n',
+        ["[let check = sum_list]", '[let six = if sum_list [1; 2; 3] <> 6 then failwith "sum"]', "()"],
+        (1, 1, 0),
+    ),
 }
 
 
@@ -215,20 +252,34 @@ def test_a_string_of_tests_is_cut_into_top_level_tests():
         assert shown == expected, name
         assert testcode.count_tests(block) == total, name
     # Comments, strings and characters as OCaml reads them: a quote in a comment, "*)" in a string.
-    tricky = ("(* sum_list '\"' *) let () = assert (sum_list [] = 0)\n(* \"*)\" *)let () = assert (sum_list [1] = 1)\n"
-              "let s = {|a\"b;|}\nlet () = assert ({x|;|x} = \";\"); assert (';' <> '\\'')")
+    tricky = (
+        '(* sum_list \'"\' *) let () = assert (sum_list [] = 0)\n(* "*)" *)let () = assert (sum_list [1] = 1)\n'
+        "let s = {|a\"b;|}\nlet () = assert ({x|;|x} = \";\"); assert (';' <> '\\'')"
+    )
     assert [i.expression if isinstance(i, testcode.Test) else i for i in testcode.test_items(tricky)] == [
-        "assert (sum_list [] = 0)", "assert (sum_list [1] = 1)", "let s = {|a\"b;|}", "assert ({x|;|x} = \";\")",
-        "assert (';' <> '\\'')"]
+        "assert (sum_list [] = 0)",
+        "assert (sum_list [1] = 1)",
+        'let s = {|a"b;|}',
+        'assert ({x|;|x} = ";")',
+        "assert (';' <> '\\'')",
+    ]
     for p in ALL:  # every shipped problem's tests, written three ways, give back its list
-        for block in ["let () =\n" + ";\n".join("  " + t for t in p["tests"]) + "\n",
-                      "".join(f"let () = {t}\n" for t in p["tests"]), "".join(f"{t};;\n" for t in p["tests"])]:
+        for block in [
+            "let () =\n" + ";\n".join("  " + t for t in p["tests"]) + "\n",
+            "".join(f"let () = {t}\n" for t in p["tests"]),
+            "".join(f"{t};;\n" for t in p["tests"]),
+        ]:
             assert [i.expression for i in testcode.test_items(block)] == p["tests"], (p["id"], block)
 
 
-BAD_TESTS = [(42, "not a number"), ({"a": "assert true"}, "not an object"), ([], "not an empty list"),
-             (["assert true", 3], "not a list holding a number"), (None, "not null"),
-             (["assert true", " "], "not a list holding an empty string")]
+BAD_TESTS = [
+    (42, "not a number"),
+    ({"a": "assert true"}, "not an object"),
+    ([], "not an empty list"),
+    (["assert true", 3], "not a list holding a number"),
+    (None, "not null"),
+    (["assert true", " "], "not a list holding an empty string"),
+]
 
 
 def test_tests_of_another_type_are_refused():
@@ -253,11 +304,14 @@ def test_a_string_of_tests_scores_by_top_level_asserts():
         grades = ocaml.grade_many([fenced(a) for a in answers], [problem] * 3)
         assert [g.tests_total for g in grades] == [total] * 3, name
         assert [g.tests_passed for g in grades] == [total, *passes], (name, [g.error for g in grades])
-        assert [g.score for g in grades] == pytest.approx([1.0] + [0.3 + 0.7 * k / total for k in passes]), name
+        assert [g.score for g in grades] == pytest.approx([1.0] + [0.3 + 0.7 * k / total for k in passes]), (
+            name
+        )
     # The issue's example: 1.0 for a right answer (it was 0.2, with one "test" per character: 53).
     issue = "let () =\n  assert (f [] = 0);\n  assert (f [1;2] = 3)\n"
-    g = ocaml.grade("let f xs = List.fold_left ( + ) 0 xs", {"signature": "let f (xs : int list) : int =",
-                                                             "tests": issue})
+    g = ocaml.grade(
+        "let f xs = List.fold_left ( + ) 0 xs", {"signature": "let f (xs : int list) : int =", "tests": issue}
+    )
     assert (g.score, g.stage, g.tests_passed, g.tests_total) == (1.0, "passed", 2, 2)
 
 
@@ -265,15 +319,17 @@ def test_a_string_of_tests_scores_by_top_level_asserts():
 def test_every_reference_passes_its_tests_written_as_one_string():
     blocks = [dict(p, tests="let () =\n" + ";\n".join("  " + t for t in p["tests"]) + "\n") for p in ALL]
     grades = ocaml.grade_many([fenced(p["solution"]) for p in ALL], blocks)
-    assert [(p["id"], g.score, g.tests_total) for p, g in zip(ALL, grades)] == \
-        [(p["id"], 1.0, len(p["tests"])) for p in ALL]
+    assert [(p["id"], g.score, g.tests_total) for p, g in zip(ALL, grades)] == [
+        (p["id"], 1.0, len(p["tests"])) for p in ALL
+    ]
     # Same stages and scores as the list form, answer by answer.
     as_string = dict(SUM_LIST, tests="".join(f"let () = {t}\n" for t in SUM_LIST["tests"]))
     completions = [fenced(c) for c in HAND_MADE.values()]
     from_string = ocaml.grade_many(completions, [as_string] * len(completions))
     from_list = ocaml.grade_many(completions, [SUM_LIST] * len(completions))
-    assert [(g.stage, g.tests_passed, g.score) for g in from_string] == \
-        [(g.stage, g.tests_passed, g.score) for g in from_list]
+    assert [(g.stage, g.tests_passed, g.score) for g in from_string] == [
+        (g.stage, g.tests_passed, g.score) for g in from_list
+    ]
 
 
 @needs_ocaml
@@ -290,23 +346,49 @@ def test_string_tests_through_data_and_the_trainers_reward(tmp_path):
     record = {key: SUM_LIST[key] for key in ("prompt", "signature", "preamble", "solution")}
     folder = tmp_path / "mine"
     folder.mkdir()
-    (folder / "train.jsonl").write_text(json.dumps(dict(record, id="seq", tests=BLOCKS["sequence"][0])) + "\n")
-    (folder / "test.jsonl").write_text(json.dumps(dict(record, id="one", tests=BLOCKS["unsplittable"][0])) + "\n")
-    task = tasks.base_task(build_config({"task": "ocaml", "data": str(folder)}, None, tasks.recommended_settings))
-    assert [r["tests"] for r in task.train_rows + task.test_rows] == [BLOCKS["sequence"][0], BLOCKS["unsplittable"][0]]
+    (folder / "train.jsonl").write_text(
+        json.dumps(dict(record, id="seq", tests=BLOCKS["sequence"][0])) + "\n"
+    )
+    (folder / "test.jsonl").write_text(
+        json.dumps(dict(record, id="one", tests=BLOCKS["unsplittable"][0])) + "\n"
+    )
+    task = tasks.base_task(
+        build_config({"task": "ocaml", "data": str(folder)}, None, tasks.recommended_settings)
+    )
+    assert [r["tests"] for r in task.train_rows + task.test_rows] == [
+        BLOCKS["sequence"][0],
+        BLOCKS["unsplittable"][0],
+    ]
     completions = [fenced(HAND_MADE["correct"]), fenced(FIRST_ELEMENT), fenced(HAND_MADE["type_error"])]
     for row, first_element in [(task.train_rows[0], 0.3 + 0.7 / 2), (task.test_rows[0], 0.3)]:
         columns = {k: [row[k]] * 3 for k in row if k != "prompt"}
-        scores = score_completions(task.reward_functions + [task.accuracy_reward], task.reward_weights + [0.0],
-                                   [row["prompt"]] * 3, completions, columns)
+        scores = score_completions(
+            task.reward_functions + [task.accuracy_reward],
+            task.reward_weights + [0.0],
+            [row["prompt"]] * 3,
+            completions,
+            columns,
+        )
         assert scores.errors == {}
         assert scores.parts["ocaml_reward"] == pytest.approx([1.0, first_element, 0.1]), row["id"]
         assert scores.parts["ocaml_passes"] == [1.0, 0.0, 0.0]
         assert list(scores.total) == pytest.approx([1.0, first_element, 0.1])
     # Tests of another type: one line naming the problem, exit 2, no traceback.
     (folder / "test.jsonl").write_text(json.dumps(dict(record, id="odd_one", tests=42)) + "\n")
-    result = CliRunner().invoke(app, ["train", "--task", "ocaml", "--data", str(folder), "--steps", "1",
-                                      "--output", str(tmp_path / "run")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--task",
+            "ocaml",
+            "--data",
+            str(folder),
+            "--steps",
+            "1",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "problem 'odd_one': 'tests' must be" in result.output and "Traceback" not in result.output
 
@@ -319,7 +401,7 @@ HOSTILE = {
     "infinite_loop": "let rec sum_list (xs : int list) : int = sum_list xs",
     "allocate_10_gb": "let sum_list (xs : int list) : int = Bytes.length (Bytes.create 10_000_000_000)",
     "print_1_gb": "let () = for _ = 1 to 1_000_000 do print_string (String.make 1024 'x') done\n"
-                  "let sum_list (xs : int list) : int = 0",
+    "let sum_list (xs : int list) : int = 0",
     "stack_overflow": "let rec sum_list (xs : int list) : int = 1 + sum_list (0 :: xs)",
     # OCaml needs the Unix library for these, which the grader does not link:
     "fork_bomb": "let rec bomb () = ignore (Unix.fork ()); bomb ()\nlet sum_list (xs : int list) : int = bomb (); 0",
@@ -331,12 +413,21 @@ HOSTILE = {
 def test_hostile_completions_are_contained():
     tag = uuid.uuid4().hex
     outside = f"/tmp/ocaml-escape-{tag}"
-    hostile = dict(HOSTILE, write_outside=f'let () = let oc = open_out "{outside}" in output_string oc "x"; '
-                                          f'close_out oc\nlet sum_list (xs : int list) : int = 0')
+    hostile = dict(
+        HOSTILE,
+        write_outside=f'let () = let oc = open_out "{outside}" in output_string oc "x"; '
+        f"close_out oc\nlet sum_list (xs : int list) : int = 0",
+    )
     before = set(os.listdir("/tmp"))
     tight = ocaml.GradeConfig(run_limits=Limits(cpu_s=1, wall_s=3, memory_mb=512, file_mb=1, processes=8))
-    grades = dict(zip(hostile, ocaml.grade_many([fenced(c) for c in hostile.values()],
-                                                [SUM_LIST] * len(hostile), tight, workers=2)))
+    grades = dict(
+        zip(
+            hostile,
+            ocaml.grade_many(
+                [fenced(c) for c in hostile.values()], [SUM_LIST] * len(hostile), tight, workers=2
+            ),
+        )
+    )
     assert grades["infinite_loop"].stage == "tests" and grades["infinite_loop"].tests_passed == 0
     assert grades["infinite_loop"].error  # "timed out", or killed at the CPU limit
     assert grades["allocate_10_gb"].tests_passed == 0  # Out_of_memory is a failed test, not a crash
@@ -379,7 +470,9 @@ def test_missing_toolchain_is_one_clear_line(monkeypatch, tmp_path):
 
     from mlx_grpo.cli import app
 
-    result = CliRunner().invoke(app, ["train", "--task", "ocaml", "--steps", "1", "--output", str(tmp_path / "r")])
+    result = CliRunner().invoke(
+        app, ["train", "--task", "ocaml", "--steps", "1", "--output", str(tmp_path / "r")]
+    )
     assert result.exit_code == 2, result.output
     assert "apt-get install ocaml-nox" in result.output and "Traceback" not in result.output
 
@@ -395,12 +488,22 @@ def test_task_is_registered_and_the_config_file_validates():
     assert len(task.train_rows) == len(TRAIN)
     # The run's own before/after check takes the validation split's first eval_num_problems (at most 109).
     assert config.eval_num_problems < len(TEST)
-    assert [r["id"] for r in task.eval_rows] == [p["id"] for p in VALIDATION[:config.eval_num_problems]]
-    assert [r["id"] for r in task.test_rows] == [p["id"] for p in TEST[:config.eval_num_problems]]
+    assert [r["id"] for r in task.eval_rows] == [p["id"] for p in VALIDATION[: config.eval_num_problems]]
+    assert [r["id"] for r in task.test_rows] == [p["id"] for p in TEST[: config.eval_num_problems]]
     assert task.train_rows[0]["prompt"].startswith("let ")  # the tiny model's compact prompt
-    assert task.reward_weights == [1.0, 0.0, 0.0, 0.0, 0.0]  # the score; compiles, runaway, constant and passes only logged
+    assert task.reward_weights == [
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    ]  # the score; compiles, runaway, constant and passes only logged
     yaml_config = build_config({}, str(ROOT / "configs" / "ocaml.yaml"), tasks.recommended_settings)
-    assert yaml_config.task == "ocaml" and yaml_config.max_grad_norm == 1.0 and yaml_config.runaway_penalty == 0.3
+    assert (
+        yaml_config.task == "ocaml"
+        and yaml_config.max_grad_norm == 1.0
+        and yaml_config.runaway_penalty == 0.3
+    )
 
 
 def test_ci_installs_ocaml_when_missing(tmp_path):
@@ -413,7 +516,9 @@ def test_ci_installs_ocaml_when_missing(tmp_path):
     log = tmp_path / "apt.log"
     (bin_dir / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
     (bin_dir / "apt-get").chmod(0o755)
-    result = subprocess.run(["/bin/sh", "-c", block.group(0)], env={"PATH": str(bin_dir)}, capture_output=True)
+    result = subprocess.run(
+        ["/bin/sh", "-c", block.group(0)], env={"PATH": str(bin_dir)}, capture_output=True
+    )
     assert result.returncode == 0, result.stderr
     calls = log.read_text().splitlines()
     assert calls[-1].split()[-1] == "ocaml-nox" and "install" in calls[-1] and "-y" in calls[-1]

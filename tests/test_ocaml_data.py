@@ -74,7 +74,7 @@ def parse_signature(signature: str) -> tuple[list[tuple[str, str]], str]:
         if not annotation or not re.fullmatch(r"[a-z_][\w']*", name.strip()):
             raise ValueError(f"not an annotated parameter: ({rest[1:end]}) in {signature!r}")
         parameters.append((name.strip(), " ".join(annotation.split())))
-        rest = rest[end + 1:].lstrip()
+        rest = rest[end + 1 :].lstrip()
     if not rest.startswith(":"):
         raise ValueError(f"no return type in {signature!r}")
     return parameters, " ".join(rest[1:].split())
@@ -95,8 +95,14 @@ def parse_types(preamble: str) -> dict[str, tuple[str, list]]:
     return types
 
 
-SCALARS = {"int": ["0"], "float": ["0."], "bool": ["false", "true"], "string": ['""'], "char": ["'x'"],
-           "unit": ["()"]}
+SCALARS = {
+    "int": ["0"],
+    "float": ["0."],
+    "bool": ["false", "true"],
+    "string": ['""'],
+    "char": ["'x'"],
+    "unit": ["()"],
+}
 
 
 def constants(type_: str, types: dict) -> list[str]:
@@ -119,8 +125,11 @@ def constants(type_: str, types: dict) -> list[str]:
         kind, members = types[head]
         if kind == "record":
             values = [constants(t, types)[:1] for _, t in members]
-            return ["{ " + "; ".join(f"{f} = {v[0]}" for (f, _), v in zip(members, values)) + " }"] \
-                if all(values) else []
+            return (
+                ["{ " + "; ".join(f"{f} = {v[0]}" for (f, _), v in zip(members, values)) + " }"]
+                if all(values)
+                else []
+            )
         nullary = [c for c, t in members if t is None]
         if nullary:
             return nullary
@@ -137,16 +146,24 @@ def wrong_answers(problem: dict) -> list[tuple[str, str]]:
     types = parse_types(problem.get("preamble") or "")
     signature = problem["signature"].strip()
     answers = [(f"the constant {c}", f"{signature}\n  {c}") for c in constants(result, types)]
-    answers += [(f"the argument {name} unchanged", f"{signature}\n  {name}")
-                for name, type_ in parameters if type_ == result]
+    answers += [
+        (f"the argument {name} unchanged", f"{signature}\n  {name}")
+        for name, type_ in parameters
+        if type_ == result
+    ]
     return answers
 
 
 def test_wrong_answers_come_from_the_signature():
     """Hand-worked derivations, one per kind of type."""
-    assert parse_signature("let pop (q : queue) : (int * queue) option =") == ([("q", "queue")], "(int * queue) option")
-    assert parse_signature("let f (g : 'a -> 'b) (xs : 'a list) : 'b list =") == \
-        ([("g", "'a -> 'b"), ("xs", "'a list")], "'b list")
+    assert parse_signature("let pop (q : queue) : (int * queue) option =") == (
+        [("q", "queue")],
+        "(int * queue) option",
+    )
+    assert parse_signature("let f (g : 'a -> 'b) (xs : 'a list) : 'b list =") == (
+        [("g", "'a -> 'b"), ("xs", "'a list")],
+        "'b list",
+    )
     queue = parse_types("type queue = { front : int list; back : int list }")
     assert constants("(int * queue) option", queue) == ["None", "Some ((0, { front = []; back = [] }))"]
     light = parse_types("type light = Red | Green | Yellow")
@@ -156,8 +173,15 @@ def test_wrong_answers_come_from_the_signature():
     boxed = parse_types("type box = Box of int * string")
     assert constants("box", boxed) == ['Box (0, "")']
     assert constants("bool", {}) == ["false", "true"] and constants("int list list", {}) == ["[]"]
-    assert constants("'a", {}) == [] and constants("int -> int", {}) == [] and constants("'a option", {}) == ["None"]
-    fold = {"signature": "let my_fold_left (f : 'a -> 'b -> 'a) (acc : 'a) (xs : 'b list) : 'a =", "preamble": ""}
+    assert (
+        constants("'a", {}) == []
+        and constants("int -> int", {}) == []
+        and constants("'a option", {}) == ["None"]
+    )
+    fold = {
+        "signature": "let my_fold_left (f : 'a -> 'b -> 'a) (acc : 'a) (xs : 'b list) : 'a =",
+        "preamble": "",
+    }
     assert wrong_answers(fold) == [("the argument acc unchanged", fold["signature"] + "\n  acc")]
 
 
@@ -243,15 +267,22 @@ def graded():
 
 @needs_ocaml
 def test_every_reference_passes_every_assert(graded):
-    failures = {pid: (g.stage, g.tests_passed, g.tests_total, g.error) for pid, (g, _) in graded.items()
-                if g.stage != "passed" or g.tests_passed != g.tests_total}
+    failures = {
+        pid: (g.stage, g.tests_passed, g.tests_total, g.error)
+        for pid, (g, _) in graded.items()
+        if g.stage != "passed" or g.tests_passed != g.tests_total
+    }
     assert failures == {}
 
 
 @needs_ocaml
 def test_every_wrong_answer_builds_and_fails_an_assert(graded):
-    did_not_build = {(pid, what): g.error for pid, (_, wrong) in graded.items() for what, g in wrong
-                     if g.stage not in ("constant", "tests", "passed")}
+    did_not_build = {
+        (pid, what): g.error
+        for pid, (_, wrong) in graded.items()
+        for what, g in wrong
+        if g.stage not in ("constant", "tests", "passed")
+    }
     assert did_not_build == {}  # a wrong answer that does not build checks nothing
     passed = [(pid, what) for pid, (_, wrong) in graded.items() for what, g in wrong if g.stage == "passed"]
     assert passed == []

@@ -11,20 +11,44 @@ from typer.testing import CliRunner
 from mlx_grpo.cli import app
 from mlx_grpo.evaluation.plot import PANELS, plot_runs
 
-TITLES = ["reward", "eval accuracy", "KL to reference", "grad norm", "entropy", "completion length",
-          "truncated fraction", "learning rate"]
+TITLES = [
+    "reward",
+    "eval accuracy",
+    "KL to reference",
+    "grad norm",
+    "entropy",
+    "completion length",
+    "truncated fraction",
+    "learning rate",
+]
 
 
 def fake_run(path, max_grad_norm=1.0, steps=6, accuracy_before=0.25):
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(yaml.safe_dump({"steps": steps, "max_grad_norm": max_grad_norm, "lr": 1e-4}))
-    rows = [{"step": s, "reward/mean": 0.1 * s, "reward/best_of_n": 0.2 * s, "kl": 0.01 * s if s % 3 == 0 else None,
-             "grad_norm": 0.5 + s, "entropy": 1.0 / s, "completion/mean_length": 10.0 + s,
-             "completion/truncated_frac": 0.0, "lr": 1e-4, "skipped_updates": 0} for s in range(1, steps + 1)]
+    (path / "config.yaml").write_text(
+        yaml.safe_dump({"steps": steps, "max_grad_norm": max_grad_norm, "lr": 1e-4})
+    )
+    rows = [
+        {
+            "step": s,
+            "reward/mean": 0.1 * s,
+            "reward/best_of_n": 0.2 * s,
+            "kl": 0.01 * s if s % 3 == 0 else None,
+            "grad_norm": 0.5 + s,
+            "entropy": 1.0 / s,
+            "completion/mean_length": 10.0 + s,
+            "completion/truncated_frac": 0.0,
+            "lr": 1e-4,
+            "skipped_updates": 0,
+        }
+        for s in range(1, steps + 1)
+    ]
     rows[2]["eval/accuracy"] = 0.4
     rows.append({"step": steps, "eval/accuracy": 0.5, "final": True})
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path / "summary.json").write_text(json.dumps({"accuracy_before": accuracy_before, "accuracy_after": 0.5}))
+    (path / "summary.json").write_text(
+        json.dumps({"accuracy_before": accuracy_before, "accuracy_after": 0.5})
+    )
     return path
 
 
@@ -78,7 +102,9 @@ def test_the_step_0_row_is_drawn_once_with_or_without_a_summary(tmp_path, monkey
     pytest.importorskip("matplotlib")
     run = fake_run(tmp_path / "run", accuracy_before=0.25)
     lines = (run / "metrics.jsonl").read_text()
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.25, "before": True}) + "\n" + lines)
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "eval/accuracy": 0.25, "before": True}) + "\n" + lines
+    )
     assert eval_accuracy_points(run, tmp_path, monkeypatch) == [(0, 0.25), (3, 0.4), (6, 0.5)]
     (run / "summary.json").unlink()  # interrupted: no summary, the row alone
     assert eval_accuracy_points(run, tmp_path, monkeypatch) == [(0, 0.25), (3, 0.4), (6, 0.5)]
@@ -88,7 +114,9 @@ def test_cli_plot_default_output_and_errors(tmp_path, monkeypatch):
     import mlx_grpo.evaluation.plot
 
     calls = []
-    monkeypatch.setattr(mlx_grpo.evaluation.plot, "plot_runs", lambda dirs, output: calls.append((dirs, output)))
+    monkeypatch.setattr(
+        mlx_grpo.evaluation.plot, "plot_runs", lambda dirs, output: calls.append((dirs, output))
+    )
     run = fake_run(tmp_path / "run")
     result = CliRunner().invoke(app, ["plot", str(run)])
     assert result.exit_code == 0, result.output
@@ -105,4 +133,6 @@ def test_without_matplotlib_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     result = CliRunner().invoke(app, ["plot", str(run)])
     assert result.exit_code == 2
-    assert result.output.strip().splitlines() == ["error: plot needs matplotlib: pip install 'mlx-grpo[plot]'"]
+    assert result.output.strip().splitlines() == [
+        "error: plot needs matplotlib: pip install 'mlx-grpo[plot]'"
+    ]

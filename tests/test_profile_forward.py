@@ -12,12 +12,37 @@ spec.loader.exec_module(profile_forward)
 
 def test_every_piece_timed_with_its_flops(capsys, tmp_path):
     out_file = tmp_path / "forward.json"
-    profile_forward.main(["--preset", "tiny", "--rows", "2", "--tokens", "8", "--repeats", "1", "--blas", "stock",
-                          "--out", str(out_file)])
+    profile_forward.main(
+        [
+            "--preset",
+            "tiny",
+            "--rows",
+            "2",
+            "--tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--blas",
+            "stock",
+            "--out",
+            str(out_file),
+        ]
+    )
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out_file.read_text())
     parts = printed["parts"]
-    assert set(parts) >= {"forward", "body", "layer", "attention", "mlp", "sdpa", "swiglu", "head", "exp", "multiply"}
+    assert set(parts) >= {
+        "forward",
+        "body",
+        "layer",
+        "attention",
+        "mlp",
+        "sdpa",
+        "swiglu",
+        "head",
+        "exp",
+        "multiply",
+    }
     assert all(p["ms"] > 0 for p in parts.values())
     # The tiny preset: hidden 64, 4 heads of 16, 2 KV heads, intermediate 128, vocabulary 512, 2 layers;
     # 16 positions. A layer's weights: q, o 64 x 64; k, v 64 x 32; gate, up, down 64 x 128: 36,864.

@@ -13,8 +13,24 @@ spec.loader.exec_module(profile_sft)
 
 # 2 rows a step of 8 prompt and 8 completion tokens: 37 tokens with the random model's chat template
 # (tests/test_bench_sft.py). sft pads to the longest row, 37; mlx_lm.lora to 1 + 64 = 65.
-TINY = ["--preset", "tiny", "--steps", "3", "--warmup", "1", "--batch-size", "2", "--prompt-tokens", "8",
-        "--completion-tokens", "8", "--blas", "stock", "--sgemm-seconds", "0.05"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--steps",
+    "3",
+    "--warmup",
+    "1",
+    "--batch-size",
+    "2",
+    "--prompt-tokens",
+    "8",
+    "--completion-tokens",
+    "8",
+    "--blas",
+    "stock",
+    "--sgemm-seconds",
+    "0.05",
+]
 MEASURED = ("batch", "forward", "forward_backward", "optimizer", "step")
 
 # The tiny preset: hidden 64, 2 layers, 4 heads of 16, KV width 32, intermediate 128, vocabulary 512.
@@ -40,7 +56,12 @@ def test_both_sides_every_phase_timed_and_counted(capsys, tmp_path):
     assert printed["workload"]["preset"] == "tiny" and printed["workload"]["tokens_per_step"] == 2 * 37
     assert printed["machine"]["cpu"] and printed["machine"]["mlx"] and printed["blas_kernels"]
     assert "openblas_coretype" in printed
-    assert [s["shape"] for s in printed["sgemm"]] == [[72, 64, 64], [72, 64, 128], [72, 128, 64], [72, 64, 512]]
+    assert [s["shape"] for s in printed["sgemm"]] == [
+        [72, 64, 64],
+        [72, 64, 128],
+        [72, 128, 64],
+        [72, 64, 512],
+    ]
     assert all(s["gflops"] > 0 for s in printed["sgemm"])
     if "skipped" in printed["mlx_lm_lora"]:
         pytest.skip(printed["mlx_lm_lora"]["skipped"])
@@ -51,24 +72,37 @@ def test_both_sides_every_phase_timed_and_counted(capsys, tmp_path):
         assert all(phases[name]["seconds"] > 0 for name in MEASURED), (side, phases)
         assert phases["forward_backward"]["seconds"] >= phases["forward"]["seconds"], (side, phases)
         assert phases["backward"]["seconds"] == pytest.approx(
-            phases["forward_backward"]["seconds"] - phases["forward"]["seconds"])
-        assert phases["other"]["seconds"] == pytest.approx(phases["step"]["seconds"] - phases["batch"]["seconds"] - (
-            phases["forward_backward"]["seconds"] + phases["optimizer"]["seconds"]))
+            phases["forward_backward"]["seconds"] - phases["forward"]["seconds"]
+        )
+        assert phases["other"]["seconds"] == pytest.approx(
+            phases["step"]["seconds"]
+            - phases["batch"]["seconds"]
+            - (phases["forward_backward"]["seconds"] + phases["optimizer"]["seconds"])
+        )
         assert figures["steps_timed"] == 2 and all(len(v) == 3 for v in figures["phase_seconds"].values())
         assert figures["batch_shapes"] == [[2, width]]
         forward, backward = by_hand(2, width)
         assert figures["flops_per_step"] == {"forward": forward, "backward": backward}, side
         assert phases["forward_backward"]["flops"] == phases["step"]["flops"] == forward + backward
         for name in ("forward", "backward", "forward_backward", "step"):
-            assert phases[name]["gflops"] == pytest.approx(phases[name]["flops"] / phases[name]["seconds"] / 1e9)
+            assert phases[name]["gflops"] == pytest.approx(
+                phases[name]["flops"] / phases[name]["seconds"] / 1e9
+            )
         assert "flops" not in phases["optimizer"] and "flops" not in phases["batch"]
-    assert printed["mlx_lm_lora"]["trainable_parameters"] == printed["mlx_grpo"]["trainable_parameters"] == 16_384
+    assert (
+        printed["mlx_lm_lora"]["trainable_parameters"]
+        == printed["mlx_grpo"]["trainable_parameters"]
+        == 16_384
+    )
     assert printed["peer_over_sft_seconds"]["step"] == pytest.approx(
-        printed["mlx_lm_lora"]["phases"]["step"]["seconds"] / printed["mlx_grpo"]["phases"]["step"]["seconds"])
+        printed["mlx_lm_lora"]["phases"]["step"]["seconds"] / printed["mlx_grpo"]["phases"]["step"]["seconds"]
+    )
 
 
-@pytest.mark.parametrize("flags", [["--peer", "off"], ["--order=mlx_lm_lora,mlx_grpo"], ["--warmup", "0"],
-                                   ["--sgemm-seconds", "0"]])
+@pytest.mark.parametrize(
+    "flags",
+    [["--peer", "off"], ["--order=mlx_lm_lora,mlx_grpo"], ["--warmup", "0"], ["--sgemm-seconds", "0"]],
+)
 def test_bad_settings_are_one_clear_line(flags, capsys):
     with pytest.raises(SystemExit):
         profile_sft.main([*TINY, *flags])

@@ -12,8 +12,20 @@ profile_update = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(profile_update)
 
 TIMED = {"update", "forward", "prompt", "head", "body", "matmuls", "lora", "attention"}
-TINY = ["--preset", "tiny", "--prompts", "1", "--prompt-tokens", "5", "--group-size", "4", "--max-tokens", "6",
-        "--repeats", "1"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--prompts",
+    "1",
+    "--prompt-tokens",
+    "5",
+    "--group-size",
+    "4",
+    "--max-tokens",
+    "6",
+    "--repeats",
+    "1",
+]
 
 # The tiny preset: hidden 64, 2 layers, 4 heads of 16, 2 KV heads (width 32), intermediate 128, vocabulary 512.
 # A layer's linears: q and o 64x64, k and v 64x32, gate, up and down 64x128.
@@ -28,8 +40,9 @@ LORA = 3 * 2 * BODY_ROWS * 8 * 1024 * 2  # 1,966,080
 UPDATE = 2 * (2 * 5 * (106_496 + 256 * 2.5) + 4 * 2 * 6 * (106_496 + 256 * 8))  # 12,562,944
 
 
-@pytest.mark.parametrize("micro_batch,shapes", [(None, [[4, 6]]), (2, [[2, 6], [2, 6]])],
-                         ids=["whole_group", "pieces_of_2"])
+@pytest.mark.parametrize(
+    "micro_batch,shapes", [(None, [[4, 6]]), (2, [[2, 6], [2, 6]])], ids=["whole_group", "pieces_of_2"]
+)
 def test_every_part_is_timed_and_counted(capsys, tmp_path, micro_batch, shapes):
     path = tmp_path / "profile.json"
     extra = ["--micro-batch", str(micro_batch)] if micro_batch else []
@@ -46,10 +59,14 @@ def test_every_part_is_timed_and_counted(capsys, tmp_path, micro_batch, shapes):
     assert parts["update"]["share"] == 1.0
     assert all(p["share"] == pytest.approx(p["seconds"] / total) for p in parts.values())
     assert parts["everything_else"]["seconds"] == pytest.approx(
-        total - parts["prompt"]["seconds"] - parts["head"]["seconds"] - parts["body"]["seconds"])
+        total - parts["prompt"]["seconds"] - parts["head"]["seconds"] - parts["body"]["seconds"]
+    )
     assert parts["body_other"]["seconds"] == pytest.approx(
-        parts["body"]["seconds"] - parts["matmuls"]["seconds"] - parts["lora"]["seconds"]
-        - parts["attention"]["seconds"])
+        parts["body"]["seconds"]
+        - parts["matmuls"]["seconds"]
+        - parts["lora"]["seconds"]
+        - parts["attention"]["seconds"]
+    )
 
     # The same FLOPs however the group is cut.
     assert parts["matmuls"]["flops"] == DENSE == 5_898_240
@@ -61,13 +78,18 @@ def test_every_part_is_timed_and_counted(capsys, tmp_path, micro_batch, shapes):
     assert printed["update_tokens_per_s"] == pytest.approx(4 * 6 / total)
 
     sgemm = printed["sgemm"]
-    assert sgemm["reference_shape"] == [4 * (5 + 6), 64, 128]  # bench.py --limits: rows x (prompt + completion)
+    assert sgemm["reference_shape"] == [
+        4 * (5 + 6),
+        64,
+        128,
+    ]  # bench.py --limits: rows x (prompt + completion)
     assert sgemm["own_shape"] == [BODY_ROWS // len(shapes), 64, 128]
     assert sgemm["reference_gflops"] > 0 and sgemm["own_gflops"] > 0
-    assert printed["update_frac_of_sgemm"] == pytest.approx(printed["update_gflops"] / sgemm["reference_gflops"])
+    assert printed["update_frac_of_sgemm"] == pytest.approx(
+        printed["update_gflops"] / sgemm["reference_gflops"]
+    )
     assert printed["matmuls_at_own_sgemm_s"] == pytest.approx(DENSE / sgemm["own_gflops"] / 1e9)
     assert printed["blas_kernels"] and printed["workload"]["vocab"] == 512
-
 
 
 def test_adapters_on_the_top_layer_count_its_backward_alone(capsys):

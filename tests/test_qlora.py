@@ -25,13 +25,25 @@ def quantized_model_path(tmp_path_factory):
 
 
 def _quantized_weights(model) -> dict:
-    return {k: np.array(v) for k, v in tree_flatten(model.parameters())
-            if k.rsplit(".", 1)[0] in dict(quantized.quantized_modules(model))}
+    return {
+        k: np.array(v)
+        for k, v in tree_flatten(model.parameters())
+        if k.rsplit(".", 1)[0] in dict(quantized.quantized_modules(model))
+    }
 
 
 def _trainer(path, **settings):
-    return Trainer(model=str(path), task="arith", batch_size=1, group_size=4, max_tokens=6, lr=1e-2,
-                   warmup_steps=0, eval_num_problems=2, **settings)
+    return Trainer(
+        model=str(path),
+        task="arith",
+        batch_size=1,
+        group_size=4,
+        max_tokens=6,
+        lr=1e-2,
+        warmup_steps=0,
+        eval_num_problems=2,
+        **settings,
+    )
 
 
 def _update(trainer) -> dict:
@@ -54,8 +66,11 @@ def test_quantized_base_trains_only_its_adapters(quantized_model_path):
     assert after.keys() == before.keys()
     for k in before:  # bit for bit: the base never moved
         assert after[k].tobytes() == before[k].tobytes(), k
-    moved = [k for k, v in tree_flatten(trainer.model.trainable_parameters())
-             if not np.array_equal(np.array(v), lora_before[k])]
+    moved = [
+        k
+        for k, v in tree_flatten(trainer.model.trainable_parameters())
+        if not np.array_equal(np.array(v), lora_before[k])
+    ]
     assert moved  # ... while the adapters did
 
 
@@ -104,17 +119,30 @@ def test_the_choice_is_stated_and_memory_bounds_it(quantized_model_path, cpu_dev
     assert quantized.prepare_base(model) is None  # nothing quantized left to decide about
 
 
-def test_training_states_the_choice_and_full_fine_tuning_needs_float_weights(quantized_model_path, tmp_path,
-                                                                              cpu_device):
+def test_training_states_the_choice_and_full_fine_tuning_needs_float_weights(
+    quantized_model_path, tmp_path, cpu_device
+):
     events = []
-    base = {"model": str(quantized_model_path), "task": "arith", "steps": 1, "batch_size": 2, "group_size": 2,
-            "max_tokens": 4, "eval_num_problems": 2}
-    train(build_config({**base, "output": str(tmp_path / "run")}), on_event=lambda k, d: events.append((k, d)))
+    base = {
+        "model": str(quantized_model_path),
+        "task": "arith",
+        "steps": 1,
+        "batch_size": 2,
+        "group_size": 2,
+        "max_tokens": 4,
+        "eval_num_problems": 2,
+    }
+    train(
+        build_config({**base, "output": str(tmp_path / "run")}), on_event=lambda k, d: events.append((k, d))
+    )
     notes = next(d["notes"] for k, d in events if k == "start")
     assert len(notes) == 1 and "4-bit" in notes[0] and "float32 copy" in notes[0]
     with pytest.raises(ConfigError, match="full"):
-        train(build_config({**base, "fine_tune_type": "full", "keep_quantized": True,
-                            "output": str(tmp_path / "full")}))
+        train(
+            build_config(
+                {**base, "fine_tune_type": "full", "keep_quantized": True, "output": str(tmp_path / "full")}
+            )
+        )
 
 
 def test_unquantized_models_are_left_alone(tiny_model_path):

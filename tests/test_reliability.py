@@ -28,8 +28,26 @@ from mlx_grpo.run.trainer import train
 
 MLX_GRPO = [str(Path(sys.executable).parent / "mlx-grpo"), "train"]
 # The embedded model on the arith task, small enough for a second a step on 2 cores.
-RUN = ["--steps", "8", "--batch-size", "2", "--group-size", "2", "--max-tokens", "16", "--save-every", "4",
-       "--eval-num-problems", "2", "--seed", "3", "--lr", "1e-3", "--keep-checkpoints", "2"]
+RUN = [
+    "--steps",
+    "8",
+    "--batch-size",
+    "2",
+    "--group-size",
+    "2",
+    "--max-tokens",
+    "16",
+    "--save-every",
+    "4",
+    "--eval-num-problems",
+    "2",
+    "--seed",
+    "3",
+    "--lr",
+    "1e-3",
+    "--keep-checkpoints",
+    "2",
+]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 # For runs whose weights are not compared: skip the CLI's re-execution with OpenBLAS (blas.py), a second start-up.
 QUICK_ENV = {**ENV, "MLX_GRPO_OPENBLAS": "0"}
@@ -51,7 +69,9 @@ main()
 
 
 def launch(args, command=MLX_GRPO, env=ENV, **kw):
-    return subprocess.Popen(command + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
+    return subprocess.Popen(
+        command + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw
+    )
 
 
 def wait_for_a_step(proc) -> bool:
@@ -88,6 +108,7 @@ def straight(tmp_path_factory):
         out, errors = proc.communicate(timeout=300)
         assert proc.returncode == 0, errors
         return run_dir
+
     return finished
 
 
@@ -107,7 +128,9 @@ def test_kill_9_and_ctrl_c_anywhere_then_resume_gives_the_same_weights(straight,
     stopped = int(errors.split("interrupted after step ")[1].split(",")[0])
     assert f"checkpoint saved; continue with: mlx-grpo train --resume {run_dir}" in errors
     assert "Traceback" not in errors
-    assert ckpt.latest_checkpoint(run_dir).name == ckpt.checkpoint_name(stopped)  # save_every 4: Ctrl-C saved it
+    assert ckpt.latest_checkpoint(run_dir).name == ckpt.checkpoint_name(
+        stopped
+    )  # save_every 4: Ctrl-C saved it
     seen.append(("ctrl-c", stopped))
 
     # 2. SIGKILL in the middle of writing a checkpoint: data files written, manifest not.
@@ -141,18 +164,33 @@ def test_kill_9_and_ctrl_c_anywhere_then_resume_gives_the_same_weights(straight,
     assert not list((run_dir / "checkpoints").glob(".step_*"))  # leftovers of killed writers are cleaned up
 
 
-
 def test_resume_passes_over_a_damaged_checkpoint(tmp_path, tiny_model_path):
     """The newest checkpoint damaged on disk: resume warns, goes back to the previous one,
     redoes the steps after it and ends with the same weights (in-process, same BLAS both times)."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(20)))
     rewards = tmp_path / "r.py"
-    rewards.write_text("def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n")
+    rewards.write_text(
+        "def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n"
+    )
     run_dir = tmp_path / "run"
-    config = build_config(dict(model=str(tiny_model_path), data=str(data), reward_file=str(rewards),
-                               reward=["variety"], steps=4, batch_size=2, group_size=4, max_tokens=8, lr=1e-2,
-                               save_every=1, seed=5, output=str(run_dir), warmup_steps=1))
+    config = build_config(
+        dict(
+            model=str(tiny_model_path),
+            data=str(data),
+            reward_file=str(rewards),
+            reward=["variety"],
+            steps=4,
+            batch_size=2,
+            group_size=4,
+            max_tokens=8,
+            lr=1e-2,
+            save_every=1,
+            seed=5,
+            output=str(run_dir),
+            warmup_steps=1,
+        )
+    )
     train(config)
     expected = adapters(run_dir)
     newest = ckpt.latest_checkpoint(run_dir)
@@ -162,10 +200,14 @@ def test_resume_passes_over_a_damaged_checkpoint(tmp_path, tiny_model_path):
     (newest / "adapters.safetensors").write_bytes(bytes(data))
 
     warnings = []
-    train(build_config({"resume": str(run_dir), "output": str(run_dir)}, str(run_dir / "config.yaml")),
-          on_event=lambda kind, d: warnings.extend(d["warnings"]) if kind == "start" else None)
-    assert warnings[-1] == (f"checkpoint {newest} is corrupt: adapters.safetensors does not match its sha256 "
-                            f"checksum; resuming from step_000003 instead (moved it to corrupt-step_000004)")
+    train(
+        build_config({"resume": str(run_dir), "output": str(run_dir)}, str(run_dir / "config.yaml")),
+        on_event=lambda kind, d: warnings.extend(d["warnings"]) if kind == "start" else None,
+    )
+    assert warnings[-1] == (
+        f"checkpoint {newest} is corrupt: adapters.safetensors does not match its sha256 "
+        f"checksum; resuming from step_000003 instead (moved it to corrupt-step_000004)"
+    )
     got = adapters(run_dir)
     assert all(np.array_equal(expected[k], got[k]) for k in expected)
     assert [s for s, _ in step_losses(run_dir)] == [1, 2, 3, 4]
@@ -181,8 +223,11 @@ def test_a_failed_checkpoint_write_is_one_clear_line_and_keeps_the_previous(stra
     run_dir = tmp_path / "run"
     shutil.copytree(straight(), run_dir)
     before = {p.name: p.read_bytes() for p in (run_dir / "checkpoints" / "step_000008").iterdir()}
-    proc = launch(RUN + ["--resume", str(run_dir), "--steps", "10", "--save-every", "1"],
-                  preexec_fn=_limit_file_size, env=QUICK_ENV)
+    proc = launch(
+        RUN + ["--resume", str(run_dir), "--steps", "10", "--save-every", "1"],
+        preexec_fn=_limit_file_size,
+        env=QUICK_ENV,
+    )
     out, errors = proc.communicate(timeout=120)
     assert proc.returncode == 2, errors
     lines = [x for x in errors.splitlines() if x.strip()]
@@ -199,11 +244,31 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(5)))
     rewards = tmp_path / "slow.py"
-    rewards.write_text("import time\n\ndef slow(prompts, completions, **kw):\n"
-                       "    time.sleep(3)\n    return [len(c) % 3 for c in completions]\n")
-    proc = launch(["--data", str(data), "--reward-file", str(rewards), "--reward", "slow", "--steps", "5",
-                   "--batch-size", "1", "--group-size", "2", "--max-tokens", "4", "--output", str(tmp_path / "run")],
-                  env=QUICK_ENV)
+    rewards.write_text(
+        "import time\n\ndef slow(prompts, completions, **kw):\n"
+        "    time.sleep(3)\n    return [len(c) % 3 for c in completions]\n"
+    )
+    proc = launch(
+        [
+            "--data",
+            str(data),
+            "--reward-file",
+            str(rewards),
+            "--reward",
+            "slow",
+            "--steps",
+            "5",
+            "--batch-size",
+            "1",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "4",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+        env=QUICK_ENV,
+    )
     for line in proc.stdout:  # the run has started (no held-out rows: no evaluation before)
         if line.startswith("mlx-grpo task"):
             break
@@ -233,31 +298,58 @@ def test_a_reward_failing_on_every_example_stops_the_run(tmp_path, tiny_model_pa
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(20)))
     rewards = tmp_path / "r.py"
-    rewards.write_text("def broken(prompts, completions, answer):\n    return [float(a) / 0 for a in answer]\n")
-    result = CliRunner().invoke(app, [
-        "train", "--model", str(tiny_model_path), "--data", str(data), "--reward-file", str(rewards),
-        "--reward", "broken", "--steps", "2", "--batch-size", "2", "--group-size", "2", "--max-tokens", "4",
-        "--output", str(tmp_path / "run"), "--eval-num-problems", "1"])
+    rewards.write_text(
+        "def broken(prompts, completions, answer):\n    return [float(a) / 0 for a in answer]\n"
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            str(tiny_model_path),
+            "--data",
+            str(data),
+            "--reward-file",
+            str(rewards),
+            "--reward",
+            "broken",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "4",
+            "--output",
+            str(tmp_path / "run"),
+            "--eval-num-problems",
+            "1",
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "error: reward 'broken' failed on all" in result.output
     assert "ZeroDivisionError: float division by zero (prompt 'say" in result.output
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--seed", "-1"], "seed must be in [0, 2**63), got -1"),
-    (["--lr", "inf"], "lr must be a finite number, got inf"),
-    (["--temperature", "nan"], "temperature must be a finite number, got nan"),
-    (["--steps", "3000000000"], "steps is too large: 3000000000"),
-    (["--on-bad-data", "drop"], "on_bad_data must be skip or error; got 'drop'"),
-    (["--reward-timeout", "-1"], "reward_timeout must be >= 0 (0: no limit), got -1.0"),
-    (["--max-prompt-tokens", "0"], "max_prompt_tokens must be >= 1"),
-    (["--lora-layers", "0"], "lora_layers must be -1 (all) or at least 1, got 0"),
-    (["--keep-best"], "keep_best needs 0 < eval_steps < steps"),
-    (["--keep-best", "--eval-steps", "5", "--steps", "5"], "got eval_steps 5, steps 5"),
-    (["--group-size", "1"], "group_size must be at least 2"),
-    (["--epsilon-low", "1"], "epsilon_low must be in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--seed", "-1"], "seed must be in [0, 2**63), got -1"),
+        (["--lr", "inf"], "lr must be a finite number, got inf"),
+        (["--temperature", "nan"], "temperature must be a finite number, got nan"),
+        (["--steps", "3000000000"], "steps is too large: 3000000000"),
+        (["--on-bad-data", "drop"], "on_bad_data must be skip or error; got 'drop'"),
+        (["--reward-timeout", "-1"], "reward_timeout must be >= 0 (0: no limit), got -1.0"),
+        (["--max-prompt-tokens", "0"], "max_prompt_tokens must be >= 1"),
+        (["--lora-layers", "0"], "lora_layers must be -1 (all) or at least 1, got 0"),
+        (["--keep-best"], "keep_best needs 0 < eval_steps < steps"),
+        (["--keep-best", "--eval-steps", "5", "--steps", "5"], "got eval_steps 5, steps 5"),
+        (["--group-size", "1"], "group_size must be at least 2"),
+        (["--epsilon-low", "1"], "epsilon_low must be in [0, 1)"),
+    ],
+)
 def test_config_mistakes_are_one_line_and_exit_2(args, message):
     result = CliRunner().invoke(app, ["train", *args])
     assert result.exit_code == 2, result.output
@@ -269,12 +361,32 @@ def test_keep_best_keeps_the_best_evaluated_checkpoint(tmp_path, tiny_model_path
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(30)))
     rewards = tmp_path / "r.py"
-    rewards.write_text("def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n")
+    rewards.write_text(
+        "def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n"
+    )
     run_dir = tmp_path / "run"
-    train(build_config(dict(model=str(tiny_model_path), data=str(data), reward_file=str(rewards), reward=["variety"],
-                            steps=5, batch_size=2, group_size=2, max_tokens=6, lr=3e-2, save_every=100, seed=1,
-                            eval_steps=1, keep_best=True, keep_checkpoints=1, eval_num_problems=3,
-                            output=str(run_dir))))
+    train(
+        build_config(
+            dict(
+                model=str(tiny_model_path),
+                data=str(data),
+                reward_file=str(rewards),
+                reward=["variety"],
+                steps=5,
+                batch_size=2,
+                group_size=2,
+                max_tokens=6,
+                lr=3e-2,
+                save_every=100,
+                seed=1,
+                eval_steps=1,
+                keep_best=True,
+                keep_checkpoints=1,
+                eval_num_problems=3,
+                output=str(run_dir),
+            )
+        )
+    )
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     accuracy = {m["step"]: m["eval/accuracy"] for m in training_rows(lines) if "eval/accuracy" in m}
     assert sorted(accuracy) == [1, 2, 3, 4]  # evaluated during training (not at the last step)
@@ -282,4 +394,7 @@ def test_keep_best_keeps_the_best_evaluated_checkpoint(tmp_path, tiny_model_path
     root = run_dir / "checkpoints"
     assert (root / "best").read_text().strip() == ckpt.checkpoint_name(best)
     assert sorted(p.name for p in root.glob("step_*")) == sorted({ckpt.checkpoint_name(best), "step_000005"})
-    assert json.loads((root / ckpt.checkpoint_name(best) / "state.json").read_text())["eval_metric"] == accuracy[best]
+    assert (
+        json.loads((root / ckpt.checkpoint_name(best) / "state.json").read_text())["eval_metric"]
+        == accuracy[best]
+    )

@@ -19,8 +19,16 @@ def test_missing_or_unknown_logger_is_a_config_error(monkeypatch):
 
 
 def test_scalars_keep_numbers_only():
-    assert scalars({"step": 3, "loss": 0.5, "grad_clipped": True, "kl": None, "reward/x/error_example": "boom",
-                    "frac_zero_std": 0}) == {"loss": 0.5, "grad_clipped": 1.0, "frac_zero_std": 0.0}
+    assert scalars(
+        {
+            "step": 3,
+            "loss": 0.5,
+            "grad_clipped": True,
+            "kl": None,
+            "reward/x/error_example": "boom",
+            "frac_zero_std": 0,
+        }
+    ) == {"loss": 0.5, "grad_clipped": 1.0, "frac_zero_std": 0.0}
 
 
 def test_wandb_reporter_receives_steps_and_is_finished(monkeypatch, tmp_path):
@@ -38,8 +46,12 @@ def test_wandb_reporter_receives_steps_and_is_finished(monkeypatch, tmp_path):
     emit("eval", {"when": "before", "accuracy": 0.25})
     emit("step", {"metrics": {"step": 1, "loss": 0.5, "kl": None}})
     emit("end", {})
-    assert calls == [("init", "my-run"), ("log", 0, {"eval/accuracy": 0.25}), ("log", 1, {"loss": 0.5}),
-                     ("finish",)]
+    assert calls == [
+        ("init", "my-run"),
+        ("log", 0, {"eval/accuracy": 0.25}),
+        ("log", 1, {"loss": 0.5}),
+        ("finish",),
+    ]
     assert seen == ["start", "eval", "step", "end"]  # the display still gets everything
 
 
@@ -52,10 +64,25 @@ def test_tensorboard_event_file_from_a_real_run(tmp_path, tiny_model_path):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(20)))
     rewards = tmp_path / "rewards.py"
-    rewards.write_text("def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n")
-    run = train(build_config(dict(model=str(tiny_model_path), data=str(data), reward_file=str(rewards),
-                                  reward=["variety"], steps=2, batch_size=2, group_size=4, max_tokens=8,
-                                  output=str(tmp_path / "run"), report_to=["tensorboard"])))
+    rewards.write_text(
+        "def variety(prompts, completions, **kw):\n    return [len(set(c)) / 10 for c in completions]\n"
+    )
+    run = train(
+        build_config(
+            dict(
+                model=str(tiny_model_path),
+                data=str(data),
+                reward_file=str(rewards),
+                reward=["variety"],
+                steps=2,
+                batch_size=2,
+                group_size=4,
+                max_tokens=8,
+                output=str(tmp_path / "run"),
+                report_to=["tensorboard"],
+            )
+        )
+    )
     files = list((run.run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert len(files) == 1
     blob = files[0].read_bytes()

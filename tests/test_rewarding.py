@@ -19,7 +19,9 @@ def length(prompts, completions, **kw):
 
 
 def score(*functions, weights=None, completions=COMPLETIONS):
-    return score_completions(list(functions), weights or [1.0] * len(functions), PROMPTS, completions, COLUMNS)
+    return score_completions(
+        list(functions), weights or [1.0] * len(functions), PROMPTS, completions, COLUMNS
+    )
 
 
 def test_a_raise_on_one_example_costs_only_that_example():
@@ -32,16 +34,21 @@ def test_a_raise_on_one_example_costs_only_that_example():
     assert s.parts["picky"] == [1.0, 2.0, None, 4.0]  # each example alone: only 'bad' fails
     assert s.errors == {"picky": 1}
     assert s.error_examples["picky"] == "KeyError: \"no rule for 'bad'\" (prompt 'p2', completion 'bad')"
-    np.testing.assert_allclose(s.total, [11.0, 22.0, 3.0, 44.0])  # the failed part is left out, not zero-weighted
+    np.testing.assert_allclose(
+        s.total, [11.0, 22.0, 3.0, 44.0]
+    )  # the failed part is left out, not zero-weighted
 
 
-@pytest.mark.parametrize("bad_value, reason", [
-    (float("nan"), "returned nan"),
-    (math.inf, "returned inf"),
-    ("high", "returned a non-number 'high'"),
-    (True, "returned a non-number True"),
-    ([1.0], "returned a non-number [1.0]"),
-])
+@pytest.mark.parametrize(
+    "bad_value, reason",
+    [
+        (float("nan"), "returned nan"),
+        (math.inf, "returned inf"),
+        ("high", "returned a non-number 'high'"),
+        (True, "returned a non-number True"),
+        ([1.0], "returned a non-number [1.0]"),
+    ],
+)
 def test_bad_values_are_counted_per_example(bad_value, reason):
     def odd(prompts, completions):
         return [bad_value if c == "bad" else 0.5 for c in completions]
@@ -70,8 +77,10 @@ def test_wrong_length_falls_back_to_one_call_per_example():
     assert calls == [4, 1, 1, 1, 1]
     assert s.parts["drops_last"] == [2.0] * 4
     assert s.errors == {"drops_last": 0}  # nothing lost, but the failed batch call is noted
-    assert s.error_examples["drops_last"] == ("the call on all 4 failed (ValueError: returned 3 values for 4 "
-                                              "completions); each example was then scored alone")
+    assert s.error_examples["drops_last"] == (
+        "the call on all 4 failed (ValueError: returned 3 values for 4 "
+        "completions); each example was then scored alone"
+    )
 
 
 def test_a_reward_failing_on_every_example_stops_the_run():
@@ -141,5 +150,6 @@ def test_with_timeout_passes_results_and_errors_through():
 
     def raises(prompts, completions):
         raise ValueError("inside")
+
     with pytest.raises(ValueError, match="inside"):
         with_timeout(raises, 5)(["p"], ["c"])

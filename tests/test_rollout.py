@@ -23,8 +23,13 @@ def _prompts(tokenizer):
 def _sample(policy, temperature=0.8, seed=0, max_tokens=12, **kw):
     model, tokenizer = policy
     mx.random.seed(seed)
-    return sample_completions(model, tokenizer, _prompts(tokenizer), 4,
-                              SamplingConfig(temperature=temperature, max_tokens=max_tokens, **kw))
+    return sample_completions(
+        model,
+        tokenizer,
+        _prompts(tokenizer),
+        4,
+        SamplingConfig(temperature=temperature, max_tokens=max_tokens, **kw),
+    )
 
 
 def test_groups_ids_text_and_finish_reasons(policy):
@@ -53,7 +58,7 @@ def test_behaviour_logprobs_match_a_forward_pass(policy, temperature):
     for c in _sample(policy, temperature=temperature, seed=3):
         sequence = mx.array([c.prompt_tokens + c.tokens])
         logp, _ = token_logprobs(model, sequence, temperature=temperature)
-        forward = np.array(logp[0, len(c.prompt_tokens) - 1:])
+        forward = np.array(logp[0, len(c.prompt_tokens) - 1 :])
         np.testing.assert_allclose(np.array(c.logprobs), forward, atol=2e-4)
 
 
@@ -71,7 +76,7 @@ def test_greedy_is_deterministic_and_scores_argmax(policy):
     again = _sample(policy, temperature=0.0, seed=2)
     assert [x.tokens for x in completions] == [x.tokens for x in again]
     c = completions[0]
-    logits = model(mx.array([c.prompt_tokens + c.tokens[:-1]]))[0, len(c.prompt_tokens) - 1:]
+    logits = model(mx.array([c.prompt_tokens + c.tokens[:-1]]))[0, len(c.prompt_tokens) - 1 :]
     assert np.array(mx.argmax(logits, axis=-1)).tolist() == c.tokens
 
 

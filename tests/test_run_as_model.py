@@ -18,8 +18,10 @@ from mlx_grpo.run.sft import sft
 from mlx_grpo.run.trainer import train
 from mlx_grpo.tasks.registry import recommended_settings
 
-pytestmark = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
-                                reason="the embedded model has not been built (scripts/build_tiny_model.py)")
+pytestmark = pytest.mark.skipif(
+    not (embedded_model_path() / "config.json").exists(),
+    reason="the embedded model has not been built (scripts/build_tiny_model.py)",
+)
 
 EVAL_N = 16
 GRPO = {"task": "arith", "steps": 3, "batch_size": 2, "group_size": 4, "eval_num_problems": EVAL_N}
@@ -44,8 +46,18 @@ def runs(tmp_path_factory):
     started from it."""
     root = tmp_path_factory.mktemp("runs")
     sft_run, rl_run = root / "sft", root / "rl"
-    sft_result = sft(_config(task="arith", steps=6, batch_size=4, lr=1e-3, warmup_steps=0, lora_rank=4,
-                             eval_num_problems=EVAL_N, output=str(sft_run)))
+    sft_result = sft(
+        _config(
+            task="arith",
+            steps=6,
+            batch_size=4,
+            lr=1e-3,
+            warmup_steps=0,
+            lora_rank=4,
+            eval_num_problems=EVAL_N,
+            output=str(sft_run),
+        )
+    )
     rl_result = train(_config(**GRPO, model=str(sft_run), output=str(rl_run)))
     return sft_run, rl_run, sft_result, rl_result
 
@@ -53,7 +65,9 @@ def runs(tmp_path_factory):
 def test_grpo_from_an_sft_run_moves_every_adapter_matrix(runs):
     sft_run, rl_run, _, _ = runs
     start, end = _adapters(sft_run), _adapters(rl_run)
-    assert {k.rsplit(".", 1)[1] for k in start} == {"lora_a", "lora_b"} and len(start) == 28  # 2 blocks x 7 linears
+    assert {k.rsplit(".", 1)[1] for k in start} == {"lora_a", "lora_b"} and len(
+        start
+    ) == 28  # 2 blocks x 7 linears
     assert all(np.abs(v).max() > 0 for k, v in start.items() if k.endswith("lora_b"))
     assert _unmoved(start, end) == []
     assert all(v.shape[-1 if k.endswith("lora_a") else 0] == 4 for k, v in end.items())  # the SFT run's rank
@@ -62,8 +76,10 @@ def test_grpo_from_an_sft_run_moves_every_adapter_matrix(runs):
 def test_the_first_step_starts_from_the_sft_weights(runs):
     sft_run, rl_run, sft_result, rl_result = runs
     out = sft_run.parent / "eval-sft"
-    result = CliRunner().invoke(app, ["eval", "--model", str(sft_run), "--split", "validation", "--n", str(EVAL_N),
-                                      "--output", str(out)])  # the rows a run checks itself on
+    result = CliRunner().invoke(
+        app,
+        ["eval", "--model", str(sft_run), "--split", "validation", "--n", str(EVAL_N), "--output", str(out)],
+    )  # the rows a run checks itself on
     assert result.exit_code == 0, result.output
     evaluated = json.loads((out / "report.json").read_text())["models"]["model"]["accuracy"]
     assert sft_result.accuracy_after != sft_result.accuracy_before  # the SFT steps moved the accuracy
@@ -75,7 +91,9 @@ def test_the_first_step_measures_the_start_s_distance_from_the_base(runs):
     """The reference is the original base: a run continuing SFT adapters does not start at KL 0."""
     _, _, _, rl_result = runs
     kls = [m["kl"] for m in rl_result.history]
-    assert kls[0] is not None and kls[0] > 1e-4, kls  # measured, though kl_every (10) is past the run's 3 steps
+    assert kls[0] is not None and kls[0] > 1e-4, (
+        kls
+    )  # measured, though kl_every (10) is past the run's 3 steps
     assert kls[1:] == [None, None]
 
 
@@ -105,8 +123,22 @@ def test_compare_a_run_of_a_run_against_the_original_base(runs, tmp_path):
 def test_compare_asks_whether_rl_added_anything_to_sft(runs, tmp_path):
     sft_run, rl_run, _, rl_result = runs
     out = tmp_path / "report"
-    result = CliRunner().invoke(app, ["compare", "--base", str(sft_run), "--trained", str(rl_run),
-                                      "--split", "validation", "--n", str(EVAL_N), "--output", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--base",
+            str(sft_run),
+            "--trained",
+            str(rl_run),
+            "--split",
+            "validation",
+            "--n",
+            str(EVAL_N),
+            "--output",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     base, trained = report["models"]["base"], report["models"]["trained"]
@@ -121,8 +153,9 @@ def test_a_lora_run_with_lora_b_still_zero_moves_every_matrix(tmp_path):
     both must have moved after a few steps of GRPO, not stay put with only a KL pull on them."""
     start = tmp_path / "fresh"
     model, _ = load_policy(None)
-    adapter_config = prepare_for_training(model, "lora", {"rank": 8, "scale": 20.0, "dropout": 0.0,
-                                                          "num_layers": -1})
+    adapter_config = prepare_for_training(
+        model, "lora", {"rank": 8, "scale": 20.0, "dropout": 0.0, "num_layers": -1}
+    )
     save_adapters(model, start, {**adapter_config, "model": str(embedded_model_path())})
     (start / "config.yaml").write_text(dump_yaml(_config(task="arith")))
     before = _adapters(start)
@@ -139,7 +172,19 @@ def test_the_run_s_adapter_settings_win_and_a_clashing_one_is_refused(runs, tmp_
     assert _unmoved(_adapters(sft_run), {k: np.array(v) for k, v in trainable.items()}) == sorted(trainable)
     with pytest.raises(ConfigError, match="lora_rank 4, not 16"):
         setup(_config(**GRPO, model=str(sft_run), lora_rank=16))
-    result = CliRunner().invoke(app, ["train", "--model", str(sft_run), "--fine-tune-type", "dora",
-                                      "--steps", "1", "--output", str(tmp_path / "x")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            str(sft_run),
+            "--fine-tune-type",
+            "dora",
+            "--steps",
+            "1",
+            "--output",
+            str(tmp_path / "x"),
+        ],
+    )
     assert result.exit_code == 2 and "fine_tune_type lora, not dora" in result.output
     assert not (tmp_path / "x").exists()

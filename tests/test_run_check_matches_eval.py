@@ -16,9 +16,13 @@ from mlx_grpo.sampling import heldout
 from mlx_grpo.run.task_setup import load_task
 from mlx_grpo.tasks.registry import recommended_settings
 
-pytestmark = [pytest.mark.usefixtures("gguf_cache"),
-              pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
-                                 reason="the embedded model has not been built (scripts/build_tiny_model.py)")]
+pytestmark = [
+    pytest.mark.usefixtures("gguf_cache"),
+    pytest.mark.skipif(
+        not (embedded_model_path() / "config.json").exists(),
+        reason="the embedded model has not been built (scripts/build_tiny_model.py)",
+    ),
+]
 
 PROBLEMS, MAX_TOKENS = 8, 24
 
@@ -27,10 +31,14 @@ def eval_answers(name: str, **settings):
     """What `mlx-grpo eval --model NAME --n 8 --max-tokens 24 --split validation` (the rows a run checks
     itself on) decodes and scores: (token ids, accuracy)."""
     spec = cmp.resolve_model(name)
-    config = cmp.task_config(spec.run_dir, spec.model, {"task": "arith", "eval_num_problems": PROBLEMS,
-                                                        "max_tokens": MAX_TOKENS, **settings})
-    report = cmp.evaluate(spec, load_task(config), cmp.build_settings(config, split="validation"),
-                           config.eval_num_problems)
+    config = cmp.task_config(
+        spec.run_dir,
+        spec.model,
+        {"task": "arith", "eval_num_problems": PROBLEMS, "max_tokens": MAX_TOKENS, **settings},
+    )
+    report = cmp.evaluate(
+        spec, load_task(config), cmp.build_settings(config, split="validation"), config.eval_num_problems
+    )
     result = report.results[0]
     return [a.tokens for a in result.answers], report.data["models"]["model"]["accuracy"]
 
@@ -49,10 +57,21 @@ def test_the_runs_check_answers_as_eval_does(tmp_path, monkeypatch, cpu_device, 
     sampled = heldout.sample_completions
     monkeypatch.setattr(heldout, "sample_completions", recorded)
     run = tmp_path / "run"
-    config = build_config({"model": model, "task": "arith", "steps": 2, "batch_size": 2, "group_size": 4,
-                           "lr": 1e-2, "max_tokens": MAX_TOKENS, "eval_num_problems": PROBLEMS, "output": str(run),
-                           "keep_quantized": keep_quantized},
-                          task_defaults=recommended_settings)
+    config = build_config(
+        {
+            "model": model,
+            "task": "arith",
+            "steps": 2,
+            "batch_size": 2,
+            "group_size": 4,
+            "lr": 1e-2,
+            "max_tokens": MAX_TOKENS,
+            "eval_num_problems": PROBLEMS,
+            "output": str(run),
+            "keep_quantized": keep_quantized,
+        },
+        task_defaults=recommended_settings,
+    )
     result = train(config)
     before, after = checks[0], checks[-1]
     assert len(checks) == 2 and len(before) == len(after) == PROBLEMS

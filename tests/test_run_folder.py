@@ -15,11 +15,22 @@ from mlx_grpo.run import run_folder
 from mlx_grpo.run import setup as run_setup
 from mlx_grpo.run.trainer import train
 
+
 @pytest.fixture
 def flags(tiny_model_path, variety_task):
     """The command line's flags of a tiny custom run (conftest's variety_task), by name."""
-    return dict(model=str(tiny_model_path), **variety_task, batch_size=2, group_size=2, max_tokens=6, lr=1e-2,
-                save_every=1, seed=3, warmup_steps=0, eval_num_problems=3)
+    return dict(
+        model=str(tiny_model_path),
+        **variety_task,
+        batch_size=2,
+        group_size=2,
+        max_tokens=6,
+        lr=1e-2,
+        save_every=1,
+        seed=3,
+        warmup_steps=0,
+        eval_num_problems=3,
+    )
 
 
 def cli_args(flags: dict, **more) -> list[str]:
@@ -49,13 +60,18 @@ def earlier_run(tmp_path, flags):
     return run_dir
 
 
-def test_a_fresh_run_into_a_run_folder_stops_before_the_model_and_touches_nothing(earlier_run, flags, monkeypatch):
+def test_a_fresh_run_into_a_run_folder_stops_before_the_model_and_touches_nothing(
+    earlier_run, flags, monkeypatch
+):
     before = snapshot(earlier_run)
-    expected = (f"--output {earlier_run} already holds a run (metrics.jsonl, 3 checkpoints, adapters.safetensors): "
-                f"--resume {earlier_run} to continue it, or another --output (or --overwrite to start again there)")
+    expected = (
+        f"--output {earlier_run} already holds a run (metrics.jsonl, 3 checkpoints, adapters.safetensors): "
+        f"--resume {earlier_run} to continue it, or another --output (or --overwrite to start again there)"
+    )
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
+
     monkeypatch.setattr(run_setup, "load_policy", no_model)
     result = CliRunner().invoke(app, ["train", *cli_args(flags, steps=2, output=earlier_run)])
     assert result.exit_code == 2, result.output
@@ -74,11 +90,19 @@ def test_overwrite_starts_again_removing_only_the_earlier_runs_files(earlier_run
     result = CliRunner().invoke(app, ["train", *cli_args(flags, steps=2, output=earlier_run), "--overwrite"])
     assert result.exit_code == 0, result.output
 
-    assert steps_of(earlier_run / "metrics.jsonl") == [0, 1, 2]  # the new run's, once each (0: before training)
-    assert sorted({r["step"] for r in map(json.loads, (earlier_run / "completions.jsonl").read_text().splitlines())}) \
-        == [1, 2]
+    assert steps_of(earlier_run / "metrics.jsonl") == [
+        0,
+        1,
+        2,
+    ]  # the new run's, once each (0: before training)
+    assert sorted(
+        {r["step"] for r in map(json.loads, (earlier_run / "completions.jsonl").read_text().splitlines())}
+    ) == [1, 2]
     checkpoints = earlier_run / "checkpoints"
-    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_000001", "step_000002"]  # no stale step 3
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == [
+        "step_000001",
+        "step_000002",
+    ]  # no stale step 3
     assert (checkpoints / "latest").read_text().strip() == "step_000002"
     assert not (earlier_run / "compare").exists() and not (earlier_run / "plot.png").exists()
     assert json.loads((earlier_run / "summary.json").read_text())["steps"] == 2
@@ -95,8 +119,12 @@ def test_overwrite_starts_again_removing_only_the_earlier_runs_files(earlier_run
 
 def test_resume_continues_a_finished_run_in_its_folder(earlier_run, flags):
     kept = (earlier_run / "compare" / "report.md").read_bytes()
-    train(build_config({"resume": str(earlier_run), "output": str(earlier_run), "steps": 4},
-                       str(earlier_run / "config.yaml")))
+    train(
+        build_config(
+            {"resume": str(earlier_run), "output": str(earlier_run), "steps": 4},
+            str(earlier_run / "config.yaml"),
+        )
+    )
     assert steps_of(earlier_run / "metrics.jsonl") == [0, 1, 2, 3, 4]
     assert (earlier_run / "compare" / "report.md").read_bytes() == kept  # resume removes nothing
 
@@ -106,7 +134,9 @@ def test_resume_and_overwrite_together_are_one_line(tmp_path, flags):
     (tmp_path / "run" / "config.yaml").write_text("steps: 2\n")
     result = CliRunner().invoke(app, ["train", "--resume", str(tmp_path / "run"), "--overwrite"])
     assert result.exit_code == 2, result.output
-    assert result.output.strip() == "error: --overwrite starts a run again and --resume continues it: give one"
+    assert (
+        result.output.strip() == "error: --overwrite starts a run again and --resume continues it: give one"
+    )
 
 
 def test_what_counts_as_an_earlier_run(tmp_path):

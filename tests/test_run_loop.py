@@ -20,8 +20,10 @@ from mlx_grpo.run.sft import sft
 from mlx_grpo.run.sft_display import SFTDisplay
 from mlx_grpo.tasks.registry import recommended_settings
 
-pytestmark = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
-                                reason="the embedded model has not been built (scripts/build_tiny_model.py)")
+pytestmark = pytest.mark.skipif(
+    not (embedded_model_path() / "config.json").exists(),
+    reason="the embedded model has not been built (scripts/build_tiny_model.py)",
+)
 
 SETTINGS = {"task": "arith", "steps": 4, "batch_size": 2, "eval_num_problems": 4, "save_every": 10}
 
@@ -45,6 +47,7 @@ def test_sft_stops_at_its_time_limit_and_saves_its_last_step(tmp_path, monkeypat
         @staticmethod
         def perf_counter():
             return real() + offset[0]
+
     monkeypatch.setattr(loop, "time", Clock)
     events, out = [], io.StringIO()
     display = SFTDisplay(Console(file=out, width=200), live=False)
@@ -80,6 +83,7 @@ def test_sft_without_a_limit_runs_every_step(tmp_path, monkeypatch):
         @staticmethod
         def perf_counter():
             return real() + offset[0]
+
     monkeypatch.setattr(loop, "time", Clock)
     events = []
 

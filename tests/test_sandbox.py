@@ -21,18 +21,25 @@ from rewards.sandbox import Limits, Sandbox, capabilities, processes_of, run_onc
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the sandbox needs a POSIX system")
 
 CAPS = capabilities()
-needs_uid = pytest.mark.skipif(not CAPS.drop_uid, reason="needs root: programs then run as a fresh unprivileged uid")
+needs_uid = pytest.mark.skipif(
+    not CAPS.drop_uid, reason="needs root: programs then run as a fresh unprivileged uid"
+)
 needs_ns = pytest.mark.skipif(not CAPS.namespaces, reason="network namespaces are not available here")
 
 TIGHT = Limits(cpu_s=1, wall_s=2, memory_mb=256, file_mb=1, processes=8, output_bytes=4096)
 
 # The ways this machine can run a sandbox: the best it allows, then without namespaces
 # (containers without CAP_SYS_ADMIN), then the portable Python launcher (macOS).
-MODES = {"best": CAPS, "no-namespaces": dataclasses.replace(CAPS, namespaces=False),
-         "launcher": dataclasses.replace(CAPS, namespaces=False, util_linux=False)}
+MODES = {
+    "best": CAPS,
+    "no-namespaces": dataclasses.replace(CAPS, namespaces=False),
+    "launcher": dataclasses.replace(CAPS, namespaces=False, util_linux=False),
+}
 
 
-@pytest.fixture(params=[m for m in MODES if m == "best" or CAPS.util_linux and (m != "no-namespaces" or CAPS.namespaces)])
+@pytest.fixture(
+    params=[m for m in MODES if m == "best" or CAPS.util_linux and (m != "no-namespaces" or CAPS.namespaces)]
+)
 def caps(request):
     return MODES[request.param]
 
@@ -41,7 +48,10 @@ def caps(request):
 def python():
     """A Python the sandboxed uid may run (the venv's may sit under a private home)."""
     for candidate in (sys.executable, "/usr/bin/python3", shutil.which("python3")):
-        if candidate and run_once([candidate, "-c", "print('ok')"], limits=Limits(wall_s=10)).stdout == "ok\n":
+        if (
+            candidate
+            and run_once([candidate, "-c", "print('ok')"], limits=Limits(wall_s=10)).stdout == "ok\n"
+        ):
             return candidate
     pytest.skip("no Python that the sandboxed uid can run")
 
@@ -130,8 +140,15 @@ def test_files_written_outside_the_directory_do_not_survive(tmp_path, caps):
     targets = [f"/tmp/escape-{tag}", f"/var/tmp/escape-{tag}/sub/file", f"/dev/shm/escape-{tag}"]
     protected = tmp_path / f"escape-{tag}"  # a root-owned, non-world-writable directory
     script = "; ".join(
-        [f"echo x > {targets[0]}", f"mkdir -p {os.path.dirname(targets[1])} && echo x > {targets[1]}",
-         f"echo x > {targets[2]}", f"echo x > {protected}", f"echo x > {os.getcwd()}/escape-{tag}", "true"])
+        [
+            f"echo x > {targets[0]}",
+            f"mkdir -p {os.path.dirname(targets[1])} && echo x > {targets[1]}",
+            f"echo x > {targets[2]}",
+            f"echo x > {protected}",
+            f"echo x > {os.getcwd()}/escape-{tag}",
+            "true",
+        ]
+    )
     with Sandbox(TIGHT, caps=caps) as box:
         result = box.run(["sh", "-c", script])
         assert os.path.exists(targets[0]) or not os.access("/tmp", os.W_OK)  # it did write there...
@@ -146,11 +163,13 @@ def test_no_network(python):
     result = run_once(["sh", "-c", "cat /proc/net/dev"], limits=TIGHT)
     interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines() if ":" in line]
     assert interfaces == ["lo"]
-    code = ("import socket\n"
-            "try:\n"
-            "    socket.create_connection(('1.1.1.1', 53), timeout=1); print('connected')\n"
-            "except OSError as e:\n"
-            "    print('refused', e.errno)\n")
+    code = (
+        "import socket\n"
+        "try:\n"
+        "    socket.create_connection(('1.1.1.1', 53), timeout=1); print('connected')\n"
+        "except OSError as e:\n"
+        "    print('refused', e.errno)\n"
+    )
     result = run_once([python, "-c", code], limits=TIGHT)
     assert result.stdout.startswith("refused"), result.stdout + result.stderr
 

@@ -9,7 +9,14 @@ import yaml
 
 from mlx_grpo.config import FIELDS, ConfigError, TrainConfig, build_config, dump_yaml, with_settings
 from mlx_grpo.run.health import HealthMonitor, Thresholds
-from mlx_grpo.setting_groups import GROUP_KEYS, GROUPS, HealthSettings, ObjectiveSettings, SamplingSettings, TaskOptions
+from mlx_grpo.setting_groups import (
+    GROUP_KEYS,
+    GROUPS,
+    HealthSettings,
+    ObjectiveSettings,
+    SamplingSettings,
+    TaskOptions,
+)
 
 # A run folder's config.yaml as the code before the groups wrote it (TrainConfig.flat(): flat keys only,
 # every setting), for a run with some settings of each group changed.
@@ -143,30 +150,39 @@ def test_a_config_yaml_written_before_loads_to_the_same_settings(tmp_path):
     before, written = yaml.safe_load(BEFORE), yaml.safe_load(dump_yaml(config))
     assert {k: written[k] for k in before} == before  # config.yaml keeps every flat key and value
     assert list(written) == list(FIELDS) and not set(GROUPS) & set(written)
-    assert build_config(config_file=str(path)) == build_config(written)  # resume and eval read it back the same
+    assert build_config(config_file=str(path)) == build_config(
+        written
+    )  # resume and eval read it back the same
 
 
 def test_a_group_may_be_nested_in_yaml(tmp_path):
     nested = tmp_path / "nested.yaml"
-    nested.write_text("lr: 0.001\nhealth:\n  window: 4\n  kl-max: 2.5\nsampling: {temperature: 0.7, max_tokens: 12}\n"
-                      "objective: {beta: 0.1}\ntask_options: {web_kinds: [fact/1]}\n")
+    nested.write_text(
+        "lr: 0.001\nhealth:\n  window: 4\n  kl-max: 2.5\nsampling: {temperature: 0.7, max_tokens: 12}\n"
+        "objective: {beta: 0.1}\ntask_options: {web_kinds: [fact/1]}\n"
+    )
     flat = tmp_path / "flat.yaml"
-    flat.write_text("lr: 0.001\nhealth_window: 4\nhealth_kl_max: 2.5\ntemperature: 0.7\nmax_tokens: 12\nbeta: 0.1\n"
-                    "web_kinds: [fact/1]\n")
+    flat.write_text(
+        "lr: 0.001\nhealth_window: 4\nhealth_kl_max: 2.5\ntemperature: 0.7\nmax_tokens: 12\nbeta: 0.1\n"
+        "web_kinds: [fact/1]\n"
+    )
     config = build_config(config_file=str(nested))
     assert config == build_config(config_file=str(flat))
     assert (config.health.window, config.health.kl_max, config.sampling.temperature) == (4, 2.5, 0.7)
     assert build_config({"health_window": 6}, str(nested)).health.window == 6  # a typed flag still wins
 
 
-@pytest.mark.parametrize("text, message", [
-    ("temperature: 0.5\nsampling: {temperature: 0.7}\n", "temperature is given twice"),
-    ("health:\n  window: 4\nhealth_window: 5\n", "health_window is given twice"),
-    ("health: {windw: 4}\n", "health: unknown setting 'windw' \\(did you mean 'window'\\?\\)"),
-    ("sampling: {temprature: 0.7}\n", "did you mean 'temperature'"),
-    ("health: 4\n", "health: expected a mapping"),
-    ("health: {window: 1}\n", "health_window must be at least 2"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("temperature: 0.5\nsampling: {temperature: 0.7}\n", "temperature is given twice"),
+        ("health:\n  window: 4\nhealth_window: 5\n", "health_window is given twice"),
+        ("health: {windw: 4}\n", "health: unknown setting 'windw' \\(did you mean 'window'\\?\\)"),
+        ("sampling: {temprature: 0.7}\n", "did you mean 'temperature'"),
+        ("health: 4\n", "health: expected a mapping"),
+        ("health: {window: 1}\n", "health_window must be at least 2"),
+    ],
+)
 def test_nested_groups_are_checked(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -180,7 +196,9 @@ def test_the_groups_are_checked_and_misspelt_keys_are_refused():
     with pytest.raises(ConfigError, match="did you mean 'health_window'"):
         build_config({"health_windw": 5})
     with pytest.raises(ConfigError, match="health_spike_factor must be a finite number, got inf"):
-        build_config({"health_spike_factor": float("inf")})  # the group's values are checked as the others are
+        build_config(
+            {"health_spike_factor": float("inf")}
+        )  # the group's values are checked as the others are
     with pytest.raises(ConfigError, match="temperature must be > 0"):
         build_config({"temperature": 0})
 
@@ -195,14 +213,17 @@ def test_the_sampler_and_the_health_monitor_get_the_groups_themselves():
     assert Thresholds.from_config(config).health is config.health
     assert HealthMonitor.from_config(config).thresholds.health is config.health
     # Thresholds: the group and facts about the run, no health setting of its own
-    assert not {f.name for f in dataclasses.fields(Thresholds)} & {f.name for f in dataclasses.fields(HealthSettings)}
+    assert not {f.name for f in dataclasses.fields(Thresholds)} & {
+        f.name for f in dataclasses.fields(HealthSettings)
+    }
 
 
 def test_the_update_reads_the_objective_group():
     from mlx_grpo.run.step_update import update_settings
 
-    config = build_config({"loss": "dapo", "epsilon_high": 0.28, "delta": 2.0, "web_kinds": "fact/1,shop/2",
-                           "temperature": 0.9})
+    config = build_config(
+        {"loss": "dapo", "epsilon_high": 0.28, "delta": 2.0, "web_kinds": "fact/1,shop/2", "temperature": 0.9}
+    )
     assert config.objective == ObjectiveSettings(loss="dapo", epsilon_high=0.28, delta=2.0)
     assert config.task_options == TaskOptions(web_kinds=["fact/1", "shop/2"])
     settings = update_settings(config)
@@ -212,11 +233,26 @@ def test_the_update_reads_the_objective_group():
 
 def test_with_settings_is_a_changed_copy_by_flat_names():
     config = TrainConfig.from_flat({"lr": 1e-4, "beta": 0.2, "health_window": 4, "temperature": 0.5})
-    assert (config.objective.beta, config.health.window, config.sampling.temperature, config.lr) == (0.2, 4, 0.5, 1e-4)
-    changed = with_settings(config, beta=0.7, group_size=3, health_window=1)  # not validated: window 1 is kept
-    assert (changed.objective.beta, changed.group_size, changed.health.window, changed.sampling.temperature) == (
-        0.7, 3, 1, 0.5)
-    assert (config.objective.beta, config.health.window, config.group_size) == (0.2, 4, 8)  # the original as it was
+    assert (config.objective.beta, config.health.window, config.sampling.temperature, config.lr) == (
+        0.2,
+        4,
+        0.5,
+        1e-4,
+    )
+    changed = with_settings(
+        config, beta=0.7, group_size=3, health_window=1
+    )  # not validated: window 1 is kept
+    assert (
+        changed.objective.beta,
+        changed.group_size,
+        changed.health.window,
+        changed.sampling.temperature,
+    ) == (0.7, 3, 1, 0.5)
+    assert (config.objective.beta, config.health.window, config.group_size) == (
+        0.2,
+        4,
+        8,
+    )  # the original as it was
     assert all(getattr(changed, g) is not getattr(config, g) for g in GROUPS)
     with pytest.raises(ConfigError, match="did you mean 'beta'"):
         with_settings(config, betta=0.1)
@@ -224,7 +260,9 @@ def test_with_settings_is_a_changed_copy_by_flat_names():
 
 def test_trainconfig_is_a_plain_dataclass():
     own = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert TrainConfig.__init__.__qualname__ == "TrainConfig.__init__" and not hasattr(TrainConfig.__init__, "__wrapped__")
+    assert TrainConfig.__init__.__qualname__ == "TrainConfig.__init__" and not hasattr(
+        TrainConfig.__init__, "__wrapped__"
+    )
     assert {n for n in vars(TrainConfig) if not n.startswith("__")} - own == {"flat", "from_flat"}
     assert not [k for k in GROUP_KEYS if hasattr(TrainConfig, k)]  # no flat name grown back onto the class
     with pytest.raises(AttributeError):
@@ -237,6 +275,8 @@ def test_each_setting_is_defined_once():
     """No two of TrainConfig and its groups define a setting of the same flat name (a group's with its prefix:
     warm_start_steps is not steps), and a flat name is one field."""
     kinds = [(TrainConfig, ""), *GROUPS.values()]
-    names = [prefix + f.name for kind, prefix in kinds for f in dataclasses.fields(kind) if f.name not in GROUPS]
+    names = [
+        prefix + f.name for kind, prefix in kinds for f in dataclasses.fields(kind) if f.name not in GROUPS
+    ]
     assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
     assert len(FIELDS) == len(names) and set(GROUP_KEYS) <= set(FIELDS)

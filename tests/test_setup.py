@@ -10,8 +10,16 @@ import mlx_grpo
 from mlx_grpo.cli import app
 from mlx_grpo.files import training_rows
 
-SETTINGS = {"steps": 2, "batch_size": 2, "group_size": 4, "max_tokens": 16, "eval_num_problems": 2, "seed": 3,
-            "warmup_steps": 0, "lr": 1e-3}
+SETTINGS = {
+    "steps": 2,
+    "batch_size": 2,
+    "group_size": 4,
+    "max_tokens": 16,
+    "eval_num_problems": 2,
+    "seed": 3,
+    "warmup_steps": 0,
+    "lr": 1e-3,
+}
 # Measured, not computed: wall-clock times, rates and memory differ between any two runs.
 UNTIMED = ("time/", "tokens_per_s", "memory/")
 
@@ -39,7 +47,9 @@ def _same(cli: dict, api: dict) -> None:
             assert a == b, key
 
 
-@pytest.mark.parametrize("extra", [{}, {"fine_tune_type": "full", "kl_every": 1}], ids=["defaults", "full-kl-every-step"])
+@pytest.mark.parametrize(
+    "extra", [{}, {"fine_tune_type": "full", "kl_every": 1}], ids=["defaults", "full-kl-every-step"]
+)
 def test_the_api_takes_the_cli_steps(tmp_path, extra):
     settings = {**SETTINGS, **extra}
     cli = _cli_steps(tmp_path, settings)

@@ -29,8 +29,10 @@ from rewards.web_browsing import tiny_model as web_tiny
 from rewards.web_browsing.env import WebEnv
 from rewards.web_browsing.tasks import task_from_row
 
-needs_embedded = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
-                                    reason="the embedded model has not been built (scripts/build_tiny_model.py)")
+needs_embedded = pytest.mark.skipif(
+    not (embedded_model_path() / "config.json").exists(),
+    reason="the embedded model has not been built (scripts/build_tiny_model.py)",
+)
 
 
 def _trained_text(tokenizer, ids, flags):
@@ -99,17 +101,25 @@ def test_rows_are_padded_to_the_longest_untrained():
 
 def test_a_prompt_and_completion_train_the_completion_after_train_s_prompt(tiny):
     _, tok = tiny
-    ids, flags = encode_demonstration(tok, {"prompt": "What is 2+3?", "completion": "5"}, system_prompt="Be brief.")
+    ids, flags = encode_demonstration(
+        tok, {"prompt": "What is 2+3?", "completion": "5"}, system_prompt="Be brief."
+    )
     prompt = encode_prompt(tok, "What is 2+3?", "Be brief.")
-    assert ids[:len(prompt)] == prompt and not any(flags[:len(prompt)])
+    assert ids[: len(prompt)] == prompt and not any(flags[: len(prompt)])
     assert _trained_text(tok, ids, flags) == "5<|im_end|>"
 
 
 def test_every_assistant_turn_is_trained_and_nothing_else(tiny):
     _, tok = tiny
-    row = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"},
-                        {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"},
-                        {"role": "assistant", "content": "a2"}]}
+    row = {
+        "messages": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "u1"},
+            {"role": "assistant", "content": "a1"},
+            {"role": "user", "content": "u2"},
+            {"role": "assistant", "content": "a2"},
+        ]
+    }
     ids, flags = encode_demonstration(tok, row)
     assert ids == list(tok.apply_chat_template(row["messages"], tokenize=True))
     assert _trained_text(tok, ids, flags) == "a1<|im_end|>a2<|im_end|>"
@@ -124,7 +134,8 @@ QWEN25_TEMPLATE = (
     "<|im_end|>\\n' }}{%- endif %}"
     "{%- for message in messages %}{%- if not (message.role == 'system' and loop.first) %}"
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 @pytest.mark.parametrize("template", [None, QWEN25_TEMPLATE], ids=["plain", "qwen2.5-default-system"])
@@ -138,10 +149,16 @@ def test_a_conversation_opening_with_the_reply_trains_the_reply_alone(tiny_model
     ids, flags = encode_demonstration(tok, row)
     assert ids == list(tok.apply_chat_template(row["messages"], tokenize=True))
     assert _trained_text(tok, ids, flags) == "Hello there<|im_end|>"
-    read = tok.decode(ids[:flags.index(1.0)])  # all before the reply, read only
+    read = tok.decode(ids[: flags.index(1.0)])  # all before the reply, read only
     assert read.endswith("<|im_start|>assistant\n") and ("You are Qwen" in read) == bool(template)
     # A later turn of the same conversation is trained as before: each reply and its end token.
-    longer = {"messages": [*row["messages"], {"role": "user", "content": "u"}, {"role": "assistant", "content": "a2"}]}
+    longer = {
+        "messages": [
+            *row["messages"],
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a2"},
+        ]
+    }
     assert _trained_text(tok, *encode_demonstration(tok, longer)) == "Hello there<|im_end|>a2<|im_end|>"
 
 
@@ -161,14 +178,23 @@ def test_a_base_model_gets_the_task_s_plain_text_frame(tiny_model_path, tmp_path
     frame = "Q: {prompt}\nA:"
     ids, flags = encode_demonstration(tok, {"prompt": "2+3?", "completion": " 5"}, None, frame, stop=["\n"])
     prompt = encode_prompt(tok, "2+3?", None, frame)
-    assert ids[:len(prompt)] == prompt and tok.decode(ids[len(prompt):]) == " 5\n" and all(flags[len(prompt):])
+    assert (
+        ids[: len(prompt)] == prompt
+        and tok.decode(ids[len(prompt) :]) == " 5\n"
+        and all(flags[len(prompt) :])
+    )
 
 
 def test_a_file_a_folder_and_bad_rows(tmp_path, tiny):
     _, tok = tiny
     good = {"prompt": "p", "completion": "c"}
-    lines = [json.dumps(good), "{not json", json.dumps({"messages": [{"role": "user", "content": "q"}]}),
-             json.dumps({"question": "?"}), json.dumps({"text": "t"})]
+    lines = [
+        json.dumps(good),
+        "{not json",
+        json.dumps({"messages": [{"role": "user", "content": "q"}]}),
+        json.dumps({"question": "?"}),
+        json.dumps({"text": "t"}),
+    ]
     (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
     rows, note = read_demonstrations(str(tmp_path / "train.jsonl"), "train")
     assert [n for n, _ in rows] == [1, 5]
@@ -178,7 +204,9 @@ def test_a_file_a_folder_and_bad_rows(tmp_path, tiny):
         read_demonstrations(str(tmp_path / "train.jsonl"), "train", on_bad="error")
     (tmp_path / "valid.jsonl").write_text(json.dumps(good) + "\n")
     assert len(read_demonstrations(str(tmp_path), "validation")[0]) == 1
-    assert read_demonstrations(str(tmp_path / "train.jsonl"), "validation")[0] == []  # a file has no validation split
+    assert (
+        read_demonstrations(str(tmp_path / "train.jsonl"), "validation")[0] == []
+    )  # a file has no validation split
     examples, note = encode_rows(tok, [(1, good), (2, {"text": "x" * 300})], "f.jsonl", "skip", limit=64)
     assert len(examples) == 1 and "line 2: 301 tokens, longer than the model's context of 64" in note
 
@@ -234,7 +262,9 @@ def test_multihop_demonstrations_read_each_hop_then_answer_with_the_results_mask
         hops = len(row["question_decomposition"])
         assert trained.count("<tool_call>") == hops and trained.endswith(row["answer"] + tok.eos_token)
         supporting = [p for p in row["paragraphs"] if p.get("is_supporting")]
-        assert all(p["paragraph_text"] not in trained and p["paragraph_text"] in read_only for p in supporting)
+        assert all(
+            p["paragraph_text"] not in trained and p["paragraph_text"] in read_only for p in supporting
+        )
 
 
 @needs_embedded
@@ -247,7 +277,7 @@ def test_task_demonstrations_come_from_the_train_split_only():
     assert len(run.train) == 8 and len(run.valid) == sft_setup_module.MAX_HELD_OUT
     assert not any(p in text for p in held_out for text in learned)
     # The validation loss reads the validation split: the rows the run's accuracy checks read, never test.
-    validation = [r["prompt"] for r in task.eval_rows[:sft_setup_module.MAX_HELD_OUT]]
+    validation = [r["prompt"] for r in task.eval_rows[: sft_setup_module.MAX_HELD_OUT]]
     assert all(p in run.tokenizer.decode(ids) for p, (ids, _) in zip(validation, run.valid))
 
 
@@ -271,17 +301,27 @@ def test_the_validation_loss_reads_a_bounded_number_of_tokens():
     kept = within_validation_tokens(rows, warnings)
     assert len(kept) == MAX_VALIDATION_TOKENS // 3000 and "first 2 of 5" in warnings[0]
     short = [([1] * 10, [1.0] * 10)] * 4
-    assert within_validation_tokens(short, warnings) == short and len(warnings) == 1  # nothing left out, no note
+    assert (
+        within_validation_tokens(short, warnings) == short and len(warnings) == 1
+    )  # nothing left out, no note
     assert len(within_validation_tokens([([1] * 9000, [1.0] * 9000)], [])) == 1  # one long row is still read
 
 
 @needs_embedded
 def test_a_task_given_data_learns_the_rows_reference_answers(tmp_path):
     path = tmp_path / "rows.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"Q{i}", "answer": "1", "solution": f"R{i}\n#### 1"}) + "\n"
-                            for i in range(30)))
-    run = sft_setup(build_config({"task": "arith", "data": str(path), "steps": 1, "batch_size": 4},
-                                 task_defaults=recommended_settings))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": f"Q{i}", "answer": "1", "solution": f"R{i}\n#### 1"}) + "\n"
+            for i in range(30)
+        )
+    )
+    run = sft_setup(
+        build_config(
+            {"task": "arith", "data": str(path), "steps": 1, "batch_size": 4},
+            task_defaults=recommended_settings,
+        )
+    )
     trained = [_trained_text(run.tokenizer, *e) for e in run.train]
     assert len(set(trained)) == 4 and set(trained) <= {f"R{i}\n#### 1<|im_end|>" for i in range(30)}
 
@@ -303,16 +343,22 @@ def test_the_data_order_is_a_function_of_seed_and_step():
 @needs_embedded
 def test_a_resumed_run_ends_with_the_uninterrupted_run_s_weights(tmp_path):
     settings = {"task": "arith", "steps": 4, "save_every": 2, "eval_num_problems": 8, "batch_size": 4}
-    whole = sft(build_config({**settings, "output": str(tmp_path / "whole")}, task_defaults=recommended_settings))
+    whole = sft(
+        build_config({**settings, "output": str(tmp_path / "whole")}, task_defaults=recommended_settings)
+    )
 
     def stop_at_2(kind, data):
         if kind == "checkpoint" and data["step"] == 2:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        sft(build_config({**settings, "output": str(tmp_path / "cut")}, task_defaults=recommended_settings),
-            stop_at_2)
-    resumed = sft(build_config({**settings, "resume": str(tmp_path / "cut")}, task_defaults=recommended_settings))
+        sft(
+            build_config({**settings, "output": str(tmp_path / "cut")}, task_defaults=recommended_settings),
+            stop_at_2,
+        )
+    resumed = sft(
+        build_config({**settings, "resume": str(tmp_path / "cut")}, task_defaults=recommended_settings)
+    )
     a = mx.load(str(whole.run_dir / "adapters.safetensors"))
     b = mx.load(str(resumed.run_dir / "adapters.safetensors"))
     assert a.keys() == b.keys() and all(np.array_equal(np.array(a[k]), np.array(b[k])) for k in a)
@@ -332,8 +378,16 @@ def test_non_finite_steps_leave_the_weights_and_stop_the_run(tmp_path, monkeypat
         return loss * float("nan"), grads
 
     monkeypatch.setattr(sft_module, "sft_gradients", poisoned)
-    config = build_config({"task": "arith", "steps": 5, "max_nonfinite_steps": 2, "eval_num_problems": 4,
-                           "output": str(tmp_path / "run")}, task_defaults=recommended_settings)
+    config = build_config(
+        {
+            "task": "arith",
+            "steps": 5,
+            "max_nonfinite_steps": 2,
+            "eval_num_problems": 4,
+            "output": str(tmp_path / "run"),
+        },
+        task_defaults=recommended_settings,
+    )
     with pytest.raises(TrainingStopped, match="NaN/Inf on 2 steps in a row"):
         sft(config)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -344,8 +398,12 @@ def test_non_finite_steps_leave_the_weights_and_stop_the_run(tmp_path, monkeypat
 @needs_embedded
 def test_sft_lifts_the_embedded_model_on_arith(tmp_path):
     """At the defaults, 80 steps on arith's reference solutions: +0.2 greedy accuracy on the 200 held-out."""
-    result = sft(build_config({"task": "arith", "steps": 80, "output": str(tmp_path / "run")},
-                              task_defaults=recommended_settings))
+    result = sft(
+        build_config(
+            {"task": "arith", "steps": 80, "output": str(tmp_path / "run")},
+            task_defaults=recommended_settings,
+        )
+    )
     assert result.eval_n == 200
     assert result.accuracy_after >= result.accuracy_before + 0.2, result.summary_line()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -40,7 +40,9 @@ def _counting_compile(monkeypatch):
     return calls
 
 
-def test_sft_gradients_are_compiled_on_a_cpu_and_equal_the_traced_ones(tiny_model_path, cpu_device, monkeypatch):
+def test_sft_gradients_are_compiled_on_a_cpu_and_equal_the_traced_ones(
+    tiny_model_path, cpu_device, monkeypatch
+):
     model = _lora_model(tiny_model_path)
     tokens, trained, count = _batch()
     monkeypatch.setattr(gradients, "COMPILE_ON_CPU", False)
@@ -85,8 +87,14 @@ def test_the_head_is_chunked_once_a_micro_batch_logits_pass_trains_threshold(tin
         real = getattr(sft, name)
         monkeypatch.setattr(sft, name, lambda *a, _real=real, **kw: chunks.append(a[4]) or _real(*a, **kw))
     examples = [(list(row), [0.0] * 4 + [1.0] * 7) for row in np.array(tokens).tolist()]
-    sft.sft_step(model, optimizer=optim.AdamW(learning_rate=1e-3), examples=examples, pad_id=0, micro_batch_size=8,
-                 max_grad_norm=1.0)
+    sft.sft_step(
+        model,
+        optimizer=optim.AdamW(learning_rate=1e-3),
+        examples=examples,
+        pad_id=0,
+        micro_batch_size=8,
+        max_grad_norm=1.0,
+    )
     sft.validation_loss(model, examples, 0, 8)
     assert chunks == [128, 128]
 
@@ -98,8 +106,11 @@ def test_only_the_trained_positions_go_through_the_output_head(tiny_model_path, 
     tokens, trained, count = _batch()
     rows = []
     real = module._project
-    monkeypatch.setattr(module, "_project", lambda head, hidden, *a, **kw: rows.append(hidden.shape[1]) or
-                        real(head, hidden, *a, **kw))
+    monkeypatch.setattr(
+        module,
+        "_project",
+        lambda head, hidden, *a, **kw: rows.append(hidden.shape[1]) or real(head, hidden, *a, **kw),
+    )
     module.sft_loss(model, tokens, trained, count, differentiated=False)
     # 3 rows x 10 scored positions, of which `count` are trained: the head scores those alone.
     assert rows == [count] and count < 30

@@ -29,10 +29,28 @@ def _weights(model):
 
 def _two_steps(tiny_model_path, skip: bool):
     """Step 1 has signal, step 2 none; returns (weights after 1, after 2, metrics of 2, optimizer)."""
-    config = build_config({"group_size": 4, "batch_size": 2, "max_tokens": 6, "lr": 1e-2, "warmup_steps": 0,
-                           "steps": 4, "kl_every": 0, "skip_no_signal": skip})
-    task = Task("flat", [{"prompt": p} for p in ("1+1", "2+2", "3+3", "4+4")], [], [varied_or_flat], [1.0], None,
-                None, [])
+    config = build_config(
+        {
+            "group_size": 4,
+            "batch_size": 2,
+            "max_tokens": 6,
+            "lr": 1e-2,
+            "warmup_steps": 0,
+            "steps": 4,
+            "kl_every": 0,
+            "skip_no_signal": skip,
+        }
+    )
+    task = Task(
+        "flat",
+        [{"prompt": p} for p in ("1+1", "2+2", "3+3", "4+4")],
+        [],
+        [varied_or_flat],
+        [1.0],
+        None,
+        None,
+        [],
+    )
     model, tokenizer = load_policy(str(tiny_model_path))
     mx.random.seed(0)
     prepare_for_training(model, "lora", {"rank": 4})

@@ -23,15 +23,25 @@ def model_file(tmp_path_factory):
     return write_gguf(folder / "tiny.gguf", config, numpy_weights(folder / "hf"), bpe)
 
 
-def ollama_store(root, model_file, name="qwen2.5", tag="0.5b", namespace="library", host="registry.ollama.ai"):
+def ollama_store(
+    root, model_file, name="qwen2.5", tag="0.5b", namespace="library", host="registry.ollama.ai"
+):
     digest = "0123456789abcdef" * 4
     (root / "blobs").mkdir(parents=True, exist_ok=True)
     (root / "blobs" / f"sha256-{digest}").write_bytes(model_file.read_bytes())
     manifest = root / "manifests" / host / namespace / name / tag
     manifest.parent.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
-        {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "f" * 64},
-        {"mediaType": OLLAMA_MODEL_LAYER, "digest": f"sha256:{digest}"}]}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "layers": [
+                    {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "f" * 64},
+                    {"mediaType": OLLAMA_MODEL_LAYER, "digest": f"sha256:{digest}"},
+                ],
+            }
+        )
+    )
     return root / "blobs" / f"sha256-{digest}"
 
 
@@ -54,8 +64,11 @@ def test_ollama_errors_are_one_line(tmp_path, monkeypatch, model_file):
         resolve_model_path("ollama:qwen2.5")
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
     blob = ollama_store(tmp_path / "ollama", model_file)
-    with pytest.raises(StoreError, match=r"ollama:llama3 is not in the Ollama store .*installed: "
-                                         r"ollama:qwen2.5:0.5b\); get it with: ollama pull llama3"):
+    with pytest.raises(
+        StoreError,
+        match=r"ollama:llama3 is not in the Ollama store .*installed: "
+        r"ollama:qwen2.5:0.5b\); get it with: ollama pull llama3",
+    ):
         resolve_model_path("ollama:llama3")
     blob.unlink()
     with pytest.raises(StoreError, match="points at .*sha256-0123.* which is missing"):
@@ -78,18 +91,27 @@ def test_lmstudio_names(tmp_path, monkeypatch, model_file):
     two.mkdir(parents=True)
     for quant in ("Q4_K_M", "Q8_0"):
         (two / f"SmolLM2-{quant}.gguf").write_bytes(model_file.read_bytes())
-    assert resolve_model_path("lmstudio:lmstudio-community/Qwen2.5-0.5B-Instruct-GGUF").endswith("Q4_K_M.gguf")
-    assert resolve_model_path("lmstudio:bartowski/SmolLM2-GGUF/SmolLM2-Q8_0.gguf").endswith("SmolLM2-Q8_0.gguf")
+    assert resolve_model_path("lmstudio:lmstudio-community/Qwen2.5-0.5B-Instruct-GGUF").endswith(
+        "Q4_K_M.gguf"
+    )
+    assert resolve_model_path("lmstudio:bartowski/SmolLM2-GGUF/SmolLM2-Q8_0.gguf").endswith(
+        "SmolLM2-Q8_0.gguf"
+    )
     assert resolve_model_path("lmstudio:bartowski/SmolLM2-GGUF/SmolLM2-Q8_0").endswith("SmolLM2-Q8_0.gguf")
     with pytest.raises(StoreError, match="holds 2 model files; name one"):
         resolve_model_path("lmstudio:bartowski/SmolLM2-GGUF")
     with pytest.raises(StoreError, match="has no file nope.gguf"):
         resolve_model_path("lmstudio:bartowski/SmolLM2-GGUF/nope.gguf")
-    with pytest.raises(StoreError, match=r"not in the LM Studio folder .*installed: lmstudio:bartowski/SmolLM2-GGUF, "
-                                         r"lmstudio:lmstudio-community/Qwen2.5-0.5B-Instruct-GGUF"):
+    with pytest.raises(
+        StoreError,
+        match=r"not in the LM Studio folder .*installed: lmstudio:bartowski/SmolLM2-GGUF, "
+        r"lmstudio:lmstudio-community/Qwen2.5-0.5B-Instruct-GGUF",
+    ):
         resolve_model_path("lmstudio:someone/Else")
-    assert installed_lmstudio() == ["lmstudio:bartowski/SmolLM2-GGUF",
-                                    "lmstudio:lmstudio-community/Qwen2.5-0.5B-Instruct-GGUF"]
+    assert installed_lmstudio() == [
+        "lmstudio:bartowski/SmolLM2-GGUF",
+        "lmstudio:lmstudio-community/Qwen2.5-0.5B-Instruct-GGUF",
+    ]
     model, _ = load_policy("lmstudio:lmstudio-community/Qwen2.5-0.5B-Instruct-GGUF")
     assert model.model_type == "qwen2"
 
@@ -110,7 +132,9 @@ def test_a_store_name_is_read_for_its_chat_template(tmp_path, monkeypatch, model
     assert has_chat_template("ollama:qwen2.5:0.5b") and not is_base_model("ollama:qwen2.5:0.5b")
     assert not has_chat_template("lmstudio:someone/Base-GGUF") and is_base_model("lmstudio:someone/Base-GGUF")
     assert recommended_settings("arith", "lmstudio:someone/Base-GGUF")["stop"] == ["\n"]
-    assert has_chat_template("ollama:llama3")  # not there: unknown counts as chat; the load says what is missing
+    assert has_chat_template(
+        "ollama:llama3"
+    )  # not there: unknown counts as chat; the load says what is missing
 
 
 def test_every_command_takes_a_store_name(tmp_path, monkeypatch, model_file):
@@ -122,13 +146,33 @@ def test_every_command_takes_a_store_name(tmp_path, monkeypatch, model_file):
     ollama_store(tmp_path / "ollama", model_file)
     runner = CliRunner()
     run = tmp_path / "run"
-    result = runner.invoke(app, ["train", "--model", "ollama:qwen2.5:0.5b", "--task", "arith", "--steps", "1",
-                                 "--batch-size", "2", "--group-size", "2", "--max-tokens", "4",
-                                 "--eval-num-problems", "2", "--output", str(run)])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--model",
+            "ollama:qwen2.5:0.5b",
+            "--task",
+            "arith",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "4",
+            "--eval-num-problems",
+            "2",
+            "--output",
+            str(run),
+        ],
+    )
     assert result.exit_code == 0, result.output
-    for command in (["eval", "--model", "ollama:qwen2.5:0.5b", "--n", "2", "--max-tokens", "4"],
-                    ["compare", "--base", "ollama:qwen2.5:0.5b", "--trained", str(run), "--n", "2",
-                     "--max-tokens", "4"]):
+    for command in (
+        ["eval", "--model", "ollama:qwen2.5:0.5b", "--n", "2", "--max-tokens", "4"],
+        ["compare", "--base", "ollama:qwen2.5:0.5b", "--trained", str(run), "--n", "2", "--max-tokens", "4"],
+    ):
         result = runner.invoke(app, command)
         assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["eval", "--model", "ollama:llama3", "--n", "2"])

@@ -77,7 +77,9 @@ def _previous_frozen_head_chunk(project, hidden, targets, temperature):
     logp = mx.take_along_axis(z, targets[..., None], axis=-1).squeeze(-1) - lse
     entropy = lse - mx.sum(weights * z, axis=-1) / total.squeeze(-1)
     slope = weights * (-1.0 / (temperature * total))
-    slope = mx.put_along_axis(slope, targets[..., None], ((1 - mx.exp(logp)) / temperature)[..., None], axis=-1)
+    slope = mx.put_along_axis(
+        slope, targets[..., None], ((1 - mx.exp(logp)) / temperature)[..., None], axis=-1
+    )
     _, (jac,) = mx.vjp(project, [h], [slope.astype(h.dtype)])
     along = (hidden * mx.stop_gradient(jac)).sum(axis=-1)
     return mx.stop_gradient(logp) + (along - mx.stop_gradient(along)), mx.stop_gradient(entropy)
@@ -95,14 +97,19 @@ def test_values_match_numpy_and_plain_autodiff():
     for temperature in (1.0, 0.7, 1.3):
         want = _numpy_logprobs(logits, targets, temperature)
         for entropy_grad in (False, True):
-            logp, entropy = _logprobs_and_entropy(mx.array(logits), mx.array(targets), temperature, entropy_grad)
-            old_logp, old_entropy = _autodiff_logprobs_and_entropy(mx.array(logits), mx.array(targets), temperature)
+            logp, entropy = _logprobs_and_entropy(
+                mx.array(logits), mx.array(targets), temperature, entropy_grad
+            )
+            old_logp, old_entropy = _autodiff_logprobs_and_entropy(
+                mx.array(logits), mx.array(targets), temperature
+            )
             np.testing.assert_allclose(np.array(logp), want, atol=1e-4)
             np.testing.assert_array_equal(np.array(logp), np.array(old_logp))
             np.testing.assert_array_equal(np.array(entropy), np.array(old_entropy))
     # Half-precision logits are scored in float32; sft's loss asks for no entropy.
-    logp, entropy = _logprobs_and_entropy(mx.array(logits).astype(mx.bfloat16), mx.array(targets), 0.7,
-                                          with_entropy=False)
+    logp, entropy = _logprobs_and_entropy(
+        mx.array(logits).astype(mx.bfloat16), mx.array(targets), 0.7, with_entropy=False
+    )
     halved = np.array(mx.array(logits).astype(mx.bfloat16).astype(mx.float32))
     np.testing.assert_allclose(np.array(logp), _numpy_logprobs(halved, targets, 0.7), atol=1e-4)
     assert logp.dtype == mx.float32 and not np.array(entropy).any()
@@ -146,8 +153,14 @@ def test_the_gradient_matches_finite_differences_and_autodiff(temperature, float
 
     # MLX's float64 exp is good to about 2e-8 relative, not to float64's rounding.
     for dtype, atol in ((mx.float64, 2e-7), (mx.float32, 2e-5)):
-        x, t, wa, wb = mx.array(logits64, dtype=dtype), mx.array(targets), mx.array(a, dtype), mx.array(b, dtype)
+        x, t, wa, wb = (
+            mx.array(logits64, dtype=dtype),
+            mx.array(targets),
+            mx.array(a, dtype),
+            mx.array(b, dtype),
+        )
         for entropy_grad, numpy_objective in ((False, numpy_logp), (True, numpy_with_entropy)):
+
             def objective(x, score=_logprobs_and_entropy):
                 logp, entropy = score(x, t, temperature, entropy_grad)
                 return (wa * logp).sum() + (wb * entropy).sum()
@@ -156,9 +169,13 @@ def test_the_gradient_matches_finite_differences_and_autodiff(temperature, float
             got = mx.grad(objective)(x)
             np.testing.assert_allclose(np.array(got.astype(mx.float64)), numeric, atol=atol)
             for transform in (mx.compile, mx.checkpoint):
-                np.testing.assert_allclose(np.array(transform(mx.grad(objective))(x)), np.array(got), atol=1e-12)
+                np.testing.assert_allclose(
+                    np.array(transform(mx.grad(objective))(x)), np.array(got), atol=1e-12
+                )
             autodiff = mx.grad(lambda x: objective(x, _autodiff_logprobs_and_entropy))(x)
-            np.testing.assert_allclose(np.array(got), np.array(autodiff), atol=1e-6 if dtype == mx.float32 else 1e-14)
+            np.testing.assert_allclose(
+                np.array(got), np.array(autodiff), atol=1e-6 if dtype == mx.float32 else 1e-14
+            )
 
 
 def test_the_sampler_s_log_probs_match_numpy(cpu_device):
@@ -175,7 +192,9 @@ def test_the_sampler_s_log_probs_match_numpy(cpu_device):
             np.testing.assert_allclose(np.array(logp), want, atol=2e-5, err_msg=str((temperature, filters)))
     tokens, logp = greedy_tokens(mx.array(logits))
     np.testing.assert_array_equal(np.array(tokens), logits.argmax(axis=-1))
-    np.testing.assert_allclose(np.array(logp), _numpy_logprobs(logits, logits.argmax(axis=-1), 1.0), atol=2e-5)
+    np.testing.assert_allclose(
+        np.array(logp), _numpy_logprobs(logits, logits.argmax(axis=-1), 1.0), atol=2e-5
+    )
 
 
 def _model_grads(model, loss):
@@ -183,8 +202,9 @@ def _model_grads(model, loss):
 
 
 @pytest.mark.parametrize("quantized", [False, True])
-def test_the_head_through_a_trainable_or_frozen_tied_head_is_autodiff_s(tiny_model_path, quantized, cpu_device,
-                                                                        monkeypatch):
+def test_the_head_through_a_trainable_or_frozen_tied_head_is_autodiff_s(
+    tiny_model_path, quantized, cpu_device, monkeypatch
+):
     """The tied embedding as the head, float or 4-bit: log-probs against NumPy on the head's own weights, and the
     frozen head's forward-pass gradient and a trainable head's backward (whole and chunked) against autodiff."""
     model, _ = load_policy(str(tiny_model_path))
@@ -192,8 +212,11 @@ def test_the_head_through_a_trainable_or_frozen_tied_head_is_autodiff_s(tiny_mod
         nn.quantize(model, group_size=32, bits=4)
     head = output_head(model)
     embed = head[0]
-    table = (mx.dequantize(embed.weight, embed.scales, embed.biases, embed.group_size, embed.bits)
-             if quantized else embed.weight)
+    table = (
+        mx.dequantize(embed.weight, embed.scales, embed.biases, embed.group_size, embed.bits)
+        if quantized
+        else embed.weight
+    )
     rng = np.random.default_rng(4)
     hidden = rng.normal(size=(2, 5, model.args.hidden_size)).astype(np.float32)
     targets = mx.array(rng.integers(0, model.args.vocab_size, size=(2, 5)))
@@ -203,8 +226,11 @@ def test_the_head_through_a_trainable_or_frozen_tied_head_is_autodiff_s(tiny_mod
     np.testing.assert_allclose(np.array(logp), _numpy_logprobs(logits, np.array(targets), 0.7), atol=1e-4)
 
     def grad_of_hidden():
-        return np.array(mx.grad(lambda h: (a * _project(head, h, targets, 0.7, 2, differentiated=True)[0]).sum())(
-            mx.array(hidden)))
+        return np.array(
+            mx.grad(lambda h: (a * _project(head, h, targets, 0.7, 2, differentiated=True)[0]).sum())(
+                mx.array(hidden)
+            )
+        )
 
     frozen = grad_of_hidden()
     for oracle in (_autodiff_frozen_head_chunk, _previous_frozen_head_chunk):
@@ -215,8 +241,11 @@ def test_the_head_through_a_trainable_or_frozen_tied_head_is_autodiff_s(tiny_mod
         return  # a quantized table is not trained
     prepare_for_training(model, "full")
     for chunk in (None, 2):
+
         def loss(m):
-            return (a * _project(output_head(m), mx.array(hidden), targets, 0.7, chunk, differentiated=True)[0]).sum()
+            return (
+                a * _project(output_head(m), mx.array(hidden), targets, 0.7, chunk, differentiated=True)[0]
+            ).sum()
 
         ours = _model_grads(model, loss)
         monkeypatch.setattr(logprobs, "_logprobs_and_entropy", _autodiff_logprobs_and_entropy)
@@ -232,8 +261,9 @@ def _grad_norm(grads: dict) -> float:
 
 
 @pytest.mark.parametrize("training, entropy_coef", [("lora", 0.0), ("lora", 0.05), ("full", 0.0)])
-def test_the_grpo_update_has_the_autodiff_head_s_loss_and_gradient(tiny_model_path, cpu_device, monkeypatch, training,
-                                                                   entropy_coef):
+def test_the_grpo_update_has_the_autodiff_head_s_loss_and_gradient(
+    tiny_model_path, cpu_device, monkeypatch, training, entropy_coef
+):
     """End to end on the tiny model: LoRA (the frozen head's gradient in the forward pass), an entropy bonus
     (the entropy's own gradient), full fine-tuning (the trainable tied head's backward, chunked)."""
     if training == "lora":
@@ -281,12 +311,16 @@ def test_sft_s_loss_and_gradient_are_autodiff_s(tiny_model_path, cpu_device, mon
     assert loss.item() == pytest.approx(want, rel=1e-5)
     monkeypatch.setattr(logprobs, "_logprobs_and_entropy", _autodiff_logprobs_and_entropy)
     import mlx_grpo.update.sft_loss as sft_module
+
     monkeypatch.setattr(sft_module, "_logprobs_and_entropy", _autodiff_logprobs_and_entropy)
-    old_loss, old_grads = nn.value_and_grad(model, lambda m: sft_loss(m, tokens, trained, count, chunk_size=3))(model)
+    old_loss, old_grads = nn.value_and_grad(
+        model, lambda m: sft_loss(m, tokens, trained, count, chunk_size=3)
+    )(model)
     assert loss.item() == pytest.approx(old_loss.item(), rel=1e-6)
     ours, theirs = dict(tree_flatten(grads)), dict(tree_flatten(old_grads))
     assert ours.keys() == theirs.keys()
     scale = max(np.abs(np.array(g)).max() for g in theirs.values())
     for name in theirs:
-        np.testing.assert_allclose(np.array(ours[name]), np.array(theirs[name]), rtol=1e-4, atol=1e-6 * scale,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            np.array(ours[name]), np.array(theirs[name]), rtol=1e-4, atol=1e-6 * scale, err_msg=name
+        )

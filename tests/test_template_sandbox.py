@@ -37,7 +37,9 @@ def test_a_hostile_template_runs_nothing(tmp_path, monkeypatch, attack):
     monkeypatch.setattr(gguf_files, "CHAT_TEMPLATE", attack.replace("{marker}", str(marker)))
     path = write_gguf(tmp_path / "evil.gguf", config, numpy_weights(tmp_path / "hf"), bpe)
     _, tokenizer = load_policy(str(path))
-    assert tokenizer.chat_template == attack.replace("{marker}", str(marker))  # the file's template is the one used
+    assert tokenizer.chat_template == attack.replace(
+        "{marker}", str(marker)
+    )  # the file's template is the one used
     try:
         ids = encode_prompt(tokenizer, "What is 2+3?")
     except DataError as e:
@@ -57,8 +59,10 @@ def test_the_command_says_so_in_one_line(tmp_path, monkeypatch):
     config = build_hf_model(tmp_path / "hf", "qwen2", len(bpe["tokens"]))
     monkeypatch.setattr(gguf_files, "CHAT_TEMPLATE", ATTACKS[2].replace("{marker}", str(marker)))
     path = write_gguf(tmp_path / "evil.gguf", config, numpy_weights(tmp_path / "hf"), bpe)
-    result = CliRunner().invoke(app, ["train", "--model", str(path), "--task", "arith", "--steps", "1",
-                                      "--output", str(tmp_path / "run")])
+    result = CliRunner().invoke(
+        app,
+        ["train", "--model", str(path), "--task", "arith", "--steps", "1", "--output", str(tmp_path / "run")],
+    )
     assert result.exit_code != 0 and "chat template cannot render" in result.output
     assert "Traceback" not in result.output and not marker.exists()
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("*.safetensors"))

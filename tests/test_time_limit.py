@@ -33,8 +33,17 @@ def test_a_run_past_its_limit_saves_and_evaluates_its_last_step(tmp_path, monkey
     monkeypatch.setattr(loop, "past_time_limit", lambda config, elapsed, history, eval_s: len(history) >= 2)
     seen = []
     monkeypatch.setattr(run_result, "evaluate", lambda *a: {"accuracy": 0.5, "n": 4, "seconds": 0.0})
-    config = build_config({"steps": 6, "batch_size": 2, "group_size": 2, "max_tokens": 8, "save_every": 5,
-                           "time_limit_minutes": 1, "output": str(tmp_path / "run")})
+    config = build_config(
+        {
+            "steps": 6,
+            "batch_size": 2,
+            "group_size": 2,
+            "max_tokens": 8,
+            "save_every": 5,
+            "time_limit_minutes": 1,
+            "output": str(tmp_path / "run"),
+        }
+    )
     result = trainer.train(config, on_event=lambda kind, data: seen.append((kind, data)))
     assert [d for k, d in seen if k == "time_limit"] == [{"step": 2, "total": 6, "minutes": 1}]
     assert [m["step"] for m in result.history] == [1, 2]
@@ -56,6 +65,7 @@ def test_a_resumed_run_leaves_room_for_the_evaluation_measured_before_the_first_
     def record(config, elapsed, history, eval_s):
         reserved.append(eval_s)
         return False
+
     monkeypatch.setattr(loop, "past_time_limit", record)
 
     class Interrupt(Exception):
@@ -64,8 +74,16 @@ def test_a_resumed_run_leaves_room_for_the_evaluation_measured_before_the_first_
     def stop_after_step_1(kind, data):
         if kind == "checkpoint" and data["step"] == 1:
             raise Interrupt
-    settings = {"steps": 2, "batch_size": 2, "group_size": 2, "max_tokens": 8, "save_every": 1,
-                "time_limit_minutes": 60, "output": str(tmp_path / "run")}
+
+    settings = {
+        "steps": 2,
+        "batch_size": 2,
+        "group_size": 2,
+        "max_tokens": 8,
+        "save_every": 1,
+        "time_limit_minutes": 60,
+        "output": str(tmp_path / "run"),
+    }
     with pytest.raises(Interrupt):
         trainer.train(build_config(settings), on_event=stop_after_step_1)
     assert reserved == [42.0]

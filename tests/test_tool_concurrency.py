@@ -39,8 +39,12 @@ def test_the_calls_of_a_turn_run_concurrently_across_episodes(tiny_model_path, m
 
     monkeypatch.setattr(tool_env, "parse_calls", parse)
     monkeypatch.setattr(tool_env.ToolEnv, "step", step)
-    envs = [tool_env.ToolEnv({"prompt": f"q{i}", "answer": "a"}, {"meet": meet}, tokenizer, [], timeout=30)
-            for i in range(4)]
-    episodes = rollout_episodes(model, tokenizer, envs, 1, SamplingConfig(0.0, max_tokens=4), 2, 200, None, seed=0)
+    envs = [
+        tool_env.ToolEnv({"prompt": f"q{i}", "answer": "a"}, {"meet": meet}, tokenizer, [], timeout=30)
+        for i in range(4)
+    ]
+    episodes = rollout_episodes(
+        model, tokenizer, envs, 1, SamplingConfig(0.0, max_tokens=4), 2, 200, None, seed=0
+    )
     assert len(passed) == 4
     assert all(ep.info["tools/raised"] == 0 and "met" in ep.observations[0] for ep in episodes)

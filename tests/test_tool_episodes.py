@@ -42,10 +42,13 @@ def test_an_episode_calls_reads_and_answers(policy):
     env = tool_env.ToolEnv(ROW, {"lookup": lookup}, policy[1], [exact])
     first = env.reset()
     assert isinstance(first, Rendered) and '"name": "lookup"' in first and first.endswith("assistant\n")
-    observation, done, info = env.step('<tool_call>{"name": "lookup", "arguments": {"title": "Norway"}}</tool_call>')
+    observation, done, info = env.step(
+        '<tool_call>{"name": "lookup", "arguments": {"title": "Norway"}}</tool_call>'
+    )
     assert not done and "<tool_response>\nNorway's capital is Oslo.\n</tool_response>" in observation
-    observation, done, info = env.step('<tool_call>{"name": "lookup", "arguments": {"page": 3}}</tool_call>'
-                                       '<tool_call>{"name": </tool_call>')
+    observation, done, info = env.step(
+        '<tool_call>{"name": "lookup", "arguments": {"page": 3}}</tool_call><tool_call>{"name": </tool_call>'
+    )
     assert "Error: lookup has no argument 'page'" in observation and "not valid JSON" in observation
     assert (info["tools/calls"], info["tools/invalid"], info["tools/parse"]) == (3, 1, 1)
     _, done, info = env.step("The capital is Oslo.")
@@ -72,12 +75,16 @@ def test_tool_results_are_masked_and_logprobs_match_a_full_forward_pass(policy, 
 
     monkeypatch.setattr(tool_env, "parse_calls", parse)
     monkeypatch.setattr(tool_env.ToolEnv, "step", step)
-    episodes = rollout_episodes(model, tokenizer, envs, 2, SamplingConfig(1.0, max_tokens=10), 4, 400, None, seed=3)
+    episodes = rollout_episodes(
+        model, tokenizer, envs, 2, SamplingConfig(1.0, max_tokens=10), 4, 400, None, seed=3
+    )
     for ep in episodes:
         assert ep.observations and len(ep.turns) >= 2
         mask = np.array(ep.mask)
         inserted = tokenizer.decode([t for t, m in zip(ep.tokens, mask) if m == 0])
-        assert inserted.count("<tool_response>\nNorway's capital is Oslo.\n</tool_response>") == len(ep.observations)
+        assert inserted.count("<tool_response>\nNorway's capital is Oslo.\n</tool_response>") == len(
+            ep.observations
+        )
         # The trained tokens are the turns it wrote: one run of them per turn, in order (decoded run by
         # run, since a byte-level turn may end inside a character that the next turn's bytes would complete).
         runs, run = [], []
@@ -90,15 +97,27 @@ def test_tool_results_are_masked_and_logprobs_match_a_full_forward_pass(policy, 
         assert len(runs) == len(ep.turns)
         assert all(turn in tokenizer.decode(r) for turn, r in zip(ep.turns, runs))
         logp, _ = token_logprobs(model, mx.array([ep.prompt_tokens + ep.tokens]))
-        forward = np.array(logp[0, len(ep.prompt_tokens) - 1:])
+        forward = np.array(logp[0, len(ep.prompt_tokens) - 1 :])
         np.testing.assert_allclose(np.array(ep.logprobs)[mask == 1], forward[mask == 1], atol=1e-4)
     # The loss sees no tool-result token: its gradient there is exactly zero.
     batch = build_batch(episodes, np.array([1.0, -1.0, 0.5, -0.5]), 2)
     logp = mx.array(batch.behaviour_logp)
-    shape = BatchShape(num_sequences=4, num_tokens=int(batch.mask.sum()), num_micro_batches=1,
-                       max_tokens=batch.completions.shape[1])
-    grad = mx.grad(lambda lp: policy_loss(lp, mx.array(batch.behaviour_logp), mx.array(batch.advantages),
-                                          mx.array(batch.mask), shape, update_settings(TrainConfig()).loss)[0])(logp)
+    shape = BatchShape(
+        num_sequences=4,
+        num_tokens=int(batch.mask.sum()),
+        num_micro_batches=1,
+        max_tokens=batch.completions.shape[1],
+    )
+    grad = mx.grad(
+        lambda lp: policy_loss(
+            lp,
+            mx.array(batch.behaviour_logp),
+            mx.array(batch.advantages),
+            mx.array(batch.mask),
+            shape,
+            update_settings(TrainConfig()).loss,
+        )[0]
+    )(logp)
     grad = np.array(grad)
     assert np.all(grad[batch.mask == 0] == 0) and np.abs(grad[batch.mask == 1]).max() > 0
     assert (batch.mask == 0).sum() > 0
@@ -111,23 +130,68 @@ def test_train_and_eval_with_tools_from_the_command_line(tmp_path, tiny_model_pa
     from mlx_grpo.cli import app
 
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(f'{{"prompt": "What is the capital of page {i}?", "answer": "Oslo"}}\n' for i in range(12)))
+    data.write_text(
+        "".join(f'{{"prompt": "What is the capital of page {i}?", "answer": "Oslo"}}\n' for i in range(12))
+    )
     (tmp_path / "rewards.py").write_text(
         "def exact(prompts, completions, answer, **kw):\n"
-        "    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]\n")
+        "    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]\n"
+    )
     (tmp_path / "tools.py").write_text(
-        "def lookup(title: str) -> str:\n    '''Read a page.'''\n    return 'Oslo'\n")
-    common = ["--model", str(tiny_model_path), "--task", "custom", "--data", str(data),
-              "--reward-file", str(tmp_path / "rewards.py"), "--reward", "exact", "--max-tokens", "8"]
+        "def lookup(title: str) -> str:\n    '''Read a page.'''\n    return 'Oslo'\n"
+    )
+    common = [
+        "--model",
+        str(tiny_model_path),
+        "--task",
+        "custom",
+        "--data",
+        str(data),
+        "--reward-file",
+        str(tmp_path / "rewards.py"),
+        "--reward",
+        "exact",
+        "--max-tokens",
+        "8",
+    ]
     runner = CliRunner()
-    result = runner.invoke(app, ["train", *common, "--tools", str(tmp_path / "tools.py"), "--steps", "1",
-                                 "--batch-size", "2", "--group-size", "2", "--max-turns", "2",
-                                 "--eval-num-problems", "2", "--output", str(tmp_path / "run")])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            *common,
+            "--tools",
+            str(tmp_path / "tools.py"),
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--max-turns",
+            "2",
+            "--eval-num-problems",
+            "2",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "tools: " in (tmp_path / "run" / "config.yaml").read_text()
     (tmp_path / "bad.py").write_text("import not_a_module\n")
-    result = runner.invoke(app, ["train", *common, "--tools", str(tmp_path / "bad.py"), "--steps", "1",
-                                 "--output", str(tmp_path / "bad-run")])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            *common,
+            "--tools",
+            str(tmp_path / "bad.py"),
+            "--steps",
+            "1",
+            "--output",
+            str(tmp_path / "bad-run"),
+        ],
+    )
     assert result.exit_code != 0 and "importing it raised ModuleNotFoundError" in result.output
     assert "Traceback" not in result.output
 
@@ -144,18 +208,48 @@ def test_a_template_whose_calls_no_style_reads_is_one_line_from_the_command(tmp_
     model = tmp_path / "xml-model"
     shutil.copytree(tiny_model_path, model)
     settings = json.loads((model / "tokenizer_config.json").read_text())
-    settings["chat_template"] = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-                                 "{% if tools %}Call as <function=NAME><parameter=ARG>value</parameter></function>"
-                                 "{% endif %}")
+    settings["chat_template"] = (
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+        "{% if tools %}Call as <function=NAME><parameter=ARG>value</parameter></function>"
+        "{% endif %}"
+    )
     (model / "tokenizer_config.json").write_text(json.dumps(settings))
-    (tmp_path / "tools.py").write_text('def lookup(title: str) -> str:\n    """Read a page."""\n    return "Oslo"\n')
+    (tmp_path / "tools.py").write_text(
+        'def lookup(title: str) -> str:\n    """Read a page."""\n    return "Oslo"\n'
+    )
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(f'{{"prompt": "Capital of page {i}?", "answer": "Oslo"}}\n' for i in range(4)))
-    (tmp_path / "rewards.py").write_text("def exact(prompts, completions, answer, **kw):\n"
-                                         "    return [float(a in c) for c, a in zip(completions, answer)]\n")
-    result = CliRunner().invoke(app, ["train", "--model", str(model), "--task", "custom", "--data", str(data),
-                                      "--reward-file", str(tmp_path / "rewards.py"), "--reward", "exact",
-                                      "--tools", str(tmp_path / "tools.py"), "--max-tokens", "4", "--steps", "1",
-                                      "--batch-size", "2", "--group-size", "2", "--output", str(tmp_path / "run")])
+    (tmp_path / "rewards.py").write_text(
+        "def exact(prompts, completions, answer, **kw):\n"
+        "    return [float(a in c) for c, a in zip(completions, answer)]\n"
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--model",
+            str(model),
+            "--task",
+            "custom",
+            "--data",
+            str(data),
+            "--reward-file",
+            str(tmp_path / "rewards.py"),
+            "--reward",
+            "exact",
+            "--tools",
+            str(tmp_path / "tools.py"),
+            "--max-tokens",
+            "4",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "2",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "teaches tool calls as <function=NAME>" in result.output and "Traceback" not in result.output

@@ -56,9 +56,15 @@ def _templates() -> list:
     folder = templates_dir()
     found = sorted(p for p in folder.glob("*.jinja") if _family(p.name)) if folder and folder.is_dir() else []
     if not found:
-        return [pytest.param(None, marks=pytest.mark.skip(
-            reason=f"no real chat templates of a supported family in {folder}: set MLX_GRPO_TEMPLATES_DIR, or run "
-                   "python scripts/get_chat_templates.py"))]
+        return [
+            pytest.param(
+                None,
+                marks=pytest.mark.skip(
+                    reason=f"no real chat templates of a supported family in {folder}: set MLX_GRPO_TEMPLATES_DIR, or run "
+                    "python scripts/get_chat_templates.py"
+                ),
+            )
+        ]
     return [pytest.param(p, id=p.stem) for p in found]
 
 
@@ -103,16 +109,27 @@ def test_a_real_template_carries_a_tool_episode(tokenizer, path):
 
 
 @pytest.mark.parametrize("path", TEMPLATES)
-def test_arguments_given_as_a_string_would_be_encoded_twice_where_the_template_does_not_check(tokenizer, path):
+def test_arguments_given_as_a_string_would_be_encoded_twice_where_the_template_does_not_check(
+    tokenizer, path
+):
     """Why assistant_message passes the arguments as a dict: a template that applies tojson to whatever it
     gets (Qwen2.5's, Llama 3.x's) writes a JSON string as a quoted, escaped string."""
     _, family, style, _ = _family(path.name)
     template = _use(tokenizer, path)
     if style is None or re.search(r"arguments\s+is\s+(not\s+)?string", template):
         pytest.skip(f"{family}'s template writes string arguments as they are")
-    history = [{"role": "user", "content": "q"},
-               {"role": "assistant", "content": "", "tool_calls": [
-                   {"type": "function", "id": "abcdefghi",
-                    "function": {"name": "search", "arguments": '{"query": "Oslo"}'}}]}]
+    history = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "id": "abcdefghi",
+                    "function": {"name": "search", "arguments": '{"query": "Oslo"}'},
+                }
+            ],
+        },
+    ]
     assert r'"{\"query\": \"Oslo\"}"' in render(tokenizer, history, [], add_generation_prompt=False)
-

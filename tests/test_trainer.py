@@ -13,7 +13,14 @@ from mlx_grpo.models.loading import load_policy
 from mlx_grpo.run.trainer import make_optimizer, update_settings
 from mlx_grpo.update.step import update
 from mlx_grpo.sampling.rollout import Completion
-from mlx_grpo.update.batch import batch_rows, build_batch, groups_with_signal, micro_batch_count, micro_batches, prompt_runs
+from mlx_grpo.update.batch import (
+    batch_rows,
+    build_batch,
+    groups_with_signal,
+    micro_batch_count,
+    micro_batches,
+    prompt_runs,
+)
 from mlx_grpo.update.logprobs import logprobs_after_prompt
 from mlx_grpo.update.losses import BatchShape, policy_loss
 
@@ -24,8 +31,16 @@ def _completions(rng, n_groups, g):
         prompt = [int(t) for t in rng.integers(3, 250, 3 + i)]
         for _ in range(g):
             k = int(rng.integers(1, 6))
-            out.append(Completion(i, prompt, [int(t) for t in rng.integers(3, 250, k)],
-                                  list(rng.normal(-3, 0.5, k)), "length", ""))
+            out.append(
+                Completion(
+                    i,
+                    prompt,
+                    [int(t) for t in rng.integers(3, 250, k)],
+                    list(rng.normal(-3, 0.5, k)),
+                    "length",
+                    "",
+                )
+            )
     return out
 
 
@@ -58,8 +73,16 @@ def test_skipping_silent_groups_changes_nothing(tiny_model_path):
     comps = _completions(rng, 4, 3)
     advantages = np.array([0, 0, 0, 0.5, -0.25, -0.25, 0, 0, 0, 1.0, -0.5, -0.5])
     batch = build_batch(comps, advantages, 3)
-    config = build_config({"group_size": 3, "lr": 1e-2, "num_iterations": 2, "micro_batch_size": 3,
-                           "warmup_steps": 0, "steps": 5})
+    config = build_config(
+        {
+            "group_size": 3,
+            "lr": 1e-2,
+            "num_iterations": 2,
+            "micro_batch_size": 3,
+            "warmup_steps": 0,
+            "steps": 5,
+        }
+    )
     all_parts = micro_batches(batch, 3)
     sizes = BatchShape(12, int(batch.mask.sum()), len(all_parts), config.sampling.max_tokens)
     results = []
@@ -80,8 +103,12 @@ def test_groups_cut_into_pieces_cover_every_row_once():
     for size in (1, 2, 3, 4):
         parts = micro_batches(batch, size)
         assert len(parts) == micro_batch_count(3, 5, size)
-        assert all(0 < p.completions.shape[0] == p.group_size <= size and p.prompts.shape[0] == 1 for p in parts)
-        np.testing.assert_array_equal(np.concatenate([np.array(p.advantages) for p in parts]), batch.advantages)
+        assert all(
+            0 < p.completions.shape[0] == p.group_size <= size and p.prompts.shape[0] == 1 for p in parts
+        )
+        np.testing.assert_array_equal(
+            np.concatenate([np.array(p.advantages) for p in parts]), batch.advantages
+        )
     assert [p.group_size for p in micro_batches(batch, 2)] == [2, 1, 2] * 3
     assert micro_batch_count(3, 5, 16) == 1 and micro_batch_count(7, 5, 10) == 4
 
@@ -104,17 +131,23 @@ def test_pieces_of_groups_train_exactly_like_whole_groups(tiny_model_path):
         results = []
         for size in (16, 3, 1):
             parts = micro_batches(batch, size)
-            sizes = BatchShape(8, int(batch.mask.sum()), micro_batch_count(2, 4, size), config.sampling.max_tokens)
+            sizes = BatchShape(
+                8, int(batch.mask.sum()), micro_batch_count(2, 4, size), config.sampling.max_tokens
+            )
             model = _tiny_with_adapters(tiny_model_path)
             # Plain SGD: the weights move by the (clipped) gradient itself; Adam would
             # blow rounding-level differences in near-zero gradients up to lr.
-            metrics = update(model, optim.SGD(learning_rate=1.0), update_settings(config), sizes, parts, None, None)
+            metrics = update(
+                model, optim.SGD(learning_rate=1.0), update_settings(config), sizes, parts, None, None
+            )
             results.append((dict(tree_flatten(model.trainable_parameters())), metrics))
         (whole, m_whole), *cut = results
         assert m_whole["update/rel_change"] > 0
         for weights, metrics in cut:
             for name in whole:
-                np.testing.assert_allclose(np.array(weights[name]), np.array(whole[name]), atol=1e-6, err_msg=name)
+                np.testing.assert_allclose(
+                    np.array(weights[name]), np.array(whole[name]), atol=1e-6, err_msg=name
+                )
             assert abs(metrics["loss"] - m_whole["loss"]) < 1e-5
 
 
@@ -125,14 +158,19 @@ def _gradients_of(model, parts, refs, sizes, config):
     settings = update_settings(config)
 
     def after_prompt(model, state, mb):
-        return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size, 1.0, None,
-                                     differentiated=True)
+        return logprobs_after_prompt(
+            model, state, mb.left_padding, mb.completions, mb.group_size, 1.0, None, differentiated=True
+        )
 
     def loss_of(logp, entropy, mb, ref):
-        return policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, settings.loss, ref_logp=ref)
+        return policy_loss(
+            logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, settings.loss, ref_logp=ref
+        )
 
-    return [(float(loss), {k: float(v) for k, v in stats.items()}, {k: np.array(v) for k, v in tree_flatten(g)})
-            for loss, stats, g in gradients.micro_batch_gradients(model, parts, refs, after_prompt, loss_of)]
+    return [
+        (float(loss), {k: float(v) for k, v in stats.items()}, {k: np.array(v) for k, v in tree_flatten(g)})
+        for loss, stats, g in gradients.micro_batch_gradients(model, parts, refs, after_prompt, loss_of)
+    ]
 
 
 def _assert_same_gradients(expected, got):
@@ -161,9 +199,18 @@ def test_compiled_gradients_equal_traced_ones(tiny_model_path, cpu_device, monke
     batch = build_batch(comps, rng.normal(size=8), 4)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback to the traced path
-        for loss, beta, size in (("grpo", 0.04, 16), ("grpo", 0.04, 1), ("bnpo", 0.0, 16), ("dr_grpo", 0.0, 1)):
+        for loss, beta, size in (
+            ("grpo", 0.04, 16),
+            ("grpo", 0.04, 1),
+            ("bnpo", 0.0, 16),
+            ("dr_grpo", 0.0, 1),
+        ):
             parts = micro_batches(batch, size)
-            refs = [mx.array(rng.normal(-3, 0.5, mb.mask.shape).astype(np.float32)) for mb in parts] if beta else None
+            refs = (
+                [mx.array(rng.normal(-3, 0.5, mb.mask.shape).astype(np.float32)) for mb in parts]
+                if beta
+                else None
+            )
             config = build_config({"group_size": 4, "steps": 5, "loss": loss, "beta": beta})
             sizes = BatchShape(8, int(batch.mask.sum()), len(parts), config.sampling.max_tokens)
             model = _tiny_with_adapters(tiny_model_path)
@@ -197,6 +244,7 @@ def test_a_failed_compile_leaves_the_weights_whole_and_runs_traced(tiny_model_pa
         def traced_then_failed(*args):
             fn(*args)  # the model now holds the trace's placeholders
             raise RuntimeError("a compile bug")
+
         return real_compile(traced_then_failed, **kwargs)
 
     monkeypatch.setattr(gradients, "COMPILE_ON_CPU", True)
@@ -221,7 +269,10 @@ def test_pieces_run_their_prompt_once_unless_dropout_is_on(tiny_model_path, monk
     calls = []
     counted = gradients.prompt_pass
     monkeypatch.setattr(gradients, "prompt_pass", lambda *a: calls.append(1) or counted(*a))
-    for dropout, passes in ((0.0, 2 * 2), (0.5, 8)):  # once for the state + once back, per group; or once a piece
+    for dropout, passes in (
+        (0.0, 2 * 2),
+        (0.5, 8),
+    ):  # once for the state + once back, per group; or once a piece
         calls.clear()
         model, _ = load_policy(str(tiny_model_path))
         prepare_for_training(model, "lora", {"rank": 4, "dropout": dropout})
@@ -252,25 +303,44 @@ def test_activation_estimate_and_budget_by_hand(cpu_device):  # the budget is th
     assert batching.memory_bound_size(16, SimpleNamespace(), 64) == 16  # shape unknown: as configured
 
 
-def test_train_step_cuts_micro_batches_to_the_cpu_budget_and_trains_the_same(tiny_model_path, monkeypatch,
-                                                                          cpu_device):
+def test_train_step_cuts_micro_batches_to_the_cpu_budget_and_trains_the_same(
+    tiny_model_path, monkeypatch, cpu_device
+):
     """Under a one-position budget every micro-batch is one row; the step's weights are those of whole
     groups (micro-batching is exact). bnpo, whose objective depends on the micro-batch, is never cut."""
     from mlx_grpo.run import step_update, trainer
     from mlx_grpo.tasks.registry import Task
     from mlx_grpo.update import batch as batching
 
-    task = Task(name="t", train_rows=[{"prompt": "ab"}, {"prompt": "cd"}], eval_rows=[],
-                reward_functions=[lambda prompts, completions, **kw: [len(c) / 10 for c in completions]],
-                reward_weights=[1.0], system_prompt=None, accuracy_reward=None, warnings=[])
+    task = Task(
+        name="t",
+        train_rows=[{"prompt": "ab"}, {"prompt": "cd"}],
+        eval_rows=[],
+        reward_functions=[lambda prompts, completions, **kw: [len(c) / 10 for c in completions]],
+        reward_weights=[1.0],
+        system_prompt=None,
+        accuracy_reward=None,
+        warnings=[],
+    )
     sizes = []
     cut = step_update.micro_batches
-    monkeypatch.setattr(step_update, "micro_batches", lambda b, size, *rest: sizes.append(size) or cut(b, size, *rest))
+    monkeypatch.setattr(
+        step_update, "micro_batches", lambda b, size, *rest: sizes.append(size) or cut(b, size, *rest)
+    )
 
     def one_step(loss, budget):
         monkeypatch.setattr(batching, "CPU_ACTIVATION_BUDGET", budget)
-        config = build_config({"group_size": 4, "batch_size": 2, "max_tokens": 6, "loss": loss, "kl_every": 0,
-                               "micro_batch_size": 16, "seed": 1})
+        config = build_config(
+            {
+                "group_size": 4,
+                "batch_size": 2,
+                "max_tokens": 6,
+                "loss": loss,
+                "kl_every": 0,
+                "micro_batch_size": 16,
+                "seed": 1,
+            }
+        )
         model, tokenizer = load_policy(str(tiny_model_path))
         mx.random.seed(0)
         prepare_for_training(model, "lora", {"rank": 4})

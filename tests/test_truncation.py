@@ -42,9 +42,19 @@ def _task():
 
 
 def _config(**extra):
-    settings = {"group_size": 2, "batch_size": 2, "max_tokens": 12, "max_turns": 10, "max_episode_tokens": 60,
-                "runaway_penalty": 0.3, "micro_batch_size": 4,
-                "steps": 3, "warmup_steps": 0, "kl_every": 0, **extra}
+    settings = {
+        "group_size": 2,
+        "batch_size": 2,
+        "max_tokens": 12,
+        "max_turns": 10,
+        "max_episode_tokens": 60,
+        "runaway_penalty": 0.3,
+        "micro_batch_size": 4,
+        "steps": 3,
+        "warmup_steps": 0,
+        "kl_every": 0,
+        **extra,
+    }
     return build_config(settings)
 
 
@@ -63,7 +73,9 @@ def test_a_completion_and_an_episode_say_cut_the_same_way():
     assert completion("length").truncated and not completion("stop").truncated
     assert episode("max_tokens").truncated
     assert not any(episode(r).truncated for r in ("done", "max_turns", "env_error"))
-    assert completion("stop").model_tokens == 3 and episode("done").model_tokens == 3  # observations are not the model's
+    assert (
+        completion("stop").model_tokens == 3 and episode("done").model_tokens == 3
+    )  # observations are not the model's
     assert isinstance(completion("stop"), Rollout) and isinstance(episode("done"), Rollout)
 
 
@@ -102,12 +114,23 @@ def test_a_multi_turn_step_counts_and_masks_cut_episodes(policy, tiny_model_path
         # masked: not one token of a cut episode is trained on (token statistics are None); else all are
         assert (metrics["entropy"] is None) == masked
     # the truncation rule and dr_grpo measure an episode against its own budget
-    assert token_budget(task, config) == 60 and Thresholds.from_config(config, token_budget(task, config)).token_budget == 60
+    assert (
+        token_budget(task, config) == 60
+        and Thresholds.from_config(config, token_budget(task, config)).token_budget == 60
+    )
 
 
 def _web(**extra):
-    settings = {"task": "web", "model": None, "max_tokens": 6, "max_turns": 2, "max_episode_tokens": 200,
-                "web_kinds": ["fact/1"], "eval_num_problems": 2, **extra}
+    settings = {
+        "task": "web",
+        "model": None,
+        "max_tokens": 6,
+        "max_turns": 2,
+        "max_episode_tokens": 200,
+        "web_kinds": ["fact/1"],
+        "eval_num_problems": 2,
+        **extra,
+    }
     return build_config(settings, task_defaults=recommended_settings)
 
 
@@ -128,7 +151,9 @@ def test_eval_and_compare_call_an_episode_cut_only_at_its_budget():
     from mlx_grpo.evaluation.compare import Answer
 
     for reason, cut in (("max_tokens", True), ("max_turns", False), ("done", False), ("env_error", False)):
-        answer = Answer.of_episode(Episode(0, [1], [5, 6, 7], [-1.0, 0.0, -1.0], [1, 0, 1], reason, ["a", "b"]))
+        answer = Answer.of_episode(
+            Episode(0, [1], [5, 6, 7], [-1.0, 0.0, -1.0], [1, 0, 1], reason, ["a", "b"])
+        )
         assert answer.truncated == cut and answer.length == 2
     assert Answer.of_completion(Completion(0, [1], [5, 6], [-1.0] * 2, "length", "x")).truncated
 
@@ -192,13 +217,22 @@ def test_a_turn_that_spends_exactly_its_own_remaining_budget_is_cut(policy, monk
     budget = 120
     envs = [TwoStepEnv("a long observation " * 4), TwoStepEnv("ok"), TwoStepEnv("ok")]
     join = multiturn.chat_join(tokenizer)
-    left = [budget - 3 - len(tokenizer.encode(join.text(env.observation, True), add_special_tokens=False))
-            for env in envs]
+    left = [
+        budget - 3 - len(tokenizer.encode(join.text(env.observation, True), add_special_tokens=False))
+        for env in envs
+    ]
     assert left[0] < left[1] == left[2]
     player = ScriptedPlayer(tokenizer, [[2, 2, 2], [None, None, 4]])
     monkeypatch.setattr(multiturn, "player_for", lambda *args, **kwargs: player)
-    episodes = multiturn.rollout_episodes(model, tokenizer, envs, 1, SamplingConfig(1.0, max_tokens=left[0]),
-                                          max_turns=4, max_episode_tokens=budget)
+    episodes = multiturn.rollout_episodes(
+        model,
+        tokenizer,
+        envs,
+        1,
+        SamplingConfig(1.0, max_tokens=left[0]),
+        max_turns=4,
+        max_episode_tokens=budget,
+    )
     assert player.caps == [left[0], left[0]]
     cut = episodes[0]
     assert cut.truncated and cut.finish_reason == "max_tokens"

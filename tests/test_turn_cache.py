@@ -60,9 +60,19 @@ def random_policy(tiny_model_path):
 def sliding_policy(web_policy):
     """A random Gemma 3 with a 16-token sliding window on every other layer (mlx-lm's RotatingKVCache)."""
     mx.random.seed(0)
-    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=32, num_hidden_layers=3, intermediate_size=64,
-                                 num_attention_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=1200,
-                                 num_key_value_heads=1, sliding_window=16, sliding_window_pattern=2)
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text",
+        hidden_size=32,
+        num_hidden_layers=3,
+        intermediate_size=64,
+        num_attention_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=1200,
+        num_key_value_heads=1,
+        sliding_window=16,
+        sliding_window_pattern=2,
+    )
     model = gemma3_text.Model(args)
     model.eval()
     return model, web_policy[1]
@@ -75,8 +85,19 @@ def _web_envs(rows=4, group=4):
 
 def _roll(policy, envs, group, reuse, temperature=1.0, max_tokens=12, max_turns=4, budget=600, **kw):
     model, tokenizer = policy
-    return rollout_episodes(model, tokenizer, envs, group, SamplingConfig(temperature, max_tokens=max_tokens),
-                            max_turns, budget, "", seed=11, reuse_cache=reuse, **kw)
+    return rollout_episodes(
+        model,
+        tokenizer,
+        envs,
+        group,
+        SamplingConfig(temperature, max_tokens=max_tokens),
+        max_turns,
+        budget,
+        "",
+        seed=11,
+        reuse_cache=reuse,
+        **kw,
+    )
 
 
 def _worst_logprob_error(model, episodes, temperature=1.0):
@@ -84,7 +105,7 @@ def _worst_logprob_error(model, episodes, temperature=1.0):
     worst = 0.0
     for ep in episodes:
         logp, _ = token_logprobs(model, mx.array([ep.prompt_tokens + ep.tokens]), temperature=temperature)
-        forward = np.array(logp[0, len(ep.prompt_tokens) - 1:])
+        forward = np.array(logp[0, len(ep.prompt_tokens) - 1 :])
         model_tokens = np.array(ep.mask) == 1
         worst = max(worst, float(np.abs(np.array(ep.logprobs)[model_tokens] - forward[model_tokens]).max()))
     return worst
@@ -110,6 +131,7 @@ def test_each_model_gets_the_player_its_cache_allows(web_policy, sliding_policy,
     assert type(player_for(model, tokenizer, 2, 0, 8)) is GeneratorTurns
     # a cache mlx-lm cannot extend (here: quantized keys and values) falls back to prefilling again
     from mlx_lm.models.cache import QuantizedKVCache
+
     monkeypatch.setattr(turns, "make_prompt_cache", lambda model: [QuantizedKVCache()])
     assert type(player_for(model, tokenizer, 2, 0, 8)) is Reprefill
 
@@ -171,7 +193,9 @@ def test_a_turn_prefills_only_what_is_new(web_policy):
     expected = sum(len(ep.prompt_tokens) - 1 for ep in kept[::4])
     for ep in kept:
         mask = np.array(ep.mask)
-        observation_runs = np.split(np.flatnonzero(mask == 0), np.flatnonzero(np.diff(np.flatnonzero(mask == 0)) > 1) + 1)
+        observation_runs = np.split(
+            np.flatnonzero(mask == 0), np.flatnonzero(np.diff(np.flatnonzero(mask == 0)) > 1) + 1
+        )
         expected += sum(len(run) for run in observation_runs if len(run))  # + the last token, - the fed one
     assert sum(t["prefilled"] for t in stats.turns) == expected
 
@@ -179,7 +203,9 @@ def test_a_turn_prefills_only_what_is_new(web_policy):
 def test_prefilling_again_costs_more_with_every_turn(random_policy):
     kept, again = Stats(), Stats()
     for reuse, stats in ((True, kept), (False, again)):
-        _roll(random_policy, [VaryingEnv(turns=5) for _ in range(4)], 2, reuse=reuse, max_turns=5, stats=stats)
+        _roll(
+            random_policy, [VaryingEnv(turns=5) for _ in range(4)], 2, reuse=reuse, max_turns=5, stats=stats
+        )
     kept, again = [t["prefilled"] for t in kept.turns], [t["prefilled"] for t in again.turns]
     assert kept[0] == again[0] and len(kept) == 5
     assert all(b > 2 * a for a, b in zip(kept[2:], again[2:]))  # later turns: the conversation, not the news
@@ -195,7 +221,14 @@ def test_rows_of_finished_episodes_are_let_go(random_policy, monkeypatch):
         return buffers, start
 
     monkeypatch.setattr(turn_cache, "appended", watched)
-    _roll(random_policy, [VaryingEnv(turns=1 + i % 3) for i in range(6)], 1, reuse=True, max_tokens=6, max_turns=3)
+    _roll(
+        random_policy,
+        [VaryingEnv(turns=1 + i % 3) for i in range(6)],
+        1,
+        reuse=True,
+        max_tokens=6,
+        max_turns=3,
+    )
     assert [s[0] for s in seen] == [4, 2] and all(live == held for live, held in seen)
 
 
@@ -208,8 +241,15 @@ def test_waves_by_memory_budget_give_the_same_episodes(random_policy):
     envs = lambda: [VaryingEnv() for _ in range(8)]  # noqa: E731
     whole = _roll(random_policy, envs(), 2, reuse=True, budget=150, memory_budget=10**12)
     stats = Stats()
-    narrow = _roll(random_policy, envs(), 2, reuse=True, budget=150, stats=stats,
-                   memory_budget=3 * kv_bytes_per_token(model) * fixed_decode.buffer_length(150 + 20))
+    narrow = _roll(
+        random_policy,
+        envs(),
+        2,
+        reuse=True,
+        budget=150,
+        stats=stats,
+        memory_budget=3 * kv_bytes_per_token(model) * fixed_decode.buffer_length(150 + 20),
+    )
     _same_episodes(whole, narrow)
     assert max(t["rows"] for t in stats.turns) == 2  # a width of 3 rounds down to whole groups of 2
 
@@ -235,8 +275,24 @@ def test_the_multi_turn_bench_reports_both_modes_alike_where_they_must_agree(cap
     spec = importlib.util.spec_from_file_location("bench_multiturn", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    script.main(["--model", str(tiny_web_model()), "--prompts", "2", "--samples", "2", "--temperature", "0",
-                 "--max-tokens", "8", "--max-turns", "4", "--out", str(tmp_path / "b.json")])
+    script.main(
+        [
+            "--model",
+            str(tiny_web_model()),
+            "--prompts",
+            "2",
+            "--samples",
+            "2",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "8",
+            "--max-turns",
+            "4",
+            "--out",
+            str(tmp_path / "b.json"),
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert out == json.loads((tmp_path / "b.json").read_text())
     before, after = out["runs"]

@@ -46,8 +46,9 @@ def _head(tokenizer, shared: list[int]) -> np.ndarray:
 
 
 def test_text_tokens_sharing_a_row_with_many_tokens_are_found(tokenizer):
-    call, end, ok, marker = (tokenizer.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>", "<ok>",
-                                                                          "<|marker|>"))
+    call, end, ok, marker = (
+        tokenizer.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>", "<ok>", "<|marker|>")
+    )
     found = indistinct_tokens(_Model(_head(tokenizer, [call, end, marker])), tokenizer)
     # <ok> has a row of its own; the special marker is the template's, never in a demonstration's text
     assert found == {call: "<tool_call>", end: "</tool_call>"}
@@ -61,7 +62,10 @@ def test_a_row_shared_by_a_few_tokens_is_not_flagged(tokenizer):
 
 
 def test_spelled_text_decodes_the_same_without_the_added_token(tokenizer):
-    call, end = tokenizer.convert_tokens_to_ids("<tool_call>"), tokenizer.convert_tokens_to_ids("</tool_call>")
+    call, end = (
+        tokenizer.convert_tokens_to_ids("<tool_call>"),
+        tokenizer.convert_tokens_to_ids("</tool_call>"),
+    )
     text = '<tool_call>\n{"name": "read"}\n</tool_call> then <tool_call>x</tool_call>'
     plain = tokenizer.encode(text, add_special_tokens=False)
     assert plain.count(call) == 2  # the tokenizer's own encoding uses the added tokens

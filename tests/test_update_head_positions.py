@@ -23,12 +23,14 @@ from mlx_grpo.update.step import UpdateSettings, reference_logprobs, update
 
 GROUP = 3
 # Each row: the model's turn, the environment's observation (mask 0), a second turn, then padding.
-MASKS = [[1, 1, 0, 0, 0, 1, 1, 0, 0],
-         [1, 0, 0, 0, 1, 1, 1, 1, 0],
-         [1, 1, 1, 0, 0, 0, 0, 1, 0],
-         [0, 0, 0, 0, 0, 0, 0, 0, 0],  # cut at its budget and masked whole (mask_truncated)
-         [1, 1, 1, 1, 0, 0, 1, 0, 0],
-         [1, 0, 0, 1, 0, 0, 1, 0, 1]]
+MASKS = [
+    [1, 1, 0, 0, 0, 1, 1, 0, 0],
+    [1, 0, 0, 0, 1, 1, 1, 1, 0],
+    [1, 1, 1, 0, 0, 0, 0, 1, 0],
+    [0, 0, 0, 0, 0, 0, 0, 0, 0],  # cut at its budget and masked whole (mask_truncated)
+    [1, 1, 1, 1, 0, 0, 1, 0, 0],
+    [1, 0, 0, 1, 0, 0, 1, 0, 1],
+]
 
 
 class Recording:
@@ -58,7 +60,7 @@ def _full_logprobs(model, batch: RolloutBatch, temperature: float):
     width = batch.completions.shape[1]
     for i, row in enumerate(batch.completions):
         prompt = batch.prompts[i // batch.group_size]
-        logits = model(mx.array([prompt + row.tolist()]))[0, len(prompt) - 1:len(prompt) - 1 + width]
+        logits = model(mx.array([prompt + row.tolist()]))[0, len(prompt) - 1 : len(prompt) - 1 + width]
         z = logits.astype(mx.float32) / temperature
         norm = mx.logsumexp(z, axis=-1)
         logps.append(mx.take_along_axis(z, mx.array(row)[:, None], axis=-1)[:, 0] - norm)
@@ -118,40 +120,69 @@ def _expected(model, batch, s: LossSettings, temperature, quantile):
         kl = mx.exp(ref - logp) - (ref - logp) - 1
         term = term + s.beta * kl - s.entropy_coef * entropy
         clipped = ((ratio < 1 - s.epsilon_low) & (adv < 0)) | ((ratio > 1 + s.epsilon_high) & (adv > 0))
-        stats.update({"ratio/mean": (ratio * mask).sum() / tokens, "kl": (kl * mask).sum() / tokens,
-                      "entropy": (entropy * mask).sum() / tokens, "clip_fraction": (clipped * mask).sum() / tokens})
+        stats.update(
+            {
+                "ratio/mean": (ratio * mask).sum() / tokens,
+                "kl": (kl * mask).sum() / tokens,
+                "entropy": (entropy * mask).sum() / tokens,
+                "clip_fraction": (clipped * mask).sum() / tokens,
+            }
+        )
         if s.loss_type == "grpo":
             return ((term * mask).sum(axis=1) / mx.maximum(mask.sum(axis=1), 1)).sum() / len(batch.advantages)
         return (term * mask).sum() / tokens  # dapo
 
     loss, grads = nn.value_and_grad(model, loss_fn)(model)
-    return loss.item(), {k: v.item() for k, v in stats.items()}, {k: np.array(v) for k, v in tree_flatten(grads)}
+    return (
+        loss.item(),
+        {k: v.item() for k, v in stats.items()},
+        {k: np.array(v) for k, v in tree_flatten(grads)},
+    )
 
 
 def _settings(loss_type, beta, entropy_coef):
-    return LossSettings(loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, delta=None, beta=beta,
-                        sapo_tau_pos=1.0, sapo_tau_neg=1.05, entropy_coef=entropy_coef, guide_shaping=0.0)
+    return LossSettings(
+        loss_type=loss_type,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        delta=None,
+        beta=beta,
+        sapo_tau_pos=1.0,
+        sapo_tau_neg=1.05,
+        entropy_coef=entropy_coef,
+        guide_shaping=0.0,
+    )
 
 
 def _updated(model, batch, settings, temperature, quantile, size, chunk):
     """The update's (metrics, gradients) on `batch` cut into micro-batches of `size` rows."""
     parts = micro_batches(batch, size)
     refs = reference_logprobs(model, parts, None, temperature, chunk) if settings.beta > 0 else None
-    config = UpdateSettings(settings, temperature, num_iterations=1, max_grad_norm=1e9,
-                            entropy_coef=settings.entropy_coef, entropy_top_quantile=quantile)
+    config = UpdateSettings(
+        settings,
+        temperature,
+        num_iterations=1,
+        max_grad_norm=1e9,
+        entropy_coef=settings.entropy_coef,
+        entropy_top_quantile=quantile,
+    )
     sizes = BatchShape(len(batch.advantages), int(batch.mask.sum()), len(parts), batch.mask.shape[1])
     optimizer = Recording()
     metrics = update(model, optimizer, config, sizes, parts, refs, chunk)
     return metrics, optimizer.grads
 
 
-@pytest.mark.parametrize("loss_type, beta, entropy_coef, quantile, size, chunk", [
-    ("grpo", 0.1, 0.0, 0.6, 6, None),  # the frozen-head gradient, the reference and the top-entropy pass
-    ("grpo", 0.1, 0.0, 1.0, 2, 1),  # a cut group's pieces, the gathered positions a few at a time
-    ("dapo", 0.0, 0.05, 1.0, 3, 2),  # an entropy bonus: the entropy's own gradient
-])
-def test_scoring_the_masked_in_positions_alone_changes_no_number(tiny_model_path, cpu_device, loss_type, beta,
-                                                                 entropy_coef, quantile, size, chunk):
+@pytest.mark.parametrize(
+    "loss_type, beta, entropy_coef, quantile, size, chunk",
+    [
+        ("grpo", 0.1, 0.0, 0.6, 6, None),  # the frozen-head gradient, the reference and the top-entropy pass
+        ("grpo", 0.1, 0.0, 1.0, 2, 1),  # a cut group's pieces, the gathered positions a few at a time
+        ("dapo", 0.0, 0.05, 1.0, 3, 2),  # an entropy bonus: the entropy's own gradient
+    ],
+)
+def test_scoring_the_masked_in_positions_alone_changes_no_number(
+    tiny_model_path, cpu_device, loss_type, beta, entropy_coef, quantile, size, chunk
+):
     model = _lora_model(tiny_model_path)
     temperature = 0.8
     batch = _batch(model, temperature)
@@ -174,8 +205,11 @@ def test_the_head_sees_only_the_masked_in_positions(tiny_model_path, monkeypatch
     batch = _batch(model, 1.0)
     rows = []
     real = logprobs._project
-    monkeypatch.setattr(logprobs, "_project", lambda head, hidden, *a, **kw: rows.append(hidden.shape[:2]) or
-                        real(head, hidden, *a, **kw))
+    monkeypatch.setattr(
+        logprobs,
+        "_project",
+        lambda head, hidden, *a, **kw: rows.append(hidden.shape[:2]) or real(head, hidden, *a, **kw),
+    )
     _updated(model, batch, _settings("grpo", 0.1, 0.0), 1.0, 0.5, 6, None)
     # The reference pass, the top-entropy pass and the update each score the 22 masked-in tokens of 54.
     assert rows == [(1, int(batch.mask.sum()))] * 3 and batch.mask.sum() == 22
@@ -189,8 +223,9 @@ def test_a_micro_batch_with_nothing_masked_in_has_zero_gradients(tiny_model_path
     settings = _settings("grpo", 0.1, 0.0)
     refs = reference_logprobs(model, [part], None, 1.0, None)
     assert not np.array(refs[0]).any()
-    config = UpdateSettings(settings, 1.0, num_iterations=1, max_grad_norm=1e9, entropy_coef=0.0,
-                            entropy_top_quantile=0.5)
+    config = UpdateSettings(
+        settings, 1.0, num_iterations=1, max_grad_norm=1e9, entropy_coef=0.0, entropy_top_quantile=0.5
+    )
     optimizer = Recording()
     metrics = update(model, optimizer, config, BatchShape(6, 0, 1, 9), [part], refs, None)
     assert metrics["loss"] == 0.0 and metrics["ratio/mean"] is None
@@ -223,8 +258,15 @@ def test_the_watched_kl_reads_no_unscored_position():
     from mlx_grpo.update.batch import MicroBatch
 
     mask = mx.array([[1.0, 0.0, 1.0]])
-    part = MicroBatch(mx.zeros((1, 1), mx.int32), mx.array([0]), mx.zeros((1, 3), mx.int32), mask,
-                      mx.array([[-1.0, -120.0, -2.0]]), mx.array([0.5]), 1)
+    part = MicroBatch(
+        mx.zeros((1, 1), mx.int32),
+        mx.array([0]),
+        mx.zeros((1, 3), mx.int32),
+        mask,
+        mx.array([[-1.0, -120.0, -2.0]]),
+        mx.array([0.5]),
+        1,
+    )
     ref = mx.array([[-1.5, 0.0, -1.0]])
     expected = np.mean([math.exp(d) - d - 1 for d in (-0.5, 1.0)])
     assert _kl_to_reference([part], [ref]) == pytest.approx(expected, rel=1e-6)

@@ -20,7 +20,14 @@ from tests.marks import needs_ocaml
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K_DATA = ROOT.parent / "shared" / "data" / "gsm8k"
 # What tells two rows apart in each task.
-KEYS = {"arith": "prompt", "web": "task_id", "multihop": "id", "ocaml": "id", "gsm8k": "prompt", "custom": "prompt"}
+KEYS = {
+    "arith": "prompt",
+    "web": "task_id",
+    "multihop": "id",
+    "ocaml": "id",
+    "gsm8k": "prompt",
+    "custom": "prompt",
+}
 
 
 def _task(name, **settings):
@@ -32,7 +39,9 @@ def _keys(task, rows):
 
 
 def _assert_three_disjoint_splits(task):
-    train, validation, test = (set(_keys(task, rows)) for rows in (task.train_rows, task.eval_rows, task.test_rows))
+    train, validation, test = (
+        set(_keys(task, rows)) for rows in (task.train_rows, task.eval_rows, task.test_rows)
+    )
     assert validation and test
     assert not validation & test and not validation & train and not test & train
 
@@ -51,15 +60,18 @@ def test_arith_validation_is_the_held_out_stream_a_run_checks_on_and_test_follow
     stream = arith.generate_problems(arith.ARITH_VALIDATION_PROBLEMS + 200, seed=0, split="test")
     # The default run's before/after check reads these very rows.
     assert _keys(task, task.eval_rows) == [p["prompt"] for p in stream[:200]]
-    assert _keys(task, task.test_rows) == [p["prompt"] for p in stream[arith.ARITH_VALIDATION_PROBLEMS:]]
+    assert _keys(task, task.test_rows) == [p["prompt"] for p in stream[arith.ARITH_VALIDATION_PROBLEMS :]]
 
 
 @needs_ocaml
 def test_ocaml_validation_is_the_test_files_first_109_problems_and_test_the_other_300():
     from rewards import ocaml
 
-    held_out = [json.loads(line)["id"] for line in (ocaml.DATA_DIR / "test.jsonl").read_text().splitlines()
-                if line.strip()]
+    held_out = [
+        json.loads(line)["id"]
+        for line in (ocaml.DATA_DIR / "test.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     assert len(held_out) == 409
     validation, test = ocaml.problems("validation"), ocaml.problems("test")
     assert [p["id"] for p in validation] == held_out[:109] and [p["id"] for p in test] == held_out[109:]
@@ -72,9 +84,13 @@ def test_ocaml_validation_is_the_test_files_first_109_problems_and_test_the_othe
 def test_gsm8k_validation_is_carved_from_train():
     task = _task("gsm8k", data=str(GSM8K_DATA), eval_num_problems=50)
     _assert_three_disjoint_splits(task)
-    train_file = [json.loads(line)["question"] for line in (GSM8K_DATA / "train.jsonl").read_text().splitlines()]
+    train_file = [
+        json.loads(line)["question"] for line in (GSM8K_DATA / "train.jsonl").read_text().splitlines()
+    ]
     carved = [q.strip() for q in train_file if side_of(row_key({"prompt": q.strip()})) == "validation"]
-    assert [r["prompt"] for r in task.eval_rows] == carved[:50]  # the share's first rows, whatever eval_num_problems
+    assert [r["prompt"] for r in task.eval_rows] == carved[
+        :50
+    ]  # the share's first rows, whatever eval_num_problems
     assert 0.08 < len(carved) / len(train_file) < 0.12
     assert any("no validation split" in w for w in task.warnings)
 
@@ -84,8 +100,10 @@ def test_own_data_file_gives_a_fixed_hashed_share_of_its_rows_to_test_and_valida
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     reward = tmp_path / "reward.py"
-    reward.write_text("def exact(prompts, completions, answer, **kw):\n"
-                      "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
+    reward.write_text(
+        "def exact(prompts, completions, answer, **kw):\n"
+        "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n"
+    )
     task = _task("custom", data=str(data), reward_file=str(reward), reward=["exact"], eval_num_problems=5)
     side = {r["prompt"]: side_of(row_key(r)) for r in rows}
     assert _keys(task, task.test_rows) == [p for p, s in side.items() if s == "test"][:5]
@@ -94,8 +112,13 @@ def test_own_data_file_gives_a_fixed_hashed_share_of_its_rows_to_test_and_valida
     (tmp_path / "folder").mkdir()
     for name, part in (("train", rows[:80]), ("valid", rows[80:90]), ("test", rows[90:])):
         (tmp_path / "folder" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    task = _task("custom", data=str(tmp_path / "folder"), reward_file=str(reward), reward=["exact"],
-                 eval_num_problems=20)
+    task = _task(
+        "custom",
+        data=str(tmp_path / "folder"),
+        reward_file=str(reward),
+        reward=["exact"],
+        eval_num_problems=20,
+    )
     assert (len(task.train_rows), len(task.eval_rows), len(task.test_rows)) == (80, 10, 10)
     assert task.eval_rows[0]["prompt"] == "question 80" and task.test_rows[0]["prompt"] == "question 90"
 
@@ -124,14 +147,19 @@ def test_web_tasks_script_writes_every_kind_and_compare_reads_them_as_the_test_s
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 96 and {r["seed"] for r in rows} == set(range(1000, 1008))
     assert {(r["family"], r["difficulty"]) for r in rows[:12]} == {
-        (f, d) for f in ("fact", "shop", "travel", "account") for d in (1, 2, 3)}
+        (f, d) for f in ("fact", "shop", "travel", "account") for d in (1, 2, 3)
+    }
     task = _task("web", data=str(out), eval_num_problems=96)
     assert [(r["family"], r["difficulty"], r["seed"]) for r in task.test_rows] == [
-        (r["family"], r["difficulty"], r["seed"]) for r in rows]
+        (r["family"], r["difficulty"], r["seed"]) for r in rows
+    ]
     assert task.test_rows[0]["task_id"] == f"{rows[0]['family']}-{rows[0]['difficulty']}-{rows[0]['seed']}"
     from rewards.web_browsing import make_task
 
-    assert task.test_rows[5]["prompt"] == make_task(rows[5]["family"], rows[5]["difficulty"], rows[5]["seed"]).instruction
+    assert (
+        task.test_rows[5]["prompt"]
+        == make_task(rows[5]["family"], rows[5]["difficulty"], rows[5]["seed"]).instruction
+    )
     # The run's own check stays on generated validation tasks; training never meets a file's task.
     assert not {r["task_id"] for r in task.train_rows} & {r["task_id"] for r in task.test_rows}
     assert not {r["task_id"] for r in task.eval_rows} & {r["task_id"] for r in task.test_rows}
@@ -142,17 +170,37 @@ def test_web_tasks_script_refuses_bad_seeds(tmp_path, capsys):
     assert "--seeds" in capsys.readouterr().err and not (tmp_path / "x.jsonl").exists()
 
 
-@pytest.mark.parametrize("row, message", [
-    ({"family": "fact", "seed": 3}, r"rows.jsonl:2: .*needs 'family', 'difficulty' and 'seed' \(no 'difficulty'\)"),
-    ({"family": "cooking", "difficulty": 1, "seed": 3}, r"rows.jsonl:2: unknown family 'cooking'"),
-    ({"family": "shop", "difficulty": 4, "seed": 3}, r"rows.jsonl:2: unknown difficulty 4"),
-    ({"family": "shop", "difficulty": 1, "seed": "x"}, r"rows.jsonl:2: seed must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (
+            {"family": "fact", "seed": 3},
+            r"rows.jsonl:2: .*needs 'family', 'difficulty' and 'seed' \(no 'difficulty'\)",
+        ),
+        ({"family": "cooking", "difficulty": 1, "seed": 3}, r"rows.jsonl:2: unknown family 'cooking'"),
+        ({"family": "shop", "difficulty": 4, "seed": 3}, r"rows.jsonl:2: unknown difficulty 4"),
+        ({"family": "shop", "difficulty": 1, "seed": "x"}, r"rows.jsonl:2: seed must be a whole number"),
+    ],
+)
 def test_bad_web_task_row_is_one_line_naming_it(tmp_path, tiny_model_path, row, message):
     data = tmp_path / "rows.jsonl"
-    data.write_text(json.dumps({"family": "fact", "difficulty": 1, "seed": 1}) + "\n" + json.dumps(row) + "\n")
+    data.write_text(
+        json.dumps({"family": "fact", "difficulty": 1, "seed": 1}) + "\n" + json.dumps(row) + "\n"
+    )
     with pytest.raises(ConfigError, match=message):
         _task("web", data=str(data))
-    result = CliRunner().invoke(app, ["compare", "--trained", str(tiny_model_path), "--base", str(tiny_model_path),
-                                      "--task", "web", "--data", str(data)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--trained",
+            str(tiny_model_path),
+            "--base",
+            str(tiny_model_path),
+            "--task",
+            "web",
+            "--data",
+            str(data),
+        ],
+    )
     assert result.exit_code != 0 and "rows.jsonl:2:" in result.output and "Traceback" not in result.output

@@ -16,14 +16,26 @@ from mlx_grpo.run import warm_start as ws
 from mlx_grpo.run.setup import setup
 from mlx_grpo.tasks.registry import recommended_settings
 
-pytestmark = pytest.mark.skipif(not (embedded_model_path() / "config.json").exists(),
-                                reason="the embedded model has not been built (scripts/build_tiny_model.py)")
+pytestmark = pytest.mark.skipif(
+    not (embedded_model_path() / "config.json").exists(),
+    reason="the embedded model has not been built (scripts/build_tiny_model.py)",
+)
 
 EVAL_N = 16
 # A warm-start lr that moves the accuracy in 4 steps and leaves GRPO groups with some wrong answers to learn from.
-SETTINGS = {"task": "arith", "steps": 2, "batch_size": 4, "group_size": 4, "eval_num_problems": EVAL_N,
-            "lora_rank": 4, "warmup_steps": 0, "lr": 1e-3, "warm_start_steps": 4, "warm_start_lr": 3e-4,
-            "warm_start_batch_size": 4}
+SETTINGS = {
+    "task": "arith",
+    "steps": 2,
+    "batch_size": 4,
+    "group_size": 4,
+    "eval_num_problems": EVAL_N,
+    "lora_rank": 4,
+    "warmup_steps": 0,
+    "lr": 1e-3,
+    "warm_start_steps": 4,
+    "warm_start_lr": 3e-4,
+    "warm_start_batch_size": 4,
+}
 
 
 def _config(**values):
@@ -56,15 +68,23 @@ def warm(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(trainer, "run_step", recording_step)
-        result = trainer.train(_config(output=str(run_dir)), on_event=lambda kind, data: events.append((kind, data)))
+        result = trainer.train(
+            _config(output=str(run_dir)), on_event=lambda kind, data: events.append((kind, data))
+        )
     return run_dir, result, first[0], events
 
 
 def test_the_warm_start_is_a_complete_sft_run_inside_the_run(warm):
     run_dir, _, _, events = warm
     folder = run_dir / "warm_start"
-    for name in ("config.yaml", "metrics.jsonl", "health.jsonl", "adapters.safetensors", "adapter_config.json",
-                 "summary.json"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "health.jsonl",
+        "adapters.safetensors",
+        "adapter_config.json",
+        "summary.json",
+    ):
         assert (folder / name).is_file(), name
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["val_loss_after"] < summary["val_loss_before"]
@@ -88,15 +108,23 @@ def test_the_summary_names_the_base_the_warm_start_and_the_end(warm):
     warm_summary = json.loads((run_dir / "warm_start" / "summary.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["accuracy_before"] == warm_summary["accuracy_before"] == result.accuracy_before
-    assert summary["accuracy_after_warm_start"] == warm_summary["accuracy_after"] == result.accuracy_after_warm_start
+    assert (
+        summary["accuracy_after_warm_start"]
+        == warm_summary["accuracy_after"]
+        == result.accuracy_after_warm_start
+    )
     assert warm_summary["accuracy_before"] != warm_summary["accuracy_after"]  # the warm start moved it
     # The middle figure is the warm start's own weights on the validation split, loaded as a model.
     state = setup(_config(model=str(run_dir / "warm_start"), warm_start_steps=0))
     evaluated = trainer.evaluate(state.model, state.tokenizer, state.task, state.config)
-    assert evaluated["n"] == EVAL_N and evaluated["accuracy"] == pytest.approx(result.accuracy_after_warm_start)
+    assert evaluated["n"] == EVAL_N and evaluated["accuracy"] == pytest.approx(
+        result.accuracy_after_warm_start
+    )
     b, w, a = result.accuracy_before, result.accuracy_after_warm_start, result.accuracy_after
-    assert summary["line"] == (f"accuracy {b:.2f} -> {w:.2f} after the warm start -> {a:.2f} ({a - b:+.2f}) "
-                               f"on {EVAL_N} held-out problems")
+    assert summary["line"] == (
+        f"accuracy {b:.2f} -> {w:.2f} after the warm start -> {a:.2f} ({a - b:+.2f}) "
+        f"on {EVAL_N} held-out problems"
+    )
     # GRPO's check before its first step is the warm start's after-check, on file, not measured again
     before_row = [m for m in _lines(run_dir / "metrics.jsonl") if m.get("before")]
     assert before_row == [{"step": 0, "eval/accuracy": w, "before": True}]
@@ -117,6 +145,7 @@ def test_an_interrupted_grpo_stage_resumes_without_the_warm_start_again(warm, tm
     def stop_after_grpo_step_1(kind, data):
         if kind == "checkpoint" and data["step"] == 1:
             raise Interrupt
+
     with pytest.raises(Interrupt):
         trainer.train(_config(output=str(run_dir), save_every=1), on_event=stop_after_grpo_step_1)
     summary = run_dir / "warm_start" / "summary.json"
@@ -124,7 +153,9 @@ def test_an_interrupted_grpo_stage_resumes_without_the_warm_start_again(warm, tm
     heard = []
     result = trainer.train(_config(resume=str(run_dir), save_every=1), on_event=lambda k, d: heard.append(k))
     assert "warm_start" not in heard
-    assert summary.stat().st_mtime_ns == stamp and len(_lines(run_dir / "warm_start" / "metrics.jsonl")) == rows
+    assert (
+        summary.stat().st_mtime_ns == stamp and len(_lines(run_dir / "warm_start" / "metrics.jsonl")) == rows
+    )
     assert [m["step"] for m in result.history] == [2]
     assert result.accuracy_before == warm[1].accuracy_before
     assert result.accuracy_after_warm_start == warm[1].accuracy_after_warm_start
@@ -138,6 +169,7 @@ def test_an_interrupted_warm_start_is_continued_by_train_resume(warm, tmp_path):
     def stop_in_the_warm_start(kind, data):
         if kind == "warm_start" and data["kind"] == "checkpoint" and data["data"]["step"] == 2:
             raise Interrupt
+
     with pytest.raises(Interrupt):
         trainer.train(_config(output=str(run_dir), save_every=2), on_event=stop_in_the_warm_start)
     assert not (run_dir / "warm_start" / "summary.json").exists() and (run_dir / "config.yaml").is_file()
@@ -154,10 +186,14 @@ def test_an_interrupted_warm_start_is_continued_by_train_resume(warm, tmp_path):
 def test_nested_and_flat_yaml_spellings(tmp_path):
     nested, flat, both = tmp_path / "nested.yaml", tmp_path / "flat.yaml", tmp_path / "both.yaml"
     nested.write_text("task: arith\nwarm_start: {steps: 40, lr: 1.0e-4, data: demos.jsonl}\n")
-    flat.write_text("task: arith\nwarm_start_steps: 40\nwarm_start_lr: 1.0e-4\nwarm_start_data: demos.jsonl\n")
+    flat.write_text(
+        "task: arith\nwarm_start_steps: 40\nwarm_start_lr: 1.0e-4\nwarm_start_data: demos.jsonl\n"
+    )
     a, b = build_config(config_file=str(nested)), build_config(config_file=str(flat))
     assert a.warm_start == b.warm_start and (a.warm_start.steps, a.warm_start.lr) == (40, 1e-4)
-    assert build_config({"warm_start_steps": 3}).warm_start.steps == 3 and build_config().warm_start.steps == 0
+    assert (
+        build_config({"warm_start_steps": 3}).warm_start.steps == 3 and build_config().warm_start.steps == 0
+    )
     both.write_text("warm_start: {steps: 4}\nwarm_start_steps: 5\n")
     with pytest.raises(ConfigError, match="warm_start_steps is given twice"):
         build_config(config_file=str(both))
@@ -166,8 +202,9 @@ def test_nested_and_flat_yaml_spellings(tmp_path):
 
 
 def test_the_sft_stage_s_config_takes_the_group_over_the_shared_settings(tmp_path):
-    config = _config(seed=7, micro_batch_size=3, max_grad_norm=0.5, warm_start_data="demos.jsonl",
-                     warm_start_batch_size=3)
+    config = _config(
+        seed=7, micro_batch_size=3, max_grad_norm=0.5, warm_start_data="demos.jsonl", warm_start_batch_size=3
+    )
     stage = ws.warm_start_config(config, tmp_path / "warm_start", resume=False)
     assert (stage.steps, stage.lr, stage.batch_size, stage.data) == (4, 3e-4, 3, "demos.jsonl")
     assert (stage.seed, stage.micro_batch_size, stage.max_grad_norm, stage.lora_rank) == (7, 3, 0.5, 4)
@@ -176,8 +213,9 @@ def test_the_sft_stage_s_config_takes_the_group_over_the_shared_settings(tmp_pat
 
 def test_a_task_without_demonstrations_needs_warm_start_data(tmp_path):
     (tmp_path / "rows.jsonl").write_text('{"prompt": "p", "answer": "a"}\n')
-    config = build_config({"data": str(tmp_path / "rows.jsonl"), "warm_start_steps": 2,
-                           "output": str(tmp_path / "run")})
+    config = build_config(
+        {"data": str(tmp_path / "rows.jsonl"), "warm_start_steps": 2, "output": str(tmp_path / "run")}
+    )
     with pytest.raises(ConfigError, match="warm_start_steps needs warm_start_data"):
         trainer.train(config)
     assert not (tmp_path / "run").exists()
@@ -193,6 +231,7 @@ def test_the_time_limit_counts_the_warm_start(tmp_path, monkeypatch):
         @staticmethod
         def perf_counter():
             return real() + offset[0]
+
     monkeypatch.setattr(trainer, "time", Clock)  # the run's start, and the loop's clock
     monkeypatch.setattr(loop, "time", Clock)
     real_stage = trainer.run_warm_start
@@ -201,13 +240,16 @@ def test_the_time_limit_counts_the_warm_start(tmp_path, monkeypatch):
         stage = real_stage(config, run_dir, emit)
         offset[0] += minutes * 60
         return stage
+
     monkeypatch.setattr(trainer, "run_warm_start", slow_stage)
     seen = []
     real_rule = loop.past_time_limit
+
     # the stage's steps go through the same loop, with no limit of their own: they are not cut
     def rule(c, elapsed, history, eval_seconds):
         seen.append((c.time_limit_minutes, elapsed))
         return real_rule(c, elapsed, history, eval_seconds)
+
     monkeypatch.setattr(loop, "past_time_limit", rule)
 
     minutes = 50
@@ -215,22 +257,32 @@ def test_the_time_limit_counts_the_warm_start(tmp_path, monkeypatch):
     grpo = [elapsed for limit, elapsed in seen if limit]
     assert grpo and min(grpo) >= 50 * 60 and {limit for limit, _ in seen} == {0, 55}
     minutes, events = 60, []
-    result = trainer.train(_config(output=str(tmp_path / "b"), time_limit_minutes=55, warm_start_steps=1),
-                           on_event=lambda kind, data: events.append((kind, data)))
+    result = trainer.train(
+        _config(output=str(tmp_path / "b"), time_limit_minutes=55, warm_start_steps=1),
+        on_event=lambda kind, data: events.append((kind, data)),
+    )
     assert result.history == [] and [d for k, d in events if k == "time_limit"][0]["step"] == 0
-    assert np.all([np.array_equal(v, _adapters(tmp_path / "b" / "warm_start")[k])
-                   for k, v in _adapters(tmp_path / "b").items()])
+    assert np.all(
+        [
+            np.array_equal(v, _adapters(tmp_path / "b" / "warm_start")[k])
+            for k, v in _adapters(tmp_path / "b").items()
+        ]
+    )
     assert result.accuracy_after == pytest.approx(result.accuracy_after_warm_start)
 
 
 def test_no_warm_start_by_default(tmp_path):
     events = []
-    result = trainer.train(_config(output=str(tmp_path / "run"), warm_start_steps=0, steps=1),
-                           on_event=lambda kind, data: events.append(kind))
+    result = trainer.train(
+        _config(output=str(tmp_path / "run"), warm_start_steps=0, steps=1),
+        on_event=lambda kind, data: events.append(kind),
+    )
     assert not (tmp_path / "run" / "warm_start").exists() and "warm_start" not in events
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert "accuracy_after_warm_start" not in summary and result.accuracy_after_warm_start is None
-    assert summary["line"].startswith(f"accuracy {result.accuracy_before:.2f} -> {result.accuracy_after:.2f} (")
+    assert summary["line"].startswith(
+        f"accuracy {result.accuracy_before:.2f} -> {result.accuracy_after:.2f} ("
+    )
 
 
 def test_sft_and_the_step_by_step_trainer_refuse_a_warm_start():
@@ -258,8 +310,10 @@ def test_overwrite_removes_an_earlier_warm_start(warm, tmp_path):
 
 def test_warm_start_web_kinds_chooses_the_stage_s_demonstrations_only(tmp_path):
     from rewards.web_browsing.training import load_rows
-    config = build_config({"task": "web", "web_kinds": [], "warm_start_steps": 4,
-                           "warm_start_web_kinds": ["fact/1", "shop/1"]})
+
+    config = build_config(
+        {"task": "web", "web_kinds": [], "warm_start_steps": 4, "warm_start_web_kinds": ["fact/1", "shop/1"]}
+    )
     stage = ws.warm_start_config(config, tmp_path / "warm_start", resume=False)
     assert stage.task_options.web_kinds == ["fact/1", "shop/1"] and config.task_options.web_kinds == []
     assert stage.warm_start.web_kinds == [] and stage.warm_start.steps == 0  # the stage is a plain sft run
@@ -276,10 +330,17 @@ def test_a_stage_on_other_kinds_is_not_the_run_s_check(tmp_path, stage_kinds, re
     """The stage's checks before and after are on its own kinds' tasks: the run reuses them only when those are its own."""
     folder = tmp_path / "run" / ws.WARM_START_DIR
     folder.mkdir(parents=True)
-    (folder / "summary.json").write_text(json.dumps({"accuracy_before": 0.25, "accuracy_after": 0.5, "eval_n": 12,
-                                                     "eval_seconds": 3.0}))
-    config = build_config({"task": "web", "warm_start_steps": 4, "warm_start_web_kinds": stage_kinds,
-                           "resume": str(tmp_path / "run")})
+    (folder / "summary.json").write_text(
+        json.dumps({"accuracy_before": 0.25, "accuracy_after": 0.5, "eval_n": 12, "eval_seconds": 3.0})
+    )
+    config = build_config(
+        {
+            "task": "web",
+            "warm_start_steps": 4,
+            "warm_start_web_kinds": stage_kinds,
+            "resume": str(tmp_path / "run"),
+        }
+    )
     stage = ws.run_warm_start(config, tmp_path / "run", emit=lambda kind, data: None)
     assert not stage.ran_now
     if reused:

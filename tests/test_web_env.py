@@ -53,8 +53,14 @@ def test_harder_levels_need_more_steps():
 def random_action(rng):
     kind = rng.choice(["click", "click", "click", "type", "select", "search", "back", "answer"])
     n = rng.randint(1, 12)
-    return {"click": f"click[{n}]", "type": f"type[{n}][Kalo]", "select": f"select[{n}][business]",
-            "search": "search[lamp]", "back": "back", "answer": "answer[42]"}[kind]
+    return {
+        "click": f"click[{n}]",
+        "type": f"type[{n}][Kalo]",
+        "select": f"select[{n}][business]",
+        "search": "search[lamp]",
+        "back": "back",
+        "answer": "answer[42]",
+    }[kind]
 
 
 def test_random_actions_score_low():
@@ -69,11 +75,33 @@ def test_random_actions_score_low():
     assert sum(rewards) / len(rewards) < 0.3
 
 
-@pytest.mark.parametrize("garbage", [
-    "", "   ", "click", "click[]", "click[abc]", "click[999]", "click[1", "type[1]", "select[2][nope]",
-    "CLICK[1]", "click[1] click[2]", "Sure! I will click[1]", "answer[]", "fly[away]", "\x00\xff", "🙂",
-    "type[999][x]", "select[1][economy]", "back", "search[]", 12345, None,
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "",
+        "   ",
+        "click",
+        "click[]",
+        "click[abc]",
+        "click[999]",
+        "click[1",
+        "type[1]",
+        "select[2][nope]",
+        "CLICK[1]",
+        "click[1] click[2]",
+        "Sure! I will click[1]",
+        "answer[]",
+        "fly[away]",
+        "\x00\xff",
+        "🙂",
+        "type[999][x]",
+        "select[1][economy]",
+        "back",
+        "search[]",
+        12345,
+        None,
+    ],
+)
 def test_garbage_gets_a_clear_observation_and_never_crashes(garbage):
     task = make_task("travel", 1, seed=4)  # starts on the form, with no history: "back" is invalid too
     env = WebEnv(task)
@@ -126,9 +154,14 @@ def test_shop_buying_the_wrong_product_gets_partial_credit():
     env.reset()
     env.step(task.oracle_actions()[0])  # open the department's list
     page = env._page()
-    other = next(e for e in page.elements if e.kind == "link" and e.target.startswith("shop/product/")
-                 and int(e.target.rsplit("/", 1)[1]) != task.goal["cheapest"]
-                 and world.products[int(e.target.rsplit("/", 1)[1]) - 1].in_stock)
+    other = next(
+        e
+        for e in page.elements
+        if e.kind == "link"
+        and e.target.startswith("shop/product/")
+        and int(e.target.rsplit("/", 1)[1]) != task.goal["cheapest"]
+        and world.products[int(e.target.rsplit("/", 1)[1]) - 1].in_stock
+    )
     env.step(f"click[{other.id}]")
     buy = env._page().find("Buy now")
     obs, done, info = env.step(f"click[{buy.id}]")
@@ -164,8 +197,31 @@ def test_account_checker_catches_side_effects():
 def test_fuzzed_actions_never_crash_any_page():
     """Random strings built from the action syntax's own pieces, on every family and level."""
     rng = random.Random(1)
-    pieces = ["click", "type", "select", "search", "answer", "back", "[", "]", "1", "2", "3", "7", "12", " ",
-              "\n", "economy", "Monday", "x", "[]", "][", "-1", "0", "99999999999999999999"]
+    pieces = [
+        "click",
+        "type",
+        "select",
+        "search",
+        "answer",
+        "back",
+        "[",
+        "]",
+        "1",
+        "2",
+        "3",
+        "7",
+        "12",
+        " ",
+        "\n",
+        "economy",
+        "Monday",
+        "x",
+        "[]",
+        "][",
+        "-1",
+        "0",
+        "99999999999999999999",
+    ]
     for task in generate_tasks(48, seed=13):
         env = WebEnv(task)
         env.reset()

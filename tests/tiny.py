@@ -16,8 +16,16 @@ from mlx_grpo.models.random_model import BYTE_VOCAB, build_random_model
 
 
 def build_tiny_model(folder: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
-    return build_random_model(Path(folder), hidden=hidden, layers=layers, heads=4, kv_heads=2,
-                              intermediate=hidden * 2, vocab=BYTE_VOCAB, seed=seed)
+    return build_random_model(
+        Path(folder),
+        hidden=hidden,
+        layers=layers,
+        heads=4,
+        kv_heads=2,
+        intermediate=hidden * 2,
+        vocab=BYTE_VOCAB,
+        seed=seed,
+    )
 
 
 def build_tiny_quantized_model(folder: Path, bits: int = 4, hidden: int = 64, seed: int = 0) -> Path:

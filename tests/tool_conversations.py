@@ -57,16 +57,26 @@ class Step:
     prefix: bool  # the rendering with the new messages began with the rendering without them
 
 
-def _turn_text(tokenizer, history: list[dict], content: str, calls: list[ToolCall], style: str) -> tuple[str, str]:
+def _turn_text(
+    tokenizer, history: list[dict], content: str, calls: list[ToolCall], style: str
+) -> tuple[str, str]:
     """(what the model writes for this turn, the template's rendering of it)."""
     head = render(tokenizer, history, SCHEMAS, add_generation_prompt=True)
-    full = render(tokenizer, history + [assistant_message(content, calls, native=True)], SCHEMAS,
-                  add_generation_prompt=False)
+    full = render(
+        tokenizer,
+        history + [assistant_message(content, calls, native=True)],
+        SCHEMAS,
+        add_generation_prompt=False,
+    )
     common = os.path.commonprefix([head, full])
-    if common != head:  # the turn parts from the generation prompt (QwQ's closes a <think> block): back to a line
-        common = common[:max(common.rfind("\n"), common.rfind(">"), common.rfind("]")) + 1]
-    rendered = full[len(common):]
-    if style == "llama3" and len(calls) > 1:  # Llama's template shows one call a message; the model joins them
+    if (
+        common != head
+    ):  # the turn parts from the generation prompt (QwQ's closes a <think> block): back to a line
+        common = common[: max(common.rfind("\n"), common.rfind(">"), common.rfind("]")) + 1]
+    rendered = full[len(common) :]
+    if (
+        style == "llama3" and len(calls) > 1
+    ):  # Llama's template shows one call a message; the model joins them
         return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}) for c in calls), rendered
     return rendered, rendered
 
@@ -88,7 +98,7 @@ def play(tokenizer, style: str, think: bool = False, turns=TURNS) -> tuple[str, 
         after = render(tokenizer, history + [turn] + new, SCHEMAS, add_generation_prompt=True)
         closed = render(tokenizer, history + [turn] + new, SCHEMAS, add_generation_prompt=False)
         if after.startswith(closed):  # it ends where the model starts writing: the generation prompt
-            assert inserted.endswith(after[len(closed):])
+            assert inserted.endswith(after[len(closed) :])
         steps.append(Step(text, read, rendered, inserted, after.startswith(before)))
         history += [turn, *new]
     return prompt, steps

@@ -69,8 +69,10 @@ ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
 # part of every key. (module, names): those functions and classes of the module, a method as Class.name; None:
 # the whole module. Read from the source files, not imported: evaluation/compare.py imports this module.
 ANSWER_CODE = (
-    ("mlx_grpo.tasks.data", ("prompt_messages", "encode_prompt", "task_prompts", "stop_token_ids",
-                             "use_stop_strings")),
+    (
+        "mlx_grpo.tasks.data",
+        ("prompt_messages", "encode_prompt", "task_prompts", "stop_token_ids", "use_stop_strings"),
+    ),
     ("mlx_grpo.sampling.rollout", None),
     ("mlx_grpo.sampling.fixed_decode", None),
     ("mlx_grpo.sampling.width", None),
@@ -82,13 +84,29 @@ ANSWER_CODE = (
 )
 # mlx-grpo's code an episode is played by, besides the decoding DECODE_FORMAT covers: the turn loop, the
 # environment protocol, the wave width, and tool calling (the tool episodes' environment).
-EPISODE_CODE = ("mlx_grpo.sampling.multiturn", "mlx_grpo.sampling.turns", "mlx_grpo.sampling.turn_cache",
-                "mlx_grpo.sampling.environment", "mlx_grpo.sampling.width", "mlx_grpo.tools")
+EPISODE_CODE = (
+    "mlx_grpo.sampling.multiturn",
+    "mlx_grpo.sampling.turns",
+    "mlx_grpo.sampling.turn_cache",
+    "mlx_grpo.sampling.environment",
+    "mlx_grpo.sampling.width",
+    "mlx_grpo.tools",
+)
 # What the scores, episode metrics and report read of an episode (multiturn.episode_scores and
 # episode_metrics, accuracy.solved, compare.Answer.of). Its prompt tokens and log-probs are left out:
 # nothing after the rollout reads them, and the log-probs alone would double the file.
-EPISODE_FIELDS = ("prompt_index", "tokens", "mask", "finish_reason", "turns", "observations", "reward",
-                  "reward_parts", "info", "error")
+EPISODE_FIELDS = (
+    "prompt_index",
+    "tokens",
+    "mask",
+    "finish_reason",
+    "turns",
+    "observations",
+    "reward",
+    "reward_parts",
+    "info",
+    "error",
+)
 
 
 class Kept(NamedTuple):
@@ -111,12 +129,24 @@ def cache_key(spec, task, rows: list[dict], settings) -> str:
     """The name answers of `spec` to `rows` under `settings` are kept under."""
     sampling = settings.sampling
     parts = [
-        FORMAT, package_version(), decoding.DECODE_FORMAT, CONVERTER_VERSION, mx.__version__, str(mx.default_device()),
-        model_fingerprint(spec.model), adapter_fingerprint(spec.adapter) if spec.adapter else None,
-        task.system_prompt, getattr(task, "prompt_format", None), list(getattr(task, "stop", []) or []),
+        FORMAT,
+        package_version(),
+        decoding.DECODE_FORMAT,
+        CONVERTER_VERSION,
+        mx.__version__,
+        str(mx.default_device()),
+        model_fingerprint(spec.model),
+        adapter_fingerprint(spec.adapter) if spec.adapter else None,
+        task.system_prompt,
+        getattr(task, "prompt_format", None),
+        list(getattr(task, "stop", []) or []),
         [r["prompt"] for r in rows],
         [sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.max_tokens],
-        settings.samples, settings.seed, settings.concurrency, settings.keep_quantized, answer_code(),
+        settings.samples,
+        settings.seed,
+        settings.concurrency,
+        settings.keep_quantized,
+        answer_code(),
     ]
     if rollouts_for(task).plays_episodes:
         parts.append(episode_parts(task, rows, settings))
@@ -142,14 +172,23 @@ def episode_parts(task, rows: list[dict], settings) -> list:
     """What a multi-turn task's episodes depend on beyond the single-turn key: the whole rows, the episode
     limits, the run's task settings, the rewards the environments score with, and the code that plays them."""
     config = settings.run_config
-    return [rows, settings.max_turns, settings.max_episode_tokens, task_settings(config),
-            [reward_name(f) for f in task.reward_functions], list(task.reward_weights), environment_code(task, config)]
+    return [
+        rows,
+        settings.max_turns,
+        settings.max_episode_tokens,
+        task_settings(config),
+        [reward_name(f) for f in task.reward_functions],
+        list(task.reward_weights),
+        environment_code(task, config),
+    ]
 
 
 def environment_code(task, config) -> str:
     """A hash of the code the task's episodes are played and scored by: mlx-grpo's (EPISODE_CODE), the task's
     module or package, the file its make_env is written in, and a --tools and --reward-file file."""
-    files = [path for name in (*EPISODE_CODE, BUILTIN_TASKS.get(task.name)) if name for path in module_files(name)]
+    files = [
+        path for name in (*EPISODE_CODE, BUILTIN_TASKS.get(task.name)) if name for path in module_files(name)
+    ]
     files += [Path(p) for p in (environment_source(task), config.tools, config.reward_file) if p]
     digest = hashlib.sha256()
     for path in files:
@@ -166,7 +205,9 @@ def answer_code() -> str:
     """A hash of the source of ANSWER_CODE: it changes whenever that code does."""
     digest = hashlib.sha256()
     for module, names in ANSWER_CODE:
-        digest.update(json.dumps([module, hashlib.sha256(code_text(module, names).encode()).hexdigest()]).encode())
+        digest.update(
+            json.dumps([module, hashlib.sha256(code_text(module, names).encode()).hexdigest()]).encode()
+        )
     return digest.hexdigest()
 
 
@@ -188,8 +229,15 @@ def definition(tree: ast.Module, module: str, name: str) -> ast.AST:
     """The def or class statement of `name` (dotted for a method) at the top of a module's tree."""
     body, found = tree.body, None
     for part in name.split("."):
-        found = next((node for node in body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                      and node.name == part), None)
+        found = next(
+            (
+                node
+                for node in body
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and node.name == part
+            ),
+            None,
+        )
         if found is None:
             raise LookupError(f"{module} defines no {name}")
         body = found.body
@@ -204,8 +252,6 @@ def module_files(name: str) -> list[Path]:
     if spec.submodule_search_locations:
         return sorted(p for folder in spec.submodule_search_locations for p in Path(folder).rglob("*.py"))
     return [Path(spec.origin)]
-
-
 
 
 def episode_dict(episode: Episode) -> dict:
@@ -229,7 +275,11 @@ def read(key: str, count: int) -> Kept | None:
         by = made_by(maker["mlx_grpo"], maker["decode_format"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not isinstance(answers, list) or len(answers) != count or not all(isinstance(a, dict) for a in answers):
+    if (
+        not isinstance(answers, list)
+        or len(answers) != count
+        or not all(isinstance(a, dict) for a in answers)
+    ):
         return None
     return Kept(answers, seconds, by)
 

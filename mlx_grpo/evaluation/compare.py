@@ -61,7 +61,9 @@ class Settings:
     concurrency: int = TrainConfig.decode_concurrency
     max_turns: int = TrainConfig.max_turns  # multi-turn tasks only
     max_episode_tokens: int = TrainConfig.max_episode_tokens  # multi-turn tasks only
-    cache: bool = False  # reuse (and keep) a model's answers to the same prompts and settings (answer_cache.py)
+    cache: bool = (
+        False  # reuse (and keep) a model's answers to the same prompts and settings (answer_cache.py)
+    )
     # The settings the task is guarded with as a run guards it (guard below): reward_timeout, on_bad_data,
     # max_prompt_tokens, max_tokens. None: their defaults.
     run_config: TrainConfig | None = None
@@ -113,13 +115,21 @@ class Answer:
     @classmethod
     def of(cls, rollout: Rollout) -> "Answer":
         """A completion's or an episode's answer: both are update/batch.py's Rollout."""
-        return cls(rollout.text, rollout.tokens, rollout.model_tokens, rollout.finish_reason, rollout.truncated)
+        return cls(
+            rollout.text, rollout.tokens, rollout.model_tokens, rollout.finish_reason, rollout.truncated
+        )
 
     of_completion = of_episode = of  # the names it had when they differed
 
 
-def generate(model, tokenizer, task: Task, rows: list[dict], settings: Settings,
-             on_progress: Callable[[int], None] | None = None) -> tuple[list[Answer], list, float]:
+def generate(
+    model,
+    tokenizer,
+    task: Task,
+    rows: list[dict],
+    settings: Settings,
+    on_progress: Callable[[int], None] | None = None,
+) -> tuple[list[Answer], list, float]:
     """K answers for each row, grouped by row: (answers, the rollouts they are, decode seconds).
 
     Rows go in chunks of concurrency // K, each chunk one batched decode (for
@@ -136,8 +146,18 @@ def generate(model, tokenizer, task: Task, rows: list[dict], settings: Settings,
     for start in range(0, len(rows), per_chunk):
         part = rows[start : start + per_chunk]
         begin = time.perf_counter()
-        played = kind.generate(model, tokenizer, part, k, settings.sampling, settings.concurrency,
-                               settings.max_turns, settings.max_episode_tokens, seed=settings.seed, first=start)
+        played = kind.generate(
+            model,
+            tokenizer,
+            part,
+            k,
+            settings.sampling,
+            settings.concurrency,
+            settings.max_turns,
+            settings.max_episode_tokens,
+            seed=settings.seed,
+            first=start,
+        )
         rollouts += played
         answers += [Answer.of(r) for r in played]
         seconds += time.perf_counter() - begin
@@ -160,10 +180,14 @@ class ModelResult:
     error_examples: dict[str, str]
     seconds: float  # decoding only
     samples: int
-    episode: dict = field(default_factory=dict)  # a multi-turn task's episode and tool metrics (multiturn.episode_metrics)
+    episode: dict = field(
+        default_factory=dict
+    )  # a multi-turn task's episode and tool metrics (multiturn.episode_metrics)
     cached: Path | None = None  # where the answers were read from, when they were not decoded now
     cached_by: str | None = None  # which code made those answers: "mlx-grpo 0.1.0 (decode format 1)"
-    stages: list[str] | None = None  # the grading stage each answer reached (answer_stages.py), where the task has one
+    stages: list[str] | None = (
+        None  # the grading stage each answer reached (answer_stages.py), where the task has one
+    )
     stage_shares: dict[str, float] = field(default_factory=dict)
 
     def per_prompt(self, values: np.ndarray) -> np.ndarray:
@@ -195,7 +219,9 @@ class ModelResult:
             out["answers_made_by"] = self.cached_by
         if self.samples > 1 and self.accuracy is not None:
             successes = right(self.accuracy).reshape(-1, self.samples).sum(axis=1)
-            out["pass_at_k"] = {str(k): mean_pass_at_k(successes, self.samples, k) for k in pass_ks(self.samples)}
+            out["pass_at_k"] = {
+                str(k): mean_pass_at_k(successes, self.samples, k) for k in pass_ks(self.samples)
+            }
             out["best_of_n_reward"] = float(self.rewards.reshape(-1, self.samples).max(axis=1).mean())
         return out
 
@@ -215,13 +241,21 @@ def score(task: Task, rows: list[dict], answers: list, samples: int) -> tuple:
     return scores.total, scores.parts, accuracy, scores.errors, scores.error_examples
 
 
-def generate_or_reuse(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
-                      on_progress: Callable[[str, int, int], None] | None = None):
+def generate_or_reuse(
+    name: str,
+    spec: ModelSpec,
+    task: Task,
+    rows: list[dict],
+    settings: Settings,
+    on_progress: Callable[[str, int, int], None] | None = None,
+):
     """(answers, rollouts, decode seconds, where the answers were kept or None, which code made them or None):
     decoded, or from the cache (a multi-turn task's episodes with their environments' scores)."""
     progress = (lambda done: on_progress(name, done, len(rows))) if on_progress else None
     episodes = rollouts_for(task).plays_episodes
-    key = answer_cache.cache_key(spec, task, rows, settings) if answer_cache.cacheable(task, settings) else None
+    key = (
+        answer_cache.cache_key(spec, task, rows, settings) if answer_cache.cacheable(task, settings) else None
+    )
     kept = answer_cache.read(key, len(rows) * settings.samples) if key else None
     reused = kept_answers(kept.answers, episodes) if kept is not None else None
     if reused is not None:
@@ -235,7 +269,9 @@ def generate_or_reuse(name: str, spec: ModelSpec, task: Task, rows: list[dict], 
     del model
     mx.clear_cache()  # the next model gets the memory
     if key:
-        kept_as = [answer_cache.episode_dict(r) for r in rollouts] if episodes else [asdict(a) for a in answers]
+        kept_as = (
+            [answer_cache.episode_dict(r) for r in rollouts] if episodes else [asdict(a) for a in answers]
+        )
         answer_cache.write(key, kept_as, seconds)
     return answers, rollouts, seconds, None, None
 
@@ -252,14 +288,39 @@ def kept_answers(kept: list[dict], episodes: bool) -> tuple[list, list] | None:
     return answers, answers
 
 
-def evaluate_model(name: str, spec: ModelSpec, task: Task, rows: list[dict], settings: Settings,
-                   on_progress: Callable[[str, int, int], None] | None = None) -> ModelResult:
-    answers, rollouts, seconds, cached, cached_by = generate_or_reuse(name, spec, task, rows, settings, on_progress)
+def evaluate_model(
+    name: str,
+    spec: ModelSpec,
+    task: Task,
+    rows: list[dict],
+    settings: Settings,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> ModelResult:
+    answers, rollouts, seconds, cached, cached_by = generate_or_reuse(
+        name, spec, task, rows, settings, on_progress
+    )
     totals, parts, accuracy, errors, examples = score(task, rows, rollouts, settings.samples)
-    episode = rollouts_for(task).step_metrics(rollouts) if rollouts else {}  # a multi-turn task's episode metrics
+    episode = (
+        rollouts_for(task).step_metrics(rollouts) if rollouts else {}
+    )  # a multi-turn task's episode metrics
     stages = answer_stages(task, rows, answers, settings.samples)
-    return ModelResult(name, spec, answers, totals, parts, accuracy, errors, examples, seconds, settings.samples,
-                       episode, cached, cached_by, stages, stage_shares(task, stages) if stages else {})
+    return ModelResult(
+        name,
+        spec,
+        answers,
+        totals,
+        parts,
+        accuracy,
+        errors,
+        examples,
+        seconds,
+        settings.samples,
+        episode,
+        cached,
+        cached_by,
+        stages,
+        stage_shares(task, stages) if stages else {},
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -295,7 +356,8 @@ def _header(task: Task, rows: list[dict], settings: Settings) -> dict:
         "top_k": settings.sampling.top_k,
         "min_p": settings.sampling.min_p,
         "max_tokens": settings.sampling.max_tokens,
-        "seed": settings.seed, "system_prompt": task.system_prompt,
+        "seed": settings.seed,
+        "system_prompt": task.system_prompt,
         "confidence": CONFIDENCE,
         "warnings": list(task.warnings),
     }
@@ -307,22 +369,39 @@ def paired_results(base: ModelResult, trained: ModelResult, seed: int = 0) -> di
     # One sample a prompt: right/wrong, McNemar. Several: per-prompt rates, Wilcoxon.
     binary = None if base.samples == 1 else False
     if base.accuracy is not None:
-        out["accuracy"] = compare_paired(base.per_prompt(base.accuracy), trained.per_prompt(trained.accuracy),
-                                         "accuracy", binary=binary, seed=seed)
-    out["reward"] = compare_paired(base.per_prompt(base.rewards), trained.per_prompt(trained.rewards),
-                                   "reward", binary=binary, seed=seed)
-    return {**out, **paired_parts(base.parts, trained.parts, base.samples, seed)}  # a judge's score, beside these
+        out["accuracy"] = compare_paired(
+            base.per_prompt(base.accuracy),
+            trained.per_prompt(trained.accuracy),
+            "accuracy",
+            binary=binary,
+            seed=seed,
+        )
+    out["reward"] = compare_paired(
+        base.per_prompt(base.rewards), trained.per_prompt(trained.rewards), "reward", binary=binary, seed=seed
+    )
+    return {
+        **out,
+        **paired_parts(base.parts, trained.parts, base.samples, seed),
+    }  # a judge's score, beside these
 
 
-def compare(base: ModelSpec, trained: ModelSpec, task: Task, settings: Settings, n: int | None = None,
-            on_progress: Callable[[str, int, int], None] | None = None) -> Report:
+def compare(
+    base: ModelSpec,
+    trained: ModelSpec,
+    task: Task,
+    settings: Settings,
+    n: int | None = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> Report:
     """Both models on the same prompts and seeds, then the paired statistics."""
     start = time.perf_counter()
     guard(task, settings, [base, trained])
     rows = select_rows(task, settings.split, n)
     task.warnings += check_held_out([base, trained], rows, settings.split)
-    results = [evaluate_model(name, spec, task, rows, settings, on_progress)
-               for name, spec in (("base", base), ("trained", trained))]
+    results = [
+        evaluate_model(name, spec, task, rows, settings, on_progress)
+        for name, spec in (("base", base), ("trained", trained))
+    ]
     paired = paired_results(*results, seed=settings.seed)
     headline = paired.get("accuracy") or paired["reward"]
     data = {
@@ -343,16 +422,24 @@ def compare(base: ModelSpec, trained: ModelSpec, task: Task, settings: Settings,
     return Report(data, results, rows, paired)
 
 
-def evaluate(spec: ModelSpec, task: Task, settings: Settings, n: int | None = None,
-             on_progress: Callable[[str, int, int], None] | None = None) -> Report:
+def evaluate(
+    spec: ModelSpec,
+    task: Task,
+    settings: Settings,
+    n: int | None = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> Report:
     """The single-model version: one model's scores on the task's prompts."""
     start = time.perf_counter()
     guard(task, settings, [spec])
     rows = select_rows(task, settings.split, n)
     task.warnings += check_held_out([spec], rows, settings.split)
     result = evaluate_model("model", spec, task, rows, settings, on_progress)
-    data = {**_header(task, rows, settings), "models": {"model": result.summary()},
-            "seconds": time.perf_counter() - start}
+    data = {
+        **_header(task, rows, settings),
+        "models": {"model": result.summary()},
+        "seconds": time.perf_counter() - start,
+    }
     return Report(data, [result], rows)
 
 
@@ -367,8 +454,14 @@ def default_output(trained: ModelSpec) -> Path:
 # The command line's pieces (cli.py stays a thin layer)
 
 
-def build_settings(config: TrainConfig, split: str = "test", samples: int = 1, temperature: float | None = None,
-                   seed: int = 0, cache: bool = False) -> Settings:
+def build_settings(
+    config: TrainConfig,
+    split: str = "test",
+    samples: int = 1,
+    temperature: float | None = None,
+    seed: int = 0,
+    cache: bool = False,
+) -> Settings:
     """Greedy for one sample a prompt; the run's temperature for several (unless --temperature)."""
     if split not in SPLITS:
         raise CompareError(f"--split must be one of {', '.join(SPLITS)}, not {split!r}")
@@ -379,6 +472,15 @@ def build_settings(config: TrainConfig, split: str = "test", samples: int = 1, t
     if temperature < 0:
         raise CompareError(f"--temperature must be >= 0, got {temperature}")
     sampling = replace(config.sampling, temperature=temperature)
-    return Settings(split, samples, sampling, seed, config.decode_concurrency,
-                    config.max_turns, config.max_episode_tokens, cache, config,
-                    config.keep_quantized)
+    return Settings(
+        split,
+        samples,
+        sampling,
+        seed,
+        config.decode_concurrency,
+        config.max_turns,
+        config.max_episode_tokens,
+        cache,
+        config,
+        config.keep_quantized,
+    )

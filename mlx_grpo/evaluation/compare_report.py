@@ -54,8 +54,13 @@ def table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
         rows.append(line("accuracy", lambda m: m["accuracy"], test="accuracy"))
     rows.append(line("mean reward", lambda m: m["reward"], test="reward"))
     for part in first["reward_parts"]:
-        rows.append(line(f"  {part}", lambda m, part=part: m["reward_parts"].get(part),
-                         test="judge" if part == "judge" else None))
+        rows.append(
+            line(
+                f"  {part}",
+                lambda m, part=part: m["reward_parts"].get(part),
+                test="judge" if part == "judge" else None,
+            )
+        )
     if "judge" in first["reward_parts"]:  # answers the parser could not read: no judge score, not a zero
         unreadable = {r.name: float(np.mean([v is None for v in r.parts["judge"]])) for r in report.results}
         rows.append(line("  judge unreadable", lambda m: unreadable[m["name"]]))
@@ -65,9 +70,16 @@ def table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
         rows.append(line(f"best-of-{report.data['samples']} reward", lambda m: m["best_of_n_reward"]))
     for key in first.get("episode", {}):  # turns and, for tool episodes, calls and their failures
         # numbers only: tools/unreadable_example is a piece of text
-        if key == "episode/turns" or (key.startswith("tools/") and not isinstance(first["episode"][key], str)):
-            rows.append(line(key.split("/", 1)[1].replace("_", " "), lambda m, key=key: m.get("episode", {}).get(key),
-                             ".2f"))
+        if key == "episode/turns" or (
+            key.startswith("tools/") and not isinstance(first["episode"][key], str)
+        ):
+            rows.append(
+                line(
+                    key.split("/", 1)[1].replace("_", " "),
+                    lambda m, key=key: m.get("episode", {}).get(key),
+                    ".2f",
+                )
+            )
     # Where the answers stopped on the task's grading ladder (ocaml), each stage some model reached.
     for stage in [s for s in first.get("stages", {}) if any(models[n]["stages"][s] for n in names)]:
         rows.append(line(f"stage {stage}", lambda m, stage=stage: m["stages"][stage]))
@@ -89,16 +101,20 @@ def verdict(report: Report) -> str | None:
     else:
         head = "no significant difference between trained and base"
     ci = f"{p.ci[0]:+.3f} to {p.ci[1]:+.3f}" if p.ci else "-"
-    return (f"{head}: {d['metric']} {p.difference:+.3f} ({int(p.confidence * 100)}% CI {ci}), "
-            f"{p.test} p = {_p(p.p_value)}; won {p.wins}, lost {p.losses}, tied {p.ties} of {p.n} prompts")
+    return (
+        f"{head}: {d['metric']} {p.difference:+.3f} ({int(p.confidence * 100)}% CI {ci}), "
+        f"{p.test} p = {_p(p.p_value)}; won {p.wins}, lost {p.losses}, tied {p.ties} of {p.n} prompts"
+    )
 
 
 def settings_line(report: Report) -> str:
     d = report.data
     how = "greedy" if d["temperature"] == 0 else f"temperature {d['temperature']:g}"
     prompt = f", system prompt {d['system_prompt']!r}" if d.get("system_prompt") else ""
-    return (f"task {d['task']} ({d['split']} split), {d['n']} prompts x {d['samples']} sample(s), {how}, "
-            f"max_tokens {d['max_tokens']}, seed {d['seed']}{prompt}")
+    return (
+        f"task {d['task']} ({d['split']} split), {d['n']} prompts x {d['samples']} sample(s), {how}, "
+        f"max_tokens {d['max_tokens']}, seed {d['seed']}{prompt}"
+    )
 
 
 def markdown(report: Report) -> str:
@@ -112,14 +128,21 @@ def markdown(report: Report) -> str:
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + " --- |" * len(header))
     for row in rows:
-        lines.append("| " + " | ".join(c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(row))
-                     + " |")
+        lines.append(
+            "| "
+            + " | ".join(c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(row))
+            + " |"
+        )
     if report.paired:
-        lines += ["", verdict(report) + ".", "",
-                  "Paired over prompts (each prompt's mean over its samples): the difference is trained - base; "
-                  "the CI is a percentile bootstrap over prompts; p is McNemar's exact test for right/wrong "
-                  "answers with one sample a prompt, the Wilcoxon signed-rank test otherwise; W/L/T counts the "
-                  "prompts where trained scored higher, lower, the same."]
+        lines += [
+            "",
+            verdict(report) + ".",
+            "",
+            "Paired over prompts (each prompt's mean over its samples): the difference is trained - base; "
+            "the CI is a percentile bootstrap over prompts; p is McNemar's exact test for right/wrong "
+            "answers with one sample a prompt, the Wilcoxon signed-rank test otherwise; W/L/T counts the "
+            "prompts where trained scored higher, lower, the same.",
+        ]
     for w in d["warnings"]:
         lines += ["", f"warning: {w}"]
     lines += ["", f"{d['seconds']:.1f} s in all."]
@@ -131,7 +154,11 @@ def prompt_records(report: Report) -> list[dict]:
     k = report.data["samples"]
     records = []
     for i, row in enumerate(report.rows):
-        record = {"index": i, "prompt": row["prompt"], "columns": {c: v for c, v in row.items() if c != "prompt"}}
+        record = {
+            "index": i,
+            "prompt": row["prompt"],
+            "columns": {c: v for c, v in row.items() if c != "prompt"},
+        }
         for r in report.results:
             span = slice(i * k, (i + 1) * k)
             record[r.name] = {
@@ -170,16 +197,25 @@ def plot(report: Report, path: Path) -> bool:
     if len(distinct) <= 12:  # few reward levels (right/wrong): one group of bars a level
         for i, (r, v) in enumerate(zip(report.results, values)):
             counts = [(v == level).sum() for level in distinct]
-            ax.bar(np.arange(len(distinct)) + (i - (len(values) - 1) / 2) * width, counts, width=width,
-                   label=f"{r.name}: mean {v.mean():.3f}")
+            ax.bar(
+                np.arange(len(distinct)) + (i - (len(values) - 1) / 2) * width,
+                counts,
+                width=width,
+                label=f"{r.name}: mean {v.mean():.3f}",
+            )
         ax.set_xticks(np.arange(len(distinct)), [f"{level:g}" for level in distinct])
     else:
         edges = np.histogram_bin_edges(distinct, bins=20)
         step = edges[1] - edges[0]
         for i, (r, v) in enumerate(zip(report.results, values)):
             counts, _ = np.histogram(v, bins=edges)
-            ax.bar(edges[:-1] + step * (0.1 + i * width), counts, width=step * width, align="edge",
-                   label=f"{r.name}: mean {v.mean():.3f}")
+            ax.bar(
+                edges[:-1] + step * (0.1 + i * width),
+                counts,
+                width=step * width,
+                align="edge",
+                label=f"{r.name}: mean {v.mean():.3f}",
+            )
     ax.set_xlabel("reward (per prompt" + (", mean of samples)" if report.data["samples"] > 1 else ")"))
     ax.set_ylabel("prompts")
     ax.set_title(f"{report.data['task']}: reward distribution over {report.data['n']} prompts")
@@ -226,8 +262,15 @@ class Progress:
         self.callers_listener = PROGRESS.get()
         PROGRESS.set(self.rollout_moved)
         if console.is_terminal:
-            self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-                                    TextColumn("prompts"), TimeElapsedColumn(), console=console, transient=True)
+            self.bar = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=24),
+                MofNCompleteColumn(),
+                TextColumn("prompts"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
             self.bar.start()
 
     def __call__(self, name: str, done: int, total: int) -> None:
@@ -251,8 +294,9 @@ class Progress:
         if self.bar is not None:
             if name in self.tasks:
                 self.bar.update(self.tasks[name], description=f"{name}: {rollout_line(state)}")
-        elif state.get("kind") != "decode" or not (0 < state["seconds"] - self.printed.get(name, -1e9)
-                                                    < LOG_ROLLOUT_EVERY_S):
+        elif state.get("kind") != "decode" or not (
+            0 < state["seconds"] - self.printed.get(name, -1e9) < LOG_ROLLOUT_EVERY_S
+        ):
             self.printed[name] = state["seconds"]
             self.console.print(f"{name}: {rollout_line(state)}", highlight=False)
 
@@ -280,9 +324,12 @@ def print_report(report: Report, console, written: list[Path] = ()) -> None:
     for r in report.results:
         console.print(f"[bold]{r.name}[/]: {escape(r.spec.label)}", highlight=False, soft_wrap=True)
         if r.cached:  # said, so that nobody takes the decode time for a new measurement
-            console.print(f"  reused answers made by {escape(str(r.cached_by))}: answers from the cache "
-                          f"{escape(str(r.cached))} (decoded earlier in {r.seconds:.0f} s; --no-cache decodes again)",
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"  reused answers made by {escape(str(r.cached_by))}: answers from the cache "
+                f"{escape(str(r.cached))} (decoded earlier in {r.seconds:.0f} s; --no-cache decodes again)",
+                highlight=False,
+                soft_wrap=True,
+            )
     # Plain text: a system prompt's "[n]" or "search[query]" is not rich markup.
     console.print(settings_line(report), highlight=False, soft_wrap=True, markup=False)
     console.print(table)
@@ -292,11 +339,18 @@ def print_report(report: Report, console, written: list[Path] = ()) -> None:
         console.print(f"[{style}]{line}[/]", highlight=False, soft_wrap=True)
     for r in report.results:
         for name, count in r.errors.items():
-            console.print(f"[yellow]warning:[/] {r.name}: reward {name} failed {count} time(s): "
-                          f"{r.error_examples.get(name, '')}", highlight=False, soft_wrap=True)
+            console.print(
+                f"[yellow]warning:[/] {r.name}: reward {name} failed {count} time(s): "
+                f"{r.error_examples.get(name, '')}",
+                highlight=False,
+                soft_wrap=True,
+            )
     for w in report.data["warnings"]:
         console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
     if written:
         names = ", ".join(p.name for p in written)
-        console.print(f"report: {names} in {written[0].parent}  ({report.data['seconds']:.1f} s)", highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"report: {names} in {written[0].parent}  ({report.data['seconds']:.1f} s)",
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -48,11 +48,15 @@ def first_tokens(run_dir: str | Path, n: int, k: int = TOP) -> list[FirstTokens]
     trained = resolve_model(str(run_dir))
     if trained.run_dir is None or trained.adapter is None:
         raise CompareError(f"{run_dir}: not a run folder (config.yaml and adapters)")
-    config = task_config(trained.run_dir, trained.model, {})  # the run's own held-out rows, the first n of them
+    config = task_config(
+        trained.run_dir, trained.model, {}
+    )  # the run's own held-out rows, the first n of them
     task = load_task(config)
     if rollouts_for(task).plays_episodes:
-        raise CompareError(f"task {task.name!r} plays multi-turn episodes: its first prompt is an environment's, "
-                           "so --first-tokens does not apply")
+        raise CompareError(
+            f"task {task.name!r} plays multi-turn episodes: its first prompt is an environment's, "
+            "so --first-tokens does not apply"
+        )
     rows = task.eval_rows[:n]
     if not rows:
         raise CompareError(f"task {task.name!r} has no held-out prompts")
@@ -67,7 +71,9 @@ def first_tokens(run_dir: str | Path, n: int, k: int = TOP) -> list[FirstTokens]
 
 
 def first_token_lines(found: list[FirstTokens]) -> list[str]:
-    lines = [f"first tokens of the answer (temperature 1), base and trained, on {len(found)} held-out prompts"]
+    lines = [
+        f"first tokens of the answer (temperature 1), base and trained, on {len(found)} held-out prompts"
+    ]
     for item in found:
         lines.append(f"  {item.prompt[:70]!r}")
         for name, tops in (("base", item.base), ("trained", item.trained)):

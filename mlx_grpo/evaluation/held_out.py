@@ -43,13 +43,16 @@ def check_held_out(specs: list[ModelSpec], rows: list[dict], split: str) -> list
         for stage in stages(spec.run_dir):
             trained = read_training_keys(stage)
             if trained is None:
-                warnings.append(f"{stage} has no readable {TRAINED_ROWS} (a run folder from before runs recorded "
-                                f"their training rows): whether its {split} rows were held out cannot be checked")
+                warnings.append(
+                    f"{stage} has no readable {TRAINED_ROWS} (a run folder from before runs recorded "
+                    f"their training rows): whether its {split} rows were held out cannot be checked"
+                )
                 continue
             overlap = sum(k in trained for k in keys)
             if overlap:
                 raise CompareError(
                     f"{overlap} of the {len(rows)} {split} rows were training rows of {stage} (its {TRAINED_ROWS}): "
                     "score it on the data and task it was trained with, whose held-out rows it never saw, or on "
-                    "other data")
+                    "other data"
+                )
     return list(dict.fromkeys(warnings))

@@ -18,11 +18,18 @@ import yaml
 from .plot import PlotError
 
 OPEN, CLOSE = "⟦", "⟧"
-LEGEND = (f"legend: plain text is the model's own tokens (trained); {OPEN}...{CLOSE} is masked, no gradient "
-          "(template headers, observations, tool results), a pair of brackets a line")
+LEGEND = (
+    f"legend: plain text is the model's own tokens (trained); {OPEN}...{CLOSE} is masked, no gradient "
+    "(template headers, observations, tool results), a pair of brackets a line"
+)
 EPISODE_ENDS = ("done", "max_turns", "max_tokens", "env_error")  # single-turn records end "stop" or "length"
-CALL_OUTCOMES = {None: "ran", "parse": "could not be read", "invalid": "unknown tool or bad arguments",
-                 "raised": "the tool raised", "timeout": "timed out"}
+CALL_OUTCOMES = {
+    None: "ran",
+    "parse": "could not be read",
+    "invalid": "unknown tool or bad arguments",
+    "raised": "the tool raised",
+    "timeout": "timed out",
+}
 
 
 def read_step(run_dir: Path, step: int | None) -> tuple[int, list[dict]]:
@@ -71,20 +78,27 @@ def record_lines(run_dir: str | Path, step: int | None = None, index: int = 0) -
 
 def _lines(run_dir: Path, step: int, records: list[dict], index: int) -> list[str]:
     if not 0 <= index < len(records):
-        raise PlotError(f"--index {index}: step {step} has {len(records)} completions (0 to {len(records) - 1})")
+        raise PlotError(
+            f"--index {index}: step {step} has {len(records)} completions (0 to {len(records) - 1})"
+        )
     record = records[index]
     group = _group_size(run_dir)
     where = f" (prompt {index // group}, member {index % group})" if group else ""
     kind = "episode" if is_episode(record) else "completion"
-    head = [f"{kind}: step {step}, index {index} of {len(records)}{where}; --step N --index K shows another",
-            f"  {_outcome(record)}"]
+    head = [
+        f"{kind}: step {step}, index {index} of {len(records)}{where}; --step N --index K shows another",
+        f"  {_outcome(record)}",
+    ]
     prompt = ["  prompt (context, not trained)", *_indent(str(record.get("prompt", "")))]
     completion = _indent(str(record.get("completion", "")))
     if "segments" in record:
         return head + [f"  {LEGEND}"] + prompt + _episode_lines(record)
     if kind == "episode":  # recorded before completions.jsonl kept the mask
-        return head + prompt + ["  transcript (recorded without its mask: the masked spans cannot be marked)",
-                                *completion]
+        return (
+            head
+            + prompt
+            + ["  transcript (recorded without its mask: the masked spans cannot be marked)", *completion]
+        )
     return head + prompt + ["  completion (trained)", *completion]
 
 
@@ -97,10 +111,15 @@ def _group_size(run_dir: Path) -> int | None:
 def _outcome(record: dict) -> str:
     parts = ", ".join(f"{k} {_num(v)}" for k, v in (record.get("rewards") or {}).items())
     advantage = record.get("advantage")
-    trained = f"advantage {advantage:+.3f}" if advantage is not None else "not trained (its group was filtered out)"
+    trained = (
+        f"advantage {advantage:+.3f}" if advantage is not None else "not trained (its group was filtered out)"
+    )
     turns = f" after {record['turns']} turn(s)" if "turns" in record else ""
-    return (f"reward {_num(record.get('reward'))}" + (f" ({parts})" if parts else "")
-            + f", {trained}, ended {record.get('finish_reason')}{turns}, {record.get('length')} tokens")
+    return (
+        f"reward {_num(record.get('reward'))}"
+        + (f" ({parts})" if parts else "")
+        + f", {trained}, ended {record.get('finish_reason')}{turns}, {record.get('length')} tokens"
+    )
 
 
 def _episode_lines(record: dict) -> list[str]:
@@ -130,7 +149,9 @@ def _calls_text(calls: list, k: int, finish: str | None) -> str:
 def _call_text(call: dict) -> str:
     if call.get("name") is None:
         return f"an unreadable call ({CALL_OUTCOMES['parse']})"
-    arguments = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in (call.get("arguments") or {}).items())
+    arguments = ", ".join(
+        f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in (call.get("arguments") or {}).items()
+    )
     return f"{call['name']}({arguments}) {CALL_OUTCOMES.get(call.get('error'), call.get('error'))}"
 
 

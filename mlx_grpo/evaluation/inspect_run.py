@@ -60,8 +60,11 @@ def _settings(config: dict) -> list[str]:
     """Model and task, then every setting that differs from TrainConfig's default."""
     defaults = TrainConfig().flat()
     head = f"  model {config.get('model') or 'embedded tiny-arith'}, task {config.get('task')}"
-    changed = [f"{k}={v}" for k, v in config.items()
-               if k not in ("model", "task") and k in defaults and v != defaults[k]]
+    changed = [
+        f"{k}={v}"
+        for k, v in config.items()
+        if k not in ("model", "task") and k in defaults and v != defaults[k]
+    ]
     lines = [head]
     line = "  changed from defaults:"
     for item in changed:
@@ -83,7 +86,9 @@ def _metric_lines(rows: list[dict]) -> list[str]:
         if best:
             i = int(np.argmax(values))
             best_text = f"{values[i]:.4g} at step {steps[i]}"
-        lines.append(f"  {label:<26} {values[0]:>10.4g} {values[-1]:>10.4g} {np.mean(values):>10.4g}  {best_text}")
+        lines.append(
+            f"  {label:<26} {values[0]:>10.4g} {values[-1]:>10.4g} {np.mean(values):>10.4g}  {best_text}"
+        )
     return lines
 
 
@@ -103,8 +108,10 @@ def _checkpoint_lines(run_dir: Path) -> list[str]:
         state = json.loads((folder / "state.json").read_text()) if (folder / "state.json").is_file() else {}
         metric = state.get("eval_metric")
         extra = f", eval {metric:.3f}" if isinstance(metric, (int, float)) else ""
-        lines.append(f"  {folder.relative_to(run_dir)}  {size / 1e6:.2f} MB{extra}"
-                     + (f"  ({'; '.join(tags)})" if tags else ""))
+        lines.append(
+            f"  {folder.relative_to(run_dir)}  {size / 1e6:.2f} MB{extra}"
+            + (f"  ({'; '.join(tags)})" if tags else "")
+        )
     return lines
 
 
@@ -115,10 +122,14 @@ def summarize(run_dir: str | Path) -> list[str]:
     lines = [f"run {run_dir}", f"  {_status(run_dir, rows, config)}", "", "settings", *_settings(config)]
     lines += ["", "metrics", *_metric_lines(rows)]
     before, final = [r for r in rows if r.get("before")], [r for r in rows if r.get("final")]
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    summary = (
+        json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    )
     if summary.get("accuracy_before") is not None:
-        lines.append(f"  accuracy before {summary['accuracy_before']:.3f}, after "
-                     f"{_fmt(summary.get('accuracy_after'))} on {summary.get('eval_n')} held-out problems")
+        lines.append(
+            f"  accuracy before {summary['accuracy_before']:.3f}, after "
+            f"{_fmt(summary.get('accuracy_after'))} on {summary.get('eval_n')} held-out problems"
+        )
     elif before or final:  # no summary yet: running or interrupted
         said = [f"accuracy before training {_fmt(before[-1].get('eval/accuracy'))}"] if before else []
         said += [f"final accuracy {_fmt(final[-1].get('eval/accuracy'))}"] if final else []
@@ -132,4 +143,3 @@ def summarize(run_dir: str | Path) -> list[str]:
 
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.3f}"
-

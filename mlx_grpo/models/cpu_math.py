@@ -32,8 +32,15 @@ from ..device import on_cpu
 
 # exp(x) = 2^t with t = x log2(e), split as 2^n * 2^f, n an integer and
 # f in [-0.5, 0.5); 2^f by these Horner coefficients (highest power first).
-_POW2_COEFFICIENTS = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
-                      5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0)
+_POW2_COEFFICIENTS = (
+    1.535336188319500e-4,
+    1.339887440266574e-3,
+    9.618437357674640e-3,
+    5.550332471162809e-2,
+    2.402264791363012e-1,
+    6.931472028550421e-1,
+    1.0,
+)
 _LOG2_E = 1.4426950408889634
 
 

@@ -43,10 +43,12 @@ class RowChunkedRoPE(nn.Module):
         if x.shape[-2] != 1 or x.shape[0] <= rows:
             return self.rope(x, offset=offset)
         per_row = isinstance(offset, mx.array) and offset.ndim > 0
-        return mx.concatenate([
-            self.rope(x[start:start + rows], offset=offset[start:start + rows] if per_row else offset)
-            for start in range(0, x.shape[0], rows)
-        ])
+        return mx.concatenate(
+            [
+                self.rope(x[start : start + rows], offset=offset[start : start + rows] if per_row else offset)
+                for start in range(0, x.shape[0], rows)
+            ]
+        )
 
 
 def on_cuda() -> bool:
@@ -61,7 +63,11 @@ def wrap_small_ropes(model: nn.Module) -> int:
             continue
         for name, child in list(module.items()):
             is_rope = isinstance(child, nn.Module) and "RoPE" in type(child).__name__
-            if is_rope and not isinstance(child, RowChunkedRoPE) and getattr(child, "dims", 0) < _SAFE_ROPE_DIMS:
+            if (
+                is_rope
+                and not isinstance(child, RowChunkedRoPE)
+                and getattr(child, "dims", 0) < _SAFE_ROPE_DIMS
+            ):
                 module[name] = RowChunkedRoPE(child)
                 wrapped += 1
     return wrapped

@@ -56,8 +56,14 @@ class ExportError(ValueError):
 
 def _widened(module: nn.Module) -> nn.Module:
     """A float32 copy of a quantized linear or embedding (q * scale + bias, computed in float32)."""
-    weight = mx.dequantize(module.weight, module.scales.astype(mx.float32), module.biases.astype(mx.float32),
-                           group_size=module.group_size, bits=module.bits, mode=module.mode)
+    weight = mx.dequantize(
+        module.weight,
+        module.scales.astype(mx.float32),
+        module.biases.astype(mx.float32),
+        group_size=module.group_size,
+        bits=module.bits,
+        mode=module.mode,
+    )
     if isinstance(module, nn.QuantizedEmbedding):
         plain = nn.Embedding(*weight.shape)
     else:
@@ -70,8 +76,11 @@ def _widened(module: nn.Module) -> nn.Module:
 
 def fuse_in_float32(model: nn.Module) -> nn.Module:
     """Widen every quantized layer and every weight to float32, then fold each adapter into its layer."""
-    quantized = [(name, _widened(m)) for name, m in model.named_modules()
-                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    quantized = [
+        (name, _widened(m))
+        for name, m in model.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    ]
     if quantized:
         model.update_modules(tree_unflatten(quantized))
     model.set_dtype(mx.float32)
@@ -144,16 +153,25 @@ def _tokenizer_metadata(writer, meta: dict) -> None:
     writer.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
     writer.add_token_list(meta["tokenizer.ggml.tokens"])
     writer.add_token_types(meta["tokenizer.ggml.token_type"])
-    if not meta["tokenizer.ggml.merges"]:  # llama.cpp requires the list, and gguf's writer cannot write it empty
+    if not meta[
+        "tokenizer.ggml.merges"
+    ]:  # llama.cpp requires the list, and gguf's writer cannot write it empty
         raise ExportError("the tokenizer has no BPE merges; GGUF cannot carry it")
     writer.add_token_merges(meta["tokenizer.ggml.merges"])
     if "tokenizer.ggml.scores" in meta:
         writer.add_token_scores(meta["tokenizer.ggml.scores"])
-    for key, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
-                     ("padding", writer.add_pad_token_id), ("unknown", writer.add_unk_token_id)):
+    for key, add in (
+        ("bos", writer.add_bos_token_id),
+        ("eos", writer.add_eos_token_id),
+        ("padding", writer.add_pad_token_id),
+        ("unknown", writer.add_unk_token_id),
+    ):
         if f"tokenizer.ggml.{key}_token_id" in meta:
             add(int(meta[f"tokenizer.ggml.{key}_token_id"]))
-    for key, add in (("add_bos_token", writer.add_add_bos_token), ("add_eos_token", writer.add_add_eos_token)):
+    for key, add in (
+        ("add_bos_token", writer.add_add_bos_token),
+        ("add_eos_token", writer.add_add_eos_token),
+    ):
         if f"tokenizer.ggml.{key}" in meta:
             add(bool(meta[f"tokenizer.ggml.{key}"]))
     if meta.get("tokenizer.chat_template"):
@@ -187,13 +205,23 @@ def _llama_cpp_quantizer():
     try:
         import llama_cpp
     except ImportError:
-        raise ExportError("--outtype q4_k_m, q5_k_m and q6_k use llama.cpp's own quantizer, from "
-                          "llama-cpp-python: pip install -e \".[llamacpp]\" (or pip install llama-cpp-python)") from None
+        raise ExportError(
+            "--outtype q4_k_m, q5_k_m and q6_k use llama.cpp's own quantizer, from "
+            'llama-cpp-python: pip install -e ".[llamacpp]" (or pip install llama-cpp-python)'
+        ) from None
     return llama_cpp
 
 
-def write_gguf(model: nn.Module, tokenizer, config: dict, base_path: str, path: Path, outtype: str = "f16",
-               force: bool = False, name: str | None = None) -> Path:
+def write_gguf(
+    model: nn.Module,
+    tokenizer,
+    config: dict,
+    base_path: str,
+    path: Path,
+    outtype: str = "f16",
+    force: bool = False,
+    name: str | None = None,
+) -> Path:
     """A GGUF file of the fused model; the tokenizer comes from the base's GGUF file when it has one."""
     if outtype not in OUTTYPES:
         raise ExportError(f"--outtype {outtype}: not one of {', '.join(OUTTYPES)}")
@@ -208,7 +236,9 @@ def write_gguf(model: nn.Module, tokenizer, config: dict, base_path: str, path: 
             params = llama_cpp.llama_model_quantize_default_params()
             params.ftype = K_QUANT_TYPES[outtype]
             with _c_output_to(tempfile.TemporaryFile()) as log:  # a line per tensor: kept unless it fails
-                failed = llama_cpp.llama_model_quantize(str(full).encode(), str(partial).encode(), params) != 0
+                failed = (
+                    llama_cpp.llama_model_quantize(str(full).encode(), str(partial).encode(), params) != 0
+                )
             if failed:
                 raise ExportError(f"llama.cpp could not quantize the model to {outtype}: {_last_line(log)}")
             partial.replace(path)  # a reader never sees half a file
@@ -219,7 +249,7 @@ def write_gguf(model: nn.Module, tokenizer, config: dict, base_path: str, path: 
     try:
         import gguf
     except ImportError:
-        raise ExportError("writing GGUF needs the gguf package: pip install -e \".[gguf]\"") from None
+        raise ExportError('writing GGUF needs the gguf package: pip install -e ".[gguf]"') from None
     config = model_settings(model, config)
     arch = gguf_arch.check_exportable(config).name  # before anything is written
     path = Path(path)
@@ -228,8 +258,11 @@ def write_gguf(model: nn.Module, tokenizer, config: dict, base_path: str, path: 
         meta = {k: v for k, v in read_header(base_path).metadata.items() if k.startswith("tokenizer.")}
     else:
         meta = metadata_from_hf(tokenizer, config["vocab_size"])
-    qtype = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
-             "q4_0": gguf.GGMLQuantizationType.Q4_0}[outtype]
+    qtype = {
+        "f16": gguf.GGMLQuantizationType.F16,
+        "q8_0": gguf.GGMLQuantizationType.Q8_0,
+        "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    }[outtype]
     partial = path.with_name(f".{path.name}.partial")
     writer = gguf.GGUFWriter(str(partial), arch)
     writer.add_name(name or path.stem)
@@ -255,8 +288,14 @@ def write_gguf(model: nn.Module, tokenizer, config: dict, base_path: str, path: 
     return path
 
 
-def export(base: str | None, adapter: str | None, gguf_path: str | None = None, mlx_path: str | None = None,
-           outtype: str = "f16", force: bool = False) -> list[Path]:
+def export(
+    base: str | None,
+    adapter: str | None,
+    gguf_path: str | None = None,
+    mlx_path: str | None = None,
+    outtype: str = "f16",
+    force: bool = False,
+) -> list[Path]:
     """Fuse `adapter` into `base` and write it where asked; returns the paths written."""
     if not gguf_path and not mlx_path:
         raise ExportError("say where to write: --gguf OUT.gguf and/or --mlx DIR")

@@ -31,8 +31,14 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .gguf_arch import (ARCHITECTURES, hf_name, hf_rows_to_llama_cpp, hf_weights,  # noqa: F401 (public here too)
-                        llama_cpp_rows_to_hf, model_config)
+from .gguf_arch import (
+    ARCHITECTURES,
+    hf_name,
+    hf_rows_to_llama_cpp,
+    hf_weights,  # noqa: F401 (public here too)
+    llama_cpp_rows_to_hf,
+    model_config,
+)
 from .gguf_file import TENSOR_TYPES, GGUFError, GGUFHeader, read_header, tensor_bytes
 from .gguf_quants import decode
 from .gguf_tokenizer import write_tokenizer
@@ -57,12 +63,16 @@ def check_tensor_types(header: GGUFHeader) -> None:
     for t in header.tensors:
         if t.type_id not in TENSOR_TYPES:
             readable = ", ".join(name for name, _, _ in TENSOR_TYPES.values())
-            raise GGUFError(f"GGUF tensor {t.name} has type {t.type_name}, which mlx-grpo does not read "
-                            f"(readable: {readable}); use a file quantized with one of those (Q4_K_M is)")
+            raise GGUFError(
+                f"GGUF tensor {t.name} has type {t.type_name}, which mlx-grpo does not read "
+                f"(readable: {readable}); use a file quantized with one of those (Q4_K_M is)"
+            )
         block = TENSOR_TYPES[t.type_id][1]
         if not t.shape or t.shape[-1] % block:
-            raise GGUFError(f"GGUF tensor {t.name} has rows of {t.shape[-1] if t.shape else 0} values, not whole "
-                            f"{t.type_name} blocks of {block} (corrupt GGUF file?)")
+            raise GGUFError(
+                f"GGUF tensor {t.name} has rows of {t.shape[-1] if t.shape else 0} values, not whole "
+                f"{t.type_name} blocks of {block} (corrupt GGUF file?)"
+            )
 
 
 def read_tensors(path: str | Path, header: GGUFHeader) -> tuple[dict[str, mx.array], dict[str, str]]:
@@ -75,14 +85,20 @@ def read_tensors(path: str | Path, header: GGUFHeader) -> tuple[dict[str, mx.arr
         stem = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
         if kind == "affine":
             packed, scales, biases, bits = value
-            arrays.update({f"{stem}.weight": mx.array(packed), f"{stem}.scales": mx.array(scales),
-                           f"{stem}.biases": mx.array(biases)})
+            arrays.update(
+                {
+                    f"{stem}.weight": mx.array(packed),
+                    f"{stem}.scales": mx.array(scales),
+                    f"{stem}.biases": mx.array(biases),
+                }
+            )
             carried[t.name] = f"kept {bits}-bit (exact)"
         else:
             arrays[t.name] = mx.array(value)
             widened = t.type_name not in ("F32", "F16")
-            carried[t.name] = f"{'float16' if value.dtype == 'float16' else 'float32'}" + (" (exact)" if widened
-                                                                                            else "")
+            carried[t.name] = f"{'float16' if value.dtype == 'float16' else 'float32'}" + (
+                " (exact)" if widened else ""
+            )
         mx.eval(arrays[f"{stem}.weight" if kind == "affine" else t.name])  # one tensor's NumPy at a time
     return arrays, carried
 
@@ -105,14 +121,20 @@ def types_note(folder: str | Path) -> str | None:
 
 def quantization_config(weights: dict[str, mx.array]) -> dict | None:
     """mlx-lm's "quantization" entry: the most common bit width, and each module that differs."""
-    bits = {name[: -len(".scales")]: weights[name[: -len(".scales")] + ".weight"].shape[-1] * 32
-            // (weights[name].shape[-1] * GROUP_SIZE)
-            for name in weights if name.endswith(".scales")}
+    bits = {
+        name[: -len(".scales")]: weights[name[: -len(".scales")] + ".weight"].shape[-1]
+        * 32
+        // (weights[name].shape[-1] * GROUP_SIZE)
+        for name in weights
+        if name.endswith(".scales")
+    }
     if not bits:
         return None
     common = Counter(bits.values()).most_common(1)[0][0]
     config = {"group_size": GROUP_SIZE, "bits": common}
-    config.update({module: {"group_size": GROUP_SIZE, "bits": b} for module, b in bits.items() if b != common})
+    config.update(
+        {module: {"group_size": GROUP_SIZE, "bits": b} for module, b in bits.items() if b != common}
+    )
     return config
 
 
@@ -129,8 +151,10 @@ def convert(path: str | Path, folder: Path) -> None:
     if quantization:
         config["quantization"] = quantization
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (folder / TYPES_FILE).write_text(json.dumps({"summary": types_summary(header, carried),
-                                                 "tensors": carried}, indent=1), encoding="utf-8")
+    (folder / TYPES_FILE).write_text(
+        json.dumps({"summary": types_summary(header, carried), "tensors": carried}, indent=1),
+        encoding="utf-8",
+    )
     (folder / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
 
 
@@ -158,11 +182,15 @@ def converted_folder(path: str | Path) -> Path:
         try:
             partial.mkdir(parents=True)
         except OSError as e:
-            raise GGUFError(f"cannot write the converted model under {cache_root()} ({e.strerror or e}); "
-                            "set MLX_GRPO_CACHE to a writable folder") from None
+            raise GGUFError(
+                f"cannot write the converted model under {cache_root()} ({e.strerror or e}); "
+                "set MLX_GRPO_CACHE to a writable folder"
+            ) from None
         convert(source, partial)
-        (partial / "source.json").write_text(json.dumps({"gguf": str(source), "size": stat.st_size,
-                                                         "mtime_ns": stat.st_mtime_ns}), encoding="utf-8")
+        (partial / "source.json").write_text(
+            json.dumps({"gguf": str(source), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}),
+            encoding="utf-8",
+        )
         try:
             partial.rename(folder)
         except OSError:

@@ -39,30 +39,64 @@ class Architecture:
     norm_shift: float = 0.0  # what the converter added to every norm weight
 
 
-_ATTENTION = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-              "attn_output": "self_attn.o_proj"}
+_ATTENTION = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+}
 _MLP = {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 _PRE_NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 _QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _LLAMA = {**_PRE_NORMS, **_ATTENTION, **_MLP}
 
-ARCHITECTURES = {a.name: a for a in (
-    Architecture("llama", "llama", _LLAMA, permuted_qk=True),
-    Architecture("qwen2", "qwen2", _LLAMA),
-    Architecture("qwen3", "qwen3", {**_LLAMA, **_QK_NORMS}),
-    Architecture("gemma3", "gemma3_text", {
-        "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
-        "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
-        **_ATTENTION, **_QK_NORMS, **_MLP}, norm_shift=1.0),
-    Architecture("phi3", "phi3", {**_PRE_NORMS, "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
-                                  "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}),
-)}
+ARCHITECTURES = {
+    a.name: a
+    for a in (
+        Architecture("llama", "llama", _LLAMA, permuted_qk=True),
+        Architecture("qwen2", "qwen2", _LLAMA),
+        Architecture("qwen3", "qwen3", {**_LLAMA, **_QK_NORMS}),
+        Architecture(
+            "gemma3",
+            "gemma3_text",
+            {
+                "attn_norm": "input_layernorm",
+                "post_attention_norm": "post_attention_layernorm",
+                "ffn_norm": "pre_feedforward_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm",
+                **_ATTENTION,
+                **_QK_NORMS,
+                **_MLP,
+            },
+            norm_shift=1.0,
+        ),
+        Architecture(
+            "phi3",
+            "phi3",
+            {
+                **_PRE_NORMS,
+                "attn_qkv": "self_attn.qkv_proj",
+                "attn_output": "self_attn.o_proj",
+                "ffn_up": "mlp.gate_up_proj",
+                "ffn_down": "mlp.down_proj",
+            },
+        ),
+    )
+}
 # mlx-lm model types that export to GGUF -> the architecture llama.cpp knows them as
 # (mlx-lm runs "mistral" as llama, and llama.cpp's converter writes Mistral as llama).
-EXPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                        "gemma3_text": "gemma3", "phi3": "phi3"}
-_BY_MODEL_TYPE = {**{a.model_type: a for a in ARCHITECTURES.values()},
-                  **{t: ARCHITECTURES[a] for t, a in EXPORTED_MODEL_TYPES.items()}}
+EXPORTED_MODEL_TYPES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3_text": "gemma3",
+    "phi3": "phi3",
+}
+_BY_MODEL_TYPE = {
+    **{a.model_type: a for a in ARCHITECTURES.values()},
+    **{t: ARCHITECTURES[a] for t, a in EXPORTED_MODEL_TYPES.items()},
+}
 TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # What llama.cpp fixes for gemma3 rather than reading from the file.
 GEMMA3_LAYER_PATTERN = 6
@@ -72,15 +106,19 @@ GEMMA3_LOCAL_ROPE_BASE = 10000.0
 def architecture(name) -> Architecture:
     """The architecture of a GGUF file's general.architecture, or one line saying it is not supported."""
     if name not in ARCHITECTURES:
-        raise GGUFError(f"GGUF architecture {name!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+        raise GGUFError(
+            f"GGUF architecture {name!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
+        )
     return ARCHITECTURES[name]
 
 
 def of_model_type(model_type) -> Architecture:
     """The GGUF architecture an mlx-lm model type is written as, or one line saying it cannot be."""
     if model_type not in _BY_MODEL_TYPE:
-        raise GGUFError(f"model type {model_type!r} cannot be written as GGUF "
-                        f"(these can: {', '.join(EXPORTED_MODEL_TYPES)})")
+        raise GGUFError(
+            f"model type {model_type!r} cannot be written as GGUF "
+            f"(these can: {', '.join(EXPORTED_MODEL_TYPES)})"
+        )
     return _BY_MODEL_TYPE[model_type]
 
 
@@ -185,10 +223,15 @@ def model_config(header: GGUFHeader) -> dict:
         return value
 
     names = {t.name for t in header.tensors}
-    if ("rope_freqs.weight" in names or any(n.startswith("rope_factors") for n in names)
-            or meta.get(f"{prefix}.rope.scaling.type", "none") not in ("none", "linear")):
-        raise GGUFError("GGUF rope scaling other than linear (e.g. llama 3.1's rope_freqs, Phi-3's long-context "
-                        "rope factors) is not supported")
+    if (
+        "rope_freqs.weight" in names
+        or any(n.startswith("rope_factors") for n in names)
+        or meta.get(f"{prefix}.rope.scaling.type", "none") not in ("none", "linear")
+    ):
+        raise GGUFError(
+            "GGUF rope scaling other than linear (e.g. llama 3.1's rope_freqs, Phi-3's long-context "
+            "rope factors) is not supported"
+        )
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", hidden // heads))
     if int(get("attention.value_length", head_dim)) != head_dim:
@@ -221,8 +264,9 @@ def model_config(header: GGUFHeader) -> dict:
         if head_dim != hidden // heads:
             raise GGUFError("GGUF phi3 models whose head size is not hidden size / heads are not supported")
         config["partial_rotary_factor"] = rope_dims / head_dim
-        config["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length",
-                                                             config["max_position_embeddings"]))
+        config["original_max_position_embeddings"] = int(
+            get("rope.scaling.original_context_length", config["max_position_embeddings"])
+        )
     for key, hf_key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id")):
         if f"tokenizer.ggml.{key}_token_id" in meta:
             config[hf_key] = int(meta[f"tokenizer.ggml.{key}_token_id"])
@@ -241,10 +285,12 @@ def _gemma3_config(meta: dict, config: dict) -> dict:
         raise GGUFError("GGUF gemma3 models with final logit softcapping are not supported")
     window = int(meta.get("gemma3.attention.sliding_window", 0))
     # Without a window every layer is global (llama.cpp's reading of a file that has none).
-    return {"query_pre_attn_scalar": gemma3_attention_scalar(config),
-            "sliding_window": window or config["max_position_embeddings"],
-            "sliding_window_pattern": GEMMA3_LAYER_PATTERN if window else 1,
-            "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE}
+    return {
+        "query_pre_attn_scalar": gemma3_attention_scalar(config),
+        "sliding_window": window or config["max_position_embeddings"],
+        "sliding_window_pattern": GEMMA3_LAYER_PATTERN if window else 1,
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE,
+    }
 
 
 def check_exportable(config: dict) -> Architecture:
@@ -255,15 +301,21 @@ def check_exportable(config: dict) -> Architecture:
         raise GGUFError(f"rope scaling {rope_scaling} cannot be exported to GGUF (only linear)")
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     if arch.name == "gemma3":
-        fixed = {"query_pre_attn_scalar": gemma3_attention_scalar({**config, "head_dim": head_dim}),
-                 "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE}
+        fixed = {
+            "query_pre_attn_scalar": gemma3_attention_scalar({**config, "head_dim": head_dim}),
+            "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE,
+        }
         for key, value in fixed.items():
             if float(config[key]) != value:
-                raise GGUFError(f"a gemma3 model with {key} {config[key]} cannot be exported to GGUF "
-                                f"(llama.cpp assumes {value})")
+                raise GGUFError(
+                    f"a gemma3 model with {key} {config[key]} cannot be exported to GGUF "
+                    f"(llama.cpp assumes {value})"
+                )
         if config["sliding_window_pattern"] not in (1, GEMMA3_LAYER_PATTERN):
-            raise GGUFError(f"a gemma3 model with sliding_window_pattern {config['sliding_window_pattern']} "
-                            f"cannot be exported to GGUF (llama.cpp assumes {GEMMA3_LAYER_PATTERN})")
+            raise GGUFError(
+                f"a gemma3 model with sliding_window_pattern {config['sliding_window_pattern']} "
+                f"cannot be exported to GGUF (llama.cpp assumes {GEMMA3_LAYER_PATTERN})"
+            )
     return arch
 
 

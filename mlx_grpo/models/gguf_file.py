@@ -25,13 +25,41 @@ DEFAULT_ALIGNMENT = 32
 # Names of the types that are not read are kept for the error message.
 TENSOR_TYPES = TYPES
 OTHER_TENSOR_TYPES = {
-    9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
-    22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
-    34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
+    9: "Q8_1",
+    15: "Q8_K",
+    16: "IQ2_XXS",
+    17: "IQ2_XS",
+    18: "IQ3_XXS",
+    19: "IQ1_S",
+    20: "IQ4_NL",
+    21: "IQ3_S",
+    22: "IQ2_S",
+    23: "IQ4_XS",
+    24: "I8",
+    25: "I16",
+    26: "I32",
+    27: "I64",
+    28: "F64",
+    29: "IQ1_M",
+    34: "TQ1_0",
+    35: "TQ2_0",
+    39: "MXFP4",
 }
 
 # Metadata value types: id -> struct format of a scalar (strings and arrays apart).
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 
 
@@ -75,7 +103,7 @@ class _Cursor:
     def take(self, n: int) -> memoryview:
         if n < 0 or self.pos + n > len(self.buffer):
             raise GGUFError(f"{self.path}: the file ends inside its header (truncated or corrupt GGUF file)")
-        view = memoryview(self.buffer)[self.pos:self.pos + n]
+        view = memoryview(self.buffer)[self.pos : self.pos + n]
         self.pos += n
         return view
 
@@ -135,11 +163,15 @@ def _parse(cursor: _Cursor, size: int) -> GGUFHeader:
         infos.append((name, tuple(reversed(dims)), cursor.scalar("<I"), cursor.scalar("<Q")))
     alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT)) or DEFAULT_ALIGNMENT
     data_start = -(-cursor.pos // alignment) * alignment
-    tensors = [TensorInfo(name, type_id, shape, data_start + offset) for name, shape, type_id, offset in infos]
+    tensors = [
+        TensorInfo(name, type_id, shape, data_start + offset) for name, shape, type_id, offset in infos
+    ]
     for t in tensors:
         if t.type_id in TENSOR_TYPES and t.offset + t.nbytes > size:
-            raise GGUFError(f"{path}: tensor {t.name} ends past the end of the file "
-                            f"({size} bytes): the file is truncated (an incomplete download?)")
+            raise GGUFError(
+                f"{path}: tensor {t.name} ends past the end of the file "
+                f"({size} bytes): the file is truncated (an incomplete download?)"
+            )
     return GGUFHeader(version, metadata, tensors, size)
 
 

@@ -32,9 +32,18 @@ import numpy as np
 
 # ggml type id -> (name, elements per block, bytes per block): every type read here
 TYPES = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2),
-    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34),
-    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    30: ("BF16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
     14: ("Q6_K", 256, 210),
 }
 GROUP_SIZE = 32
@@ -42,7 +51,7 @@ GROUP_SIZE = 32
 
 def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
     """The float16 at byte `start` of every block, as float32 (n, 1)."""
-    return blocks[:, start:start + 2].copy().view(np.float16).astype(np.float32)
+    return blocks[:, start : start + 2].copy().view(np.float16).astype(np.float32)
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -73,6 +82,7 @@ def _k_levels(qs: np.ndarray) -> np.ndarray:
 
 
 # ---- affine types: (levels (n, block) uint8, scales (n, block/32), biases (n, block/32)) in float32
+
 
 def _q4_0(b):
     d = _f16(b, 0)
@@ -111,11 +121,19 @@ def _q5_k(b):
     return _k_levels(b[:, 48:176]) | (high.reshape(-1, 256) << 4), d * sc, -(dmin * m)
 
 
-AFFINE = {2: (4, _q4_0), 3: (4, _q4_1), 6: (5, _q5_0), 7: (5, _q5_1), 8: (8, _q8_0), 12: (4, _q4_k),
-          13: (5, _q5_k)}
+AFFINE = {
+    2: (4, _q4_0),
+    3: (4, _q4_1),
+    6: (5, _q5_0),
+    7: (5, _q5_1),
+    8: (8, _q8_0),
+    12: (4, _q4_k),
+    13: (5, _q5_k),
+}
 
 
 # ---- widened types: float32 values (n, 256)
+
 
 def _q2_k(b):
     scales, qs = b[:, 0:16], b[:, 16:80]
@@ -133,7 +151,12 @@ def _q3_k(b):
     high = np.concatenate([(packed[:, 8:12] >> s) & 3 for s in (0, 2, 4, 6)], axis=1)
     scales = (low | (high << 4)).astype(np.float32) - 32
     q = np.stack([(qs.reshape(-1, 2, 1, 32) >> s) & 3 for s in (0, 2, 4, 6)], axis=2).reshape(-1, 256)
-    hm = np.unpackbits(hmask, axis=-1, bitorder="little").reshape(-1, 32, 8).transpose(0, 2, 1).reshape(-1, 256)
+    hm = (
+        np.unpackbits(hmask, axis=-1, bitorder="little")
+        .reshape(-1, 32, 8)
+        .transpose(0, 2, 1)
+        .reshape(-1, 256)
+    )
     values = q.astype(np.float32) - np.where(hm, 0, 4).astype(np.float32)
     return ((d * scales)[..., None] * values.reshape(-1, 16, 16)).reshape(-1, 256)
 
@@ -142,8 +165,12 @@ def _q6_k(b):
     ql, qh, scales = b[:, 0:128], b[:, 128:192], b[:, 192:208].view(np.int8).astype(np.float32)
     d = _f16(b, 208)
     ql, qh = ql.reshape(-1, 2, 64), qh.reshape(-1, 2, 32)
-    parts = [(ql[..., :32] & 0x0F) | (((qh >> 0) & 3) << 4), (ql[..., 32:] & 0x0F) | (((qh >> 2) & 3) << 4),
-             (ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4), (ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4)]
+    parts = [
+        (ql[..., :32] & 0x0F) | (((qh >> 0) & 3) << 4),
+        (ql[..., 32:] & 0x0F) | (((qh >> 2) & 3) << 4),
+        (ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4),
+        (ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4),
+    ]
     q = np.stack(parts, axis=2).reshape(-1, 16, 16).astype(np.float32) - 32
     return ((d * scales)[..., None] * q).reshape(-1, 256)
 
@@ -197,5 +224,7 @@ def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndar
     stream = np.unpackbits(packed.reshape(rows, -1).view(np.uint8), axis=-1, bitorder="little")
     levels = np.packbits(stream.reshape(rows, -1, bits), axis=-1, bitorder="little")
     levels = levels.reshape(rows, -1, GROUP_SIZE).astype(np.float32)
-    out = scales.reshape(rows, -1, 1).astype(np.float32) * levels + biases.reshape(rows, -1, 1).astype(np.float32)
+    out = scales.reshape(rows, -1, 1).astype(np.float32) * levels + biases.reshape(rows, -1, 1).astype(
+        np.float32
+    )
     return out.reshape(shape)

@@ -46,8 +46,13 @@ def build_spm_tokenizer(metadata: dict):
     scores = metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
     vocab = {token: i for i, token in enumerate(tokens)}
     unk = metadata.get("tokenizer.ggml.unknown_token_id")
-    model = models.BPE(vocab=vocab, merges=spm_merges(tokens, scores, types), byte_fallback=True, fuse_unk=True,
-                       unk_token=tokens[unk] if unk is not None else None)
+    model = models.BPE(
+        vocab=vocab,
+        merges=spm_merges(tokens, scores, types),
+        byte_fallback=True,
+        fuse_unk=True,
+        unk_token=tokens[unk] if unk is not None else None,
+    )
     tokenizer = Tokenizer(model)
     space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
     steps = [normalizers.Prepend(SPACE)] if space_prefix else []

@@ -32,10 +32,12 @@ import os
 import sys
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4
-_SETTINGS = ((_M_MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_", 32 << 20),
-             (_M_MMAP_MAX, "MALLOC_MMAP_MAX_", 0),
-             (_M_TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_", (1 << 31) - 1),
-             (_M_TOP_PAD, "MALLOC_TOP_PAD_", 64 << 20))
+_SETTINGS = (
+    (_M_MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_", 32 << 20),
+    (_M_MMAP_MAX, "MALLOC_MMAP_MAX_", 0),
+    (_M_TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_", (1 << 31) - 1),
+    (_M_TOP_PAD, "MALLOC_TOP_PAD_", 64 << 20),
+)
 _done = False
 
 

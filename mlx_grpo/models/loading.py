@@ -16,10 +16,20 @@ from .gguf import GGUFError, converted_folder, is_gguf, types_note
 from .quantized import prepare_base
 from .stores import StoreError, is_store_name, resolve_store_name
 
-__all__ = ["EMBEDDED_MODEL", "PACKAGED_MODELS", "GGUFError", "ModelNotInstalled", "StoreError",
-           "embedded_model_path",
-           "gguf_types_note", "load_policy", "load_with_config", "model_fingerprint", "model_folder",
-           "resolve_model_path"]
+__all__ = [
+    "EMBEDDED_MODEL",
+    "PACKAGED_MODELS",
+    "GGUFError",
+    "ModelNotInstalled",
+    "StoreError",
+    "embedded_model_path",
+    "gguf_types_note",
+    "load_policy",
+    "load_with_config",
+    "model_fingerprint",
+    "model_folder",
+    "resolve_model_path",
+]
 
 EMBEDDED_MODEL = "embedded"
 
@@ -55,8 +65,10 @@ def model_folder(model: str | None) -> str:
     if is_gguf(path) or Path(path).expanduser().is_file():  # a model in one file can only be a GGUF file
         return str(converted_folder(path))
     if not Path(path).expanduser().exists() and ("/" not in path or path.startswith((".", "/", "~"))):
-        raise FileNotFoundError(f"model not found: {path} (neither a folder, a .gguf file nor a Hugging Face "
-                                f"repo id; packaged models: {', '.join(PACKAGED_MODELS)})")
+        raise FileNotFoundError(
+            f"model not found: {path} (neither a folder, a .gguf file nor a Hugging Face "
+            f"repo id; packaged models: {', '.join(PACKAGED_MODELS)})"
+        )
     return path
 
 
@@ -78,8 +90,9 @@ def load_with_config(model: str | None = None, adapter_path: str | None = None):
         from transformers import PretrainedConfig
 
         tokenizer_config = {"config": PretrainedConfig()}
-    model, tokenizer, config = mlx_lm_load(folder, adapter_path=adapter_path, tokenizer_config=tokenizer_config,
-                                           return_config=True)
+    model, tokenizer, config = mlx_lm_load(
+        folder, adapter_path=adapter_path, tokenizer_config=tokenizer_config, return_config=True
+    )
     use_fast_swiglu(model)
     return apply_cuda_fixes(model), tokenizer, config
 

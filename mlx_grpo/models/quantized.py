@@ -31,8 +31,11 @@ MEMORY_SHARE = 0.5
 
 def quantized_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of every quantized layer (linear, embedding, mixture-of-experts)."""
-    return [(name, m) for name, m in model.named_modules()
-            if hasattr(m, "scales") and hasattr(m, "bits") and hasattr(m, "group_size")]
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if hasattr(m, "scales") and hasattr(m, "bits") and hasattr(m, "group_size")
+    ]
 
 
 def describe_bits(model: nn.Module) -> str:
@@ -75,16 +78,25 @@ def dequantize_to_float32(model: nn.Module) -> None:
     # Scales and biases in float32 first: mx.dequantize computes in their dtype, and a float16
     # scale times an 8-bit level (a GGUF Q8_0 block) needs more bits than float16 has.
     for _, module in quantized_modules(model):
-        module.update({k: v.astype(mx.float32) for k, v in module.parameters().items()
-                       if k in ("scales", "biases") and isinstance(v, mx.array)})
+        module.update(
+            {
+                k: v.astype(mx.float32)
+                for k, v in module.parameters().items()
+                if k in ("scales", "biases") and isinstance(v, mx.array)
+            }
+        )
     dequantize_model(model)
-    model.update(tree_map(lambda x: x.astype(mx.float32) if mx.issubdtype(x.dtype, mx.floating) else x,
-                          model.parameters()))
+    model.update(
+        tree_map(
+            lambda x: x.astype(mx.float32) if mx.issubdtype(x.dtype, mx.floating) else x, model.parameters()
+        )
+    )
     mx.eval(model.parameters())
 
 
-def prepare_base(model: nn.Module, keep_quantized: bool = False, memory: int | None = None,
-                 fine_tune_type: str = "lora") -> str | None:
+def prepare_base(
+    model: nn.Module, keep_quantized: bool = False, memory: int | None = None, fine_tune_type: str = "lora"
+) -> str | None:
     """Dequantise a quantized base on the CPU when its float32 copy fits; says what was done.
 
     Returns one line for the run's log (None for a model that is not
@@ -95,8 +107,9 @@ def prepare_base(model: nn.Module, keep_quantized: bool = False, memory: int | N
     if fine_tune_type == "full" and quantized_modules(model):
         from ..errors import ConfigError
 
-        raise ConfigError(f"fine_tune_type full needs float weights, but the {note}; train adapters "
-                          "(lora or dora) instead")
+        raise ConfigError(
+            f"fine_tune_type full needs float weights, but the {note}; train adapters (lora or dora) instead"
+        )
     return note
 
 
@@ -107,15 +120,21 @@ def _float_copy_if_cpu(model: nn.Module, keep_quantized: bool, memory: int | Non
     if not on_cpu():
         return f"base weights {bits}: kept quantized ({mx.default_device().type.name} backend)"
     if keep_quantized:
-        return (f"base weights {bits}: kept quantized (--keep-quantized); MLX's quantized matmul is far "
-                f"slower than float32 on the CPU")
+        return (
+            f"base weights {bits}: kept quantized (--keep-quantized); MLX's quantized matmul is far "
+            f"slower than float32 on the CPU"
+        )
     needed = float32_bytes(model)
     memory = available_memory() if memory is None else memory
     gib = 1024**3
     if memory is None or needed > MEMORY_SHARE * memory:
         free = "unknown memory" if memory is None else f"{memory / gib:.1f} GiB"
-        return (f"base weights {bits}: kept quantized, since a float32 copy ({needed / gib:.2f} GiB) "
-                f"would not fit in {MEMORY_SHARE:.0%} of the {free} available")
+        return (
+            f"base weights {bits}: kept quantized, since a float32 copy ({needed / gib:.2f} GiB) "
+            f"would not fit in {MEMORY_SHARE:.0%} of the {free} available"
+        )
     dequantize_to_float32(model)
-    return (f"base weights {bits}: sampling and updates run on a float32 copy ({needed / gib:.2f} GiB of "
-            f"{memory / gib:.1f} GiB available), faster on the CPU; --keep-quantized keeps them {bits}")
+    return (
+        f"base weights {bits}: sampling and updates run on a float32 copy ({needed / gib:.2f} GiB of "
+        f"{memory / gib:.1f} GiB available), faster on the CPU; --keep-quantized keeps them {bits}"
+    )

@@ -20,8 +20,19 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_random_model(folder: Path, hidden, layers, heads, kv_heads, intermediate, vocab, seed=0,
-                       dtype="float32", bits=0, model_type="qwen2") -> Path:
+def build_random_model(
+    folder: Path,
+    hidden,
+    layers,
+    heads,
+    kv_heads,
+    intermediate,
+    vocab,
+    seed=0,
+    dtype="float32",
+    bits=0,
+    model_type="qwen2",
+) -> Path:
     """A random Qwen2 (or another mlx-lm architecture: "llama") of the given shape with a byte-level
     tokenizer of `vocab` tokens.
 
@@ -51,15 +62,30 @@ def build_random_model(folder: Path, hidden, layers, heads, kv_heads, intermedia
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "unk_token": "<unk>",
-        "pad_token": "<|im_end|>", "chat_template": CHAT_TEMPLATE,
-    }))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|im_end|>",
+                "unk_token": "<unk>",
+                "pad_token": "<|im_end|>",
+                "chat_template": CHAT_TEMPLATE,
+            }
+        )
+    )
     config = {
-        "model_type": model_type, "hidden_size": hidden, "num_hidden_layers": layers,
-        "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-        "rms_norm_eps": 1e-6, "vocab_size": vocab, "tie_word_embeddings": True, "rope_theta": 1000000.0,
-        "eos_token_id": 2, "torch_dtype": dtype,
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": intermediate,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab,
+        "tie_word_embeddings": True,
+        "rope_theta": 1000000.0,
+        "eos_token_id": 2,
+        "torch_dtype": dtype,
     }
     mx.random.seed(seed)
     architecture = importlib.import_module(f"mlx_lm.models.{model_type}")

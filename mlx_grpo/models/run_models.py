@@ -51,7 +51,9 @@ def is_run_folder(name: str | None) -> bool:
     path = Path(name).expanduser()
     if not path.is_dir():
         return False
-    return (path / ADAPTER_CONFIG).is_file() or ((path / RUN_SETTINGS).is_file() and not (path / "config.json").is_file())
+    return (path / ADAPTER_CONFIG).is_file() or (
+        (path / RUN_SETTINGS).is_file() and not (path / "config.json").is_file()
+    )
 
 
 def read_run_model(name: str | None, _depth: int = 0) -> RunModel | None:
@@ -113,9 +115,15 @@ def load_adapter_weights(model, start: RunModel) -> None:
     missing, extra = sorted(trainable.keys() - saved.keys()), sorted(saved.keys() - trainable.keys())
     reshaped = sorted(k for k in trainable.keys() & saved.keys() if trainable[k].shape != saved[k].shape)
     if missing or extra or reshaped:
-        what = "; ".join(f"{label} {names[0]}{f' and {len(names) - 1} more' if len(names) > 1 else ''}"
-                         for label, names in (("no saved", missing), ("not in the model:", extra),
-                                              ("another shape:", reshaped)) if names)
+        what = "; ".join(
+            f"{label} {names[0]}{f' and {len(names) - 1} more' if len(names) > 1 else ''}"
+            for label, names in (
+                ("no saved", missing),
+                ("not in the model:", extra),
+                ("another shape:", reshaped),
+            )
+            if names
+        )
         raise ConfigError(f"{start.adapter}: its adapters do not fit the model's layers ({what})")
     # Not strict: the frozen base weights are the model's own; the check above covered the trainable ones.
     model.load_weights([(k, v.astype(trainable[k].dtype)) for k, v in saved.items()], strict=False)

@@ -23,8 +23,16 @@ from .loading import model_folder, resolve_model_path
 __all__ = ["context_length", "read_tokenizer"]
 
 # The files mlx-lm's load_tokenizer fetches for a Hugging Face id (config.json among them).
-_TOKENIZER_FILES = ["*.json", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt", "*.jsonl",
-                    "*.jinja"]
+_TOKENIZER_FILES = [
+    "*.json",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
 
 
 def context_length(model) -> int | None:

@@ -36,7 +36,9 @@ def resolve_store_name(name: str) -> Path:
     """The GGUF file an `ollama:` or `lmstudio:` name stands for."""
     kind, _, rest = name.partition(":")
     if not rest:
-        raise StoreError(f"model {name}: say which model, as ollama:NAME[:TAG] or lmstudio:PUBLISHER/REPO[/FILE]")
+        raise StoreError(
+            f"model {name}: say which model, as ollama:NAME[:TAG] or lmstudio:PUBLISHER/REPO[/FILE]"
+        )
     return ollama_model(rest) if kind == "ollama" else lmstudio_model(rest)
 
 
@@ -57,8 +59,10 @@ def _ollama_parts(reference: str) -> tuple[str, str, str, str]:
     elif len(parts) == 2:
         parts = [_DEFAULT_HOST, *parts]
     if len(parts) != 3 or not all(parts):
-        raise StoreError(f"model ollama:{reference}: not an Ollama name (NAME[:TAG], NAMESPACE/NAME[:TAG] or "
-                         "HOST/NAMESPACE/NAME[:TAG])")
+        raise StoreError(
+            f"model ollama:{reference}: not an Ollama name (NAME[:TAG], NAMESPACE/NAME[:TAG] or "
+            "HOST/NAMESPACE/NAME[:TAG])"
+        )
     return parts[0], parts[1], parts[2], tag or "latest"
 
 
@@ -69,8 +73,11 @@ def installed_ollama(root: Path | None = None) -> list[str]:
     for manifest in sorted(manifests.glob("*/*/*/*")):
         if manifest.is_file():
             host, namespace, name, tag = manifest.relative_to(manifests).parts
-            short = name if (host, namespace) == (_DEFAULT_HOST, _DEFAULT_NAMESPACE) else (
-                f"{namespace}/{name}" if host == _DEFAULT_HOST else f"{host}/{namespace}/{name}")
+            short = (
+                name
+                if (host, namespace) == (_DEFAULT_HOST, _DEFAULT_NAMESPACE)
+                else (f"{namespace}/{name}" if host == _DEFAULT_HOST else f"{host}/{namespace}/{name}")
+            )
             names.append(f"ollama:{short}:{tag}")
     return sorted(names)
 
@@ -86,22 +93,30 @@ def ollama_model(reference: str) -> Path:
     root = ollama_root()
     host, namespace, name, tag = _ollama_parts(reference)
     if not (root / "manifests").is_dir():
-        raise StoreError(f"model ollama:{reference}: no Ollama store at {root} (set OLLAMA_MODELS to the folder "
-                         "that holds manifests/ and blobs/)")
+        raise StoreError(
+            f"model ollama:{reference}: no Ollama store at {root} (set OLLAMA_MODELS to the folder "
+            "that holds manifests/ and blobs/)"
+        )
     manifest = root / "manifests" / host / namespace / name / tag
     if not manifest.is_file():
-        raise StoreError(f"model ollama:{reference} is not in the Ollama store at {root} "
-                         f"({_installed_line(installed_ollama(root))}); get it with: ollama pull {reference}")
+        raise StoreError(
+            f"model ollama:{reference} is not in the Ollama store at {root} "
+            f"({_installed_line(installed_ollama(root))}); get it with: ollama pull {reference}"
+        )
     try:
         layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers", [])
         digest = next(layer["digest"] for layer in layers if layer.get("mediaType") == OLLAMA_MODEL_LAYER)
     except (OSError, ValueError, AttributeError, KeyError, TypeError, StopIteration):
-        raise StoreError(f"model ollama:{reference}: its manifest {manifest} names no model layer "
-                         f"({OLLAMA_MODEL_LAYER}); pull it again") from None
+        raise StoreError(
+            f"model ollama:{reference}: its manifest {manifest} names no model layer "
+            f"({OLLAMA_MODEL_LAYER}); pull it again"
+        ) from None
     blob = root / "blobs" / str(digest).replace(":", "-", 1)
     if not blob.is_file():
-        raise StoreError(f"model ollama:{reference}: its manifest points at {blob}, which is missing; pull it again "
-                         f"with: ollama pull {reference}")
+        raise StoreError(
+            f"model ollama:{reference}: its manifest points at {blob}, which is missing; pull it again "
+            f"with: ollama pull {reference}"
+        )
     return blob
 
 
@@ -124,30 +139,43 @@ def _model_files(folder: Path) -> list[Path]:
 
 def installed_lmstudio(root: Path | None = None) -> list[str]:
     root = root or lmstudio_root()
-    return [f"lmstudio:{folder.relative_to(root).as_posix()}" for folder in sorted(root.glob("*/*"))
-            if folder.is_dir() and _model_files(folder)]
+    return [
+        f"lmstudio:{folder.relative_to(root).as_posix()}"
+        for folder in sorted(root.glob("*/*"))
+        if folder.is_dir() and _model_files(folder)
+    ]
 
 
 def lmstudio_model(reference: str) -> Path:
     root = lmstudio_root()
     parts = reference.strip("/").split("/")
     if len(parts) not in (2, 3) or not all(parts):
-        raise StoreError(f"model lmstudio:{reference}: not an LM Studio name (PUBLISHER/REPO or PUBLISHER/REPO/FILE)")
+        raise StoreError(
+            f"model lmstudio:{reference}: not an LM Studio name (PUBLISHER/REPO or PUBLISHER/REPO/FILE)"
+        )
     if not root.is_dir():
-        raise StoreError(f"model lmstudio:{reference}: no LM Studio models folder at {root} (set LMSTUDIO_MODELS to "
-                         "the folder that holds PUBLISHER/REPO/)")
+        raise StoreError(
+            f"model lmstudio:{reference}: no LM Studio models folder at {root} (set LMSTUDIO_MODELS to "
+            "the folder that holds PUBLISHER/REPO/)"
+        )
     folder = root / parts[0] / parts[1]
     files = _model_files(folder) if folder.is_dir() else []
     if not files:
-        raise StoreError(f"model lmstudio:{reference} is not in the LM Studio folder {root} "
-                         f"({_installed_line(installed_lmstudio(root))})")
+        raise StoreError(
+            f"model lmstudio:{reference} is not in the LM Studio folder {root} "
+            f"({_installed_line(installed_lmstudio(root))})"
+        )
     if len(parts) == 3:
         chosen = [f for f in files if f.name == parts[2] or f.stem == parts[2]]
         if not chosen:
-            raise StoreError(f"model lmstudio:{reference}: {folder} has no file {parts[2]} "
-                             f"(it has {', '.join(f.name for f in files)})")
+            raise StoreError(
+                f"model lmstudio:{reference}: {folder} has no file {parts[2]} "
+                f"(it has {', '.join(f.name for f in files)})"
+            )
         return chosen[0]
     if len(files) > 1:
-        raise StoreError(f"model lmstudio:{reference}: {folder} holds {len(files)} model files; name one, e.g. "
-                         f"lmstudio:{parts[0]}/{parts[1]}/{files[0].name} (files: {', '.join(f.name for f in files)})")
+        raise StoreError(
+            f"model lmstudio:{reference}: {folder} holds {len(files)} model files; name one, e.g. "
+            f"lmstudio:{parts[0]}/{parts[1]}/{files[0].name} (files: {', '.join(f.name for f in files)})"
+        )
     return files[0]

@@ -17,9 +17,9 @@ import numpy as np
 
 from .heads import output_head
 
-PROBES = 128        # random directions the head's rows are compared along
-MIN_TWINS = 8       # a row shared with at least this many other tokens cannot be told apart
-SAME_ROW = 0.999    # cosine of two rows' projections above which they count as one row (Qwen's: > 0.9999)
+PROBES = 128  # random directions the head's rows are compared along
+MIN_TWINS = 8  # a row shared with at least this many other tokens cannot be told apart
+SAME_ROW = 0.999  # cosine of two rows' projections above which they count as one row (Qwen's: > 0.9999)
 
 
 def text_tokens(tokenizer) -> dict[int, str]:

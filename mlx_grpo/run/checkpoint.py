@@ -31,8 +31,16 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..files import (CheckpointError, atomic_save_safetensors, atomic_write_json, atomic_write_text, fsync_dir,
-                     fsync_file, os_reason, remove_quietly)
+from ..files import (
+    CheckpointError,
+    atomic_save_safetensors,
+    atomic_write_json,
+    atomic_write_text,
+    fsync_dir,
+    fsync_file,
+    os_reason,
+    remove_quietly,
+)
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
@@ -86,8 +94,9 @@ def step_folders(root: Path) -> list[Path]:
     return sorted((p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), key=_step_of)
 
 
-def _write_folder(tmp: Path, step: int, adapter_weights: dict, adapter_config: dict, optimizer_state,
-                  state: dict) -> None:
+def _write_folder(
+    tmp: Path, step: int, adapter_weights: dict, adapter_config: dict, optimizer_state, state: dict
+) -> None:
     mx.save_safetensors(str(tmp / "adapters.safetensors"), adapter_weights)
     mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer_state)))
     (tmp / "state.json").write_text(json.dumps(dict(state, step=step), indent=2, sort_keys=True))
@@ -104,9 +113,17 @@ def _write_folder(tmp: Path, step: int, adapter_weights: dict, adapter_config: d
     fsync_dir(tmp)
 
 
-def save_checkpoint(run_dir: Path, step: int, adapter_weights: dict, adapter_config: dict,
-                    optimizer_state, state: dict, keep_last: int = 2, keep_best: bool = False,
-                    metric: float | None = None) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    adapter_weights: dict,
+    adapter_config: dict,
+    optimizer_state,
+    state: dict,
+    keep_last: int = 2,
+    keep_best: bool = False,
+    metric: float | None = None,
+) -> Path:
     """Write checkpoint `step` atomically and point `latest` at it.
 
     adapter_weights: flat {name: array} of the trained weights.
@@ -124,8 +141,9 @@ def save_checkpoint(run_dir: Path, step: int, adapter_weights: dict, adapter_con
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        _write_folder(tmp, step, adapter_weights, adapter_config, optimizer_state,
-                      dict(state, eval_metric=metric))
+        _write_folder(
+            tmp, step, adapter_weights, adapter_config, optimizer_state, dict(state, eval_metric=metric)
+        )
         if final.exists():  # a re-save of the same step: move the old one aside, never lose both
             aside = root / f".{final.name}.old-{os.getpid()}"
             os.replace(final, aside)
@@ -137,8 +155,14 @@ def save_checkpoint(run_dir: Path, step: int, adapter_weights: dict, adapter_con
     except (OSError, RuntimeError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         previous = latest_checkpoint(run_dir)
-        kept = f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint exists"
-        raise CheckpointError(f"could not write checkpoint {final.name} in {root}: {os_reason(e)}; {kept}") from e
+        kept = (
+            f"the previous checkpoint {previous.name} is intact"
+            if previous
+            else "no earlier checkpoint exists"
+        )
+        raise CheckpointError(
+            f"could not write checkpoint {final.name} in {root}: {os_reason(e)}; {kept}"
+        ) from e
     atomic_write_text(root / "latest", final.name + "\n")
     _prune(root, keep_last, keep_best, keep=final.name)
     return final
@@ -159,7 +183,9 @@ def _metric(folder: Path) -> float | None:
 
 def best_checkpoint(run_dir: Path) -> Path | None:
     """The complete checkpoint with the highest eval metric (the earliest of equals)."""
-    scored = [(m, -_step_of(p), p) for p in _complete(Path(run_dir) / CHECKPOINTS) if (m := _metric(p)) is not None]
+    scored = [
+        (m, -_step_of(p), p) for p in _complete(Path(run_dir) / CHECKPOINTS) if (m := _metric(p)) is not None
+    ]
     return max(scored)[2] if scored else None
 
 

@@ -13,7 +13,14 @@ from collections import deque
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -40,21 +47,27 @@ def _fmt(value, spec: str) -> str:
 
 
 def step_summary(m: dict) -> str:
-    return (f"reward {_fmt(m.get('reward/mean'), '.3f')} ± {_fmt(m.get('reward/std'), '.3f')}  "
-            f"best {_fmt(m.get('reward/best_of_n'), '.2f')}  kl {_fmt(m.get('kl'), '.4f')}  "
-            f"grad {_fmt(m.get('grad_norm'), '.3f')}{'*' if m.get('grad_clipped') else ''}  "
-            f"len {_fmt(m.get('completion/mean_length'), '.1f')}  tok/s {_fmt(m.get('tokens_per_s'), '.0f')}")
+    return (
+        f"reward {_fmt(m.get('reward/mean'), '.3f')} ± {_fmt(m.get('reward/std'), '.3f')}  "
+        f"best {_fmt(m.get('reward/best_of_n'), '.2f')}  kl {_fmt(m.get('kl'), '.4f')}  "
+        f"grad {_fmt(m.get('grad_norm'), '.3f')}{'*' if m.get('grad_clipped') else ''}  "
+        f"len {_fmt(m.get('completion/mean_length'), '.1f')}  tok/s {_fmt(m.get('tokens_per_s'), '.0f')}"
+    )
 
 
 def rollout_line(state: dict) -> str:
     """Where a rollout is (sampling/progress.py): a decode's completions done, tokens/s and the most time
     left; a multi-turn rollout's turn, episodes playing, tokens/s."""
     if state.get("kind") == "decode":
-        return (f"{state['done']} of {state['rows']} completions done, token {state['position']}/"
-                f"{state['max_tokens']}, {state['tokens_per_s']:.0f} tok/s, at most {_duration(state['at_most_left_s'])} "
-                f"left")
-    return (f"turn {state['turn']}/{state['max_turns']}, {state['playing']} of {state['episodes']} episodes playing, "
-            f"{state['finished']} done, {state['tokens_per_s']:.0f} tok/s")
+        return (
+            f"{state['done']} of {state['rows']} completions done, token {state['position']}/"
+            f"{state['max_tokens']}, {state['tokens_per_s']:.0f} tok/s, at most {_duration(state['at_most_left_s'])} "
+            f"left"
+        )
+    return (
+        f"turn {state['turn']}/{state['max_turns']}, {state['playing']} of {state['episodes']} episodes playing, "
+        f"{state['finished']} done, {state['tokens_per_s']:.0f} tok/s"
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -78,7 +91,7 @@ def trend(values: list[float], k: int = 5, tolerance: float = 0.05) -> str:
     if len(values) < 2:
         return ""
     k = min(k, len(values) // 2)
-    before, now = sum(values[-2 * k:-k]) / k, sum(values[-k:]) / k
+    before, now = sum(values[-2 * k : -k]) / k, sum(values[-k:]) / k
     if abs(now - before) <= tolerance * max(abs(now), abs(before)):
         return "→"
     return "↑" if now > before else "↓"
@@ -103,7 +116,7 @@ def metrics_table(history: list[dict], width: int = 120, skipped: int = 0) -> Ta
     for _ in range(min(per_row, len(cells))):
         table.add_column(justify="right")
     for start in range(0, len(cells), per_row):
-        chunk = cells[start:start + per_row]
+        chunk = cells[start : start + per_row]
         pad = [""] * (per_row - len(chunk)) if start else []
         table.add_row(*[Text(t, style="dim") for t, _ in chunk], *pad)
         table.add_row(*[v for _, v in chunk], *pad)
@@ -119,14 +132,20 @@ def sample_panel(records: list[dict], width: int = 100, lines: int = 6) -> Panel
     text = Text(prompt[: width - 10] + ("…" if len(prompt) > width - 10 else ""), style="dim")
     body = str(best.get("completion", "")).strip().splitlines() or [""]
     text.append("\n" + "\n".join(body[:lines]) + ("\n…" if len(body) > lines else ""))
-    return Panel(text, title=f"step {best.get('step')}: best sample, reward {_fmt(best.get('reward'), '.3f')}",
-                 title_align="left", width=width)
+    return Panel(
+        text,
+        title=f"step {best.get('step')}: best sample, reward {_fmt(best.get('reward'), '.3f')}",
+        title_align="left",
+        width=width,
+    )
 
 
 def health_lines(event: dict) -> tuple[str, str]:
     """A health event as two lines: what fired with its evidence, and what to do."""
-    return (f"health: step {event['step']}: {event['title']}: {event['evidence']}",
-            f"  suggestion: {event['suggestion']}")
+    return (
+        f"health: step {event['step']}: {event['title']}: {event['evidence']}",
+        f"  suggestion: {event['suggestion']}",
+    )
 
 
 class TrainDisplay:
@@ -150,8 +169,11 @@ class TrainDisplay:
 
     def on_start(self, d):
         c = d["config"]
-        self.console.print(f"[bold]mlx-grpo[/] task [cyan]{c.task}[/] model [cyan]{c.model or 'embedded tiny-arith'}[/] "
-                           f"-> {d['run_dir']}", soft_wrap=True)
+        self.console.print(
+            f"[bold]mlx-grpo[/] task [cyan]{c.task}[/] model [cyan]{c.model or 'embedded tiny-arith'}[/] "
+            f"-> {d['run_dir']}",
+            soft_wrap=True,
+        )
         for note in d.get("notes", []):
             self.console.print(note, soft_wrap=True, highlight=False, markup=False)
         for w in d["warnings"]:
@@ -160,12 +182,19 @@ class TrainDisplay:
             self.console.print(f"resuming after step {d['resumed_from']}")
         if self.use_live:
             self.progress = Progress(
-                TextColumn("step"), MofNCompleteColumn(), BarColumn(bar_width=30), TimeElapsedColumn(),
-                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"),
-                TextColumn("{task.fields[rollout]}", style="dim"), console=self.console,
+                TextColumn("step"),
+                MofNCompleteColumn(),
+                BarColumn(bar_width=30),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TextColumn("{task.fields[rollout]}", style="dim"),
+                console=self.console,
             )
-            self.task_id = self.progress.add_task("train", total=c.steps, completed=d["resumed_from"], rate="",
-                                                  rollout="")
+            self.task_id = self.progress.add_task(
+                "train", total=c.steps, completed=d["resumed_from"], rate="", rollout=""
+            )
             self.live = Live(self._view(), console=self.console, refresh_per_second=4, transient=False)
             self.live.start()
 
@@ -184,16 +213,22 @@ class TrainDisplay:
             self.console.print(NOT_CHECKED, highlight=False)
         if d.get("accuracy") is None:
             return
-        label = {"before": "before training", "after": "after training"}.get(d["when"], f"at step {d['when']}")
-        self.console.print(f"accuracy {label}: {d['accuracy']:.3f} on {d['n']} held-out problems "
-                           f"({d['seconds']:.1f}s)")
+        label = {"before": "before training", "after": "after training"}.get(
+            d["when"], f"at step {d['when']}"
+        )
+        self.console.print(
+            f"accuracy {label}: {d['accuracy']:.3f} on {d['n']} held-out problems ({d['seconds']:.1f}s)"
+        )
 
     def on_rollout(self, state):
         """Where a rollout (or an evaluation's decode) is: the live view's bar; without one (a log, or the
         evaluation before training) a line every LOG_ROLLOUT_EVERY_S."""
         if self.live is not None:
             self.progress.update(self.task_id, rollout=rollout_line(state))
-        elif state["seconds"] - self.rollout_printed >= LOG_ROLLOUT_EVERY_S or state["seconds"] < self.rollout_printed:
+        elif (
+            state["seconds"] - self.rollout_printed >= LOG_ROLLOUT_EVERY_S
+            or state["seconds"] < self.rollout_printed
+        ):
             self.rollout_printed = state["seconds"]
             self.console.print(f"  {rollout_line(state)}", highlight=False, soft_wrap=True)
 
@@ -205,14 +240,22 @@ class TrainDisplay:
         self.history.append(m)
         if self.live is not None:
             self.sample = sample_panel(d.get("records") or [], width=min(self.console.width, 100))
-            self.progress.update(self.task_id, completed=m["step"], rate=f"{_fmt(m.get('time/step_s'), '.2f')}s/step",
-                                 rollout="")
+            self.progress.update(
+                self.task_id,
+                completed=m["step"],
+                rate=f"{_fmt(m.get('time/step_s'), '.2f')}s/step",
+                rollout="",
+            )
             self.live.update(self._view())
         elif m["step"] % self.log_every == 0 or m["step"] == d["total"]:
             m = {**m, "kl": self.last_kl}
             skipped = f"  skipped {self.skipped}" if self.skipped else ""
-            self.console.print(f"step {m['step']}/{d['total']}  {step_summary(m)}  "
-                               f"{_fmt(m.get('time/step_s'), '.2f')}s/step{skipped}", highlight=False, soft_wrap=True)
+            self.console.print(
+                f"step {m['step']}/{d['total']}  {step_summary(m)}  "
+                f"{_fmt(m.get('time/step_s'), '.2f')}s/step{skipped}",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def on_health(self, event):
         what, todo = health_lines(event)
@@ -224,8 +267,11 @@ class TrainDisplay:
             self.console.print(todo, highlight=False, soft_wrap=True, markup=False)
 
     def on_time_limit(self, d):
-        self.console.print(f"time limit of {d['minutes']:g} min: stopping after step {d['step']} of {d['total']}, "
-                           "then the evaluation", highlight=False)
+        self.console.print(
+            f"time limit of {d['minutes']:g} min: stopping after step {d['step']} of {d['total']}, "
+            "then the evaluation",
+            highlight=False,
+        )
 
     def on_stopped(self, d):
         self.stop()  # the CLI prints the reason as its last line

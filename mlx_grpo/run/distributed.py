@@ -74,7 +74,7 @@ def all_sum_tree(tree):
         buffer = mx.distributed.all_sum(mx.concatenate([v.reshape(-1) for _, v in items]))
         offsets = np.cumsum([0] + [v.size for _, v in items])
         for (k, v), lo, hi in zip(items, offsets[:-1], offsets[1:]):
-            summed[k] = buffer[int(lo):int(hi)].reshape(v.shape)
+            summed[k] = buffer[int(lo) : int(hi)].reshape(v.shape)
     return tree_unflatten([(k, summed[k]) for k, _ in flat])
 
 
@@ -96,6 +96,6 @@ def all_gather_objects(obj) -> list:
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     lengths = mx.distributed.all_gather(mx.array([len(data)], dtype=mx.int32)).tolist()
     padded = np.zeros(max(lengths), dtype=np.uint8)
-    padded[:len(data)] = data
+    padded[: len(data)] = data
     gathered = np.array(mx.distributed.all_gather(mx.array(padded))).reshape(len(lengths), -1)
     return [pickle.loads(gathered[r, :n].tobytes()) for r, n in enumerate(lengths)]

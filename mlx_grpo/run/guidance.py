@@ -39,19 +39,26 @@ def check_guidance(task) -> None:
     """A ConfigError unless the task can be guided: an episode task with scripts, or a single-turn task with an
     accuracy reward and reference answers."""
     if rollouts_for(task).plays_episodes:
-        if task.reference_actions is None or not any(task.reference_actions(r) for r in task.train_rows[:100]):
-            raise ConfigError(f"--guide needs scripted episodes: task {task.name!r} plays episodes and has none "
-                              "(a task's reference_actions give a row's script)")
+        if task.reference_actions is None or not any(
+            task.reference_actions(r) for r in task.train_rows[:100]
+        ):
+            raise ConfigError(
+                f"--guide needs scripted episodes: task {task.name!r} plays episodes and has none "
+                "(a task's reference_actions give a row's script)"
+            )
         return
     if task.accuracy_reward is None:
         raise ConfigError(f"--guide needs a task with an accuracy reward; task {task.name!r} has none")
     if task.reference_answer is None or not any(task.reference_answer(r) for r in task.train_rows[:100]):
-        raise ConfigError(f"--guide needs reference answers: task {task.name!r} has none (a custom data set "
-                          "gives them in a 'reference' column)")
+        raise ConfigError(
+            f"--guide needs reference answers: task {task.name!r} has none (a custom data set "
+            "gives them in a 'reference' column)"
+        )
 
 
-def reference_completion(model, tokenizer, task, prompt_tokens: list[int], text: str, prompt_index: int,
-                         temperature: float) -> Completion:
+def reference_completion(
+    model, tokenizer, task, prompt_tokens: list[int], text: str, prompt_index: int, temperature: float
+) -> Completion:
     """The reference answer as a completion of prompt_tokens, with the policy's log-probs of its tokens."""
     frame = task.prompt_format or ""
     if frame and not frame[-1].isspace() and not text[:1].isspace():
@@ -64,8 +71,9 @@ def reference_completion(model, tokenizer, task, prompt_tokens: list[int], text:
     return Completion(prompt_index, list(prompt_tokens), tokens, behaviour, "stop", text, guided=True)
 
 
-def guide_groups(model, tokenizer, task, rows: list[dict], rollouts: list, scores: Scores,
-                 settings: RolloutSettings) -> tuple[list, Scores]:
+def guide_groups(
+    model, tokenizer, task, rows: list[dict], rollouts: list, scores: Scores, settings: RolloutSettings
+) -> tuple[list, Scores]:
     """Replace the last member of every all-wrong group by its row's demonstration, scored anew."""
     kind = rollouts_for(task)
     group_size, temperature = settings.group_size, settings.sampling.temperature
@@ -73,11 +81,25 @@ def guide_groups(model, tokenizer, task, rows: list[dict], rollouts: list, score
     wrong = [i for i in range(len(rows)) if not is_right[i].any()]
     lasts = [rollouts[(i + 1) * group_size - 1] for i in wrong]
     if kind.plays_episodes:
-        made = scripted_guides(model, tokenizer, task, [rows[i] for i in wrong], [r.prompt_index for r in lasts],
-                               temperature, settings.max_turns, settings.max_episode_tokens)
+        made = scripted_guides(
+            model,
+            tokenizer,
+            task,
+            [rows[i] for i in wrong],
+            [r.prompt_index for r in lasts],
+            temperature,
+            settings.max_turns,
+            settings.max_episode_tokens,
+        )
     else:
-        made = [reference_completion(model, tokenizer, task, last.prompt_tokens, text, last.prompt_index, temperature)
-                if (text := task.reference_answer(rows[i])) else None for i, last in zip(wrong, lasts)]
+        made = [
+            reference_completion(
+                model, tokenizer, task, last.prompt_tokens, text, last.prompt_index, temperature
+            )
+            if (text := task.reference_answer(rows[i]))
+            else None
+            for i, last in zip(wrong, lasts)
+        ]
     replaced = [(i, guide) for i, guide in zip(wrong, made) if guide is not None]
     if not replaced:
         return list(rollouts), scores
@@ -113,8 +135,12 @@ def _put(scores: Scores, positions: list[int], rescored: Scores) -> Scores:
     errors = dict(scores.errors)
     for name, n in rescored.errors.items():
         errors[name] = errors.get(name, 0) + n
-    return Scores(total=total, parts=parts, errors=errors,
-                  error_examples={**rescored.error_examples, **scores.error_examples})
+    return Scores(
+        total=total,
+        parts=parts,
+        errors=errors,
+        error_examples={**rescored.error_examples, **scores.error_examples},
+    )
 
 
 def without_guided_negatives(advantages, guided, group_size: int) -> np.ndarray:

@@ -21,22 +21,39 @@ from ..tasks.accuracy import solved
 from ..update.logprobs import continuation_logprobs
 
 
-def scripted_guides(model, tokenizer, task, rows: list[dict], prompt_indices: list[int], temperature: float,
-                    max_turns: int, max_episode_tokens: int) -> list[Episode | None]:
+def scripted_guides(
+    model,
+    tokenizer,
+    task,
+    rows: list[dict],
+    prompt_indices: list[int],
+    temperature: float,
+    max_turns: int,
+    max_episode_tokens: int,
+) -> list[Episode | None]:
     """Each row's scripted episode as a guided member of its group (prompt_indices: the groups'), or None."""
     scripts = [task.reference_actions(row) or [] for row in rows]
     # A script longer than max_turns is an episode the run's rollouts could never play.
     playable = [i for i, script in enumerate(scripts) if 0 < len(script) <= max_turns]
     # Tokens the head cannot tell apart are spelled out, as `mlx-grpo sft` writes the same scripts.
-    played = scripted_episodes(tokenizer, make_envs(task, [rows[i] for i in playable], 1),
-                               [scripts[i] for i in playable], task.system_prompt, max_episode_tokens,
-                               indistinct_tokens(model, tokenizer))
+    played = scripted_episodes(
+        tokenizer,
+        make_envs(task, [rows[i] for i in playable], 1),
+        [scripts[i] for i in playable],
+        task.system_prompt,
+        max_episode_tokens,
+        indistinct_tokens(model, tokenizer),
+    )
     guides: list[Episode | None] = [None] * len(rows)
     for i, episode in zip(playable, played):
         # A script cut at the budget, broken by its environment or short of the goal demonstrates nothing.
         if episode.finish_reason == "done" and solved(episode):
-            guides[i] = replace(episode, prompt_index=prompt_indices[i], guided=True,
-                                logprobs=_behaviour(model, episode, temperature))
+            guides[i] = replace(
+                episode,
+                prompt_index=prompt_indices[i],
+                guided=True,
+                logprobs=_behaviour(model, episode, temperature),
+            )
     return guides
 
 

@@ -32,7 +32,9 @@ def steps_until_ctrl_c(steps: Iterable[int], on_stop: Callable[[int], str]) -> I
         if requested:
             raise KeyboardInterrupt
         requested.append(True)
-        sys.stderr.write("\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to quit at once)\n")
+        sys.stderr.write(
+            "\nCtrl-C: stopping after this step and saving a checkpoint (Ctrl-C again to quit at once)\n"
+        )
         sys.stderr.flush()
 
     in_main_thread = threading.current_thread() is threading.main_thread()

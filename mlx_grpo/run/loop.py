@@ -122,8 +122,10 @@ def run_loop(job: Training, on_event: Emit | None = None, began: float | None = 
         job.load_state_dict(state, training_state)
         start_step = int(state["step"])
     if config.resume and len(set(dist.all_gather_objects(start_step))) > 1:  # every rank reads its own copy
-        raise ckpt.CheckpointError(f"--resume {run_dir}: the ranks found different checkpoints; with several "
-                                   "machines, copy the run folder to the same path on each first")
+        raise ckpt.CheckpointError(
+            f"--resume {run_dir}: the ranks found different checkpoints; with several "
+            "machines, copy the run folder to the same path on each first"
+        )
     if config.resume and main:  # records past the checkpoint and lines cut by a kill; with no checkpoint,
         kept = start_step if resumed else -1  # all of them, the step-0 evaluation too (it runs again)
         for name in ("metrics.jsonl", "completions.jsonl", "health.jsonl"):
@@ -135,8 +137,16 @@ def run_loop(job: Training, on_event: Emit | None = None, began: float | None = 
     if main:
         ckpt.atomic_write_text(run_dir / "config.yaml", dump_yaml(replace(config, overwrite=False)))
         record_training_rows(run_dir, job.trained_rows, job.task_name, config.data)
-    emit("start", {"run_dir": str(run_dir), "config": config, "resumed_from": start_step,
-                   "warnings": job.warnings, **job.start})
+    emit(
+        "start",
+        {
+            "run_dir": str(run_dir),
+            "config": config,
+            "resumed_from": start_step,
+            "warnings": job.warnings,
+            **job.start,
+        },
+    )
 
     # The check before the first step, on file at once (an interrupted run keeps it too: plot, inspect). Its
     # time is kept in each checkpoint: a resumed run leaves room for its final check too (past_time_limit).
@@ -152,10 +162,22 @@ def run_loop(job: Training, on_event: Emit | None = None, began: float | None = 
         if not main:  # every rank holds the same weights; one writes them
             return
         weights = dict(tree_flatten(model.trainable_parameters()))
-        ckpt.save_checkpoint(run_dir, step, weights, job.adapter_config, job.training_state(),
-                             {"eval_before": before, "eval_seconds": eval_seconds,
-                              "data_position": step * config.batch_size, **job.state_dict(step)},
-                             keep_last=config.keep_checkpoints, keep_best=config.keep_best, metric=metric)
+        ckpt.save_checkpoint(
+            run_dir,
+            step,
+            weights,
+            job.adapter_config,
+            job.training_state(),
+            {
+                "eval_before": before,
+                "eval_seconds": eval_seconds,
+                "data_position": step * config.batch_size,
+                **job.state_dict(step),
+            },
+            keep_last=config.keep_checkpoints,
+            keep_best=config.keep_best,
+            metric=metric,
+        )
         save_adapters(model, run_dir, job.adapter_config)
         emit("checkpoint", {"step": step})
 
@@ -166,8 +188,10 @@ def run_loop(job: Training, on_event: Emit | None = None, began: float | None = 
 
     def stop_on_ctrl_c(step: int) -> str:  # the first Ctrl-C: keep the finished step, then leave
         save_unless_saved(step)
-        return (f"interrupted after step {step}, checkpoint saved; "
-                f"continue with: mlx-grpo {job.command} --resume {run_dir}")
+        return (
+            f"interrupted after step {step}, checkpoint saved; "
+            f"continue with: mlx-grpo {job.command} --resume {run_dir}"
+        )
 
     history, last_step = [], start_step
     for step in steps_until_ctrl_c(range(start_step + 1, config.steps + 1), stop_on_ctrl_c):
@@ -216,9 +240,17 @@ def run_loop(job: Training, on_event: Emit | None = None, began: float | None = 
     append("metrics.jsonl", [{"step": last_step, **row, "final": True}])
     outcome, more = job.finish(RunResult(run_dir, before, after["accuracy"], after["n"], history), after)
     if main:
-        ckpt.atomic_write_json(run_dir / "summary.json", {
-            "accuracy_before": outcome.accuracy_before, "accuracy_after": after["accuracy"],
-            "eval_n": after["n"], **more, "steps": last_step, "eval_seconds": after.get("seconds"),
-            "line": outcome.summary_line()})
+        ckpt.atomic_write_json(
+            run_dir / "summary.json",
+            {
+                "accuracy_before": outcome.accuracy_before,
+                "accuracy_after": after["accuracy"],
+                "eval_n": after["n"],
+                **more,
+                "steps": last_step,
+                "eval_seconds": after.get("seconds"),
+                "line": outcome.summary_line(),
+            },
+        )
     emit("end", {"result": outcome, **more})
     return outcome

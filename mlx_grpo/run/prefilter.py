@@ -45,8 +45,16 @@ FORMAT = 1  # bump when what the cache holds, or how it is computed, changes
 SEED = 0x50F17E  # the pre-pass's own sampling seed
 
 
-def pass_rates(model, tokenizer, task, rows: list[dict], ids: list[int], k: int, sampling: SamplingConfig,
-               concurrency: int) -> np.ndarray:
+def pass_rates(
+    model,
+    tokenizer,
+    task,
+    rows: list[dict],
+    ids: list[int],
+    k: int,
+    sampling: SamplingConfig,
+    concurrency: int,
+) -> np.ndarray:
     """The fraction of k sampled answers to each row that the task's accuracy reward calls right.
 
     Row i's answers are keyed by (SEED, ids[i], member), so a prompt gets the same
@@ -55,9 +63,17 @@ def pass_rates(model, tokenizer, task, rows: list[dict], ids: list[int], k: int,
     chunk = max(1, concurrency // k)
     rates = []
     for start in range(0, len(rows), chunk):
-        part = rows[start:start + chunk]
-        completions = sample_completions(model, tokenizer, task_prompts(tokenizer, task, part), k, sampling,
-                                         concurrency, seed=SEED, prompt_ids=ids[start:start + chunk])
+        part = rows[start : start + chunk]
+        completions = sample_completions(
+            model,
+            tokenizer,
+            task_prompts(tokenizer, task, part),
+            k,
+            sampling,
+            concurrency,
+            seed=SEED,
+            prompt_ids=ids[start : start + chunk],
+        )
         judged = right(accuracy_values(task, part, k, completions)).astype(float)
         rates += list(judged.reshape(len(part), k).mean(axis=1))
     return np.array(rates)
@@ -65,9 +81,20 @@ def pass_rates(model, tokenizer, task, rows: list[dict], ids: list[int], k: int,
 
 def cache_key(config: TrainConfig, task, tokenizer, rows: list[dict]) -> str:
     sampling = [*dataclasses.astuple(config.sampling), config.stop]
-    reward_file = hashlib.sha256(Path(config.reward_file).read_bytes()).hexdigest() if config.reward_file else None
-    parts = [FORMAT, model_fingerprint(config.model), task.name, reward_name(task.accuracy_reward), reward_file,
-             config.prefilter, sampling, task_prompts(tokenizer, task, rows), rows]
+    reward_file = (
+        hashlib.sha256(Path(config.reward_file).read_bytes()).hexdigest() if config.reward_file else None
+    )
+    parts = [
+        FORMAT,
+        model_fingerprint(config.model),
+        task.name,
+        reward_name(task.accuracy_reward),
+        reward_file,
+        config.prefilter,
+        sampling,
+        task_prompts(tokenizer, task, rows),
+        rows,
+    ]
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -78,34 +105,50 @@ def prefilter_train_rows(model, tokenizer, task, config: TrainConfig) -> str:
     Returns the line that says what was kept (and whether the rates came from the cache)."""
     k = config.prefilter
     if rollouts_for(task).plays_episodes or task.accuracy_reward is None:
-        raise ConfigError(f"--prefilter needs a task with a checkable answer (an accuracy reward); "
-                          f"task {task.name!r} has none")
+        raise ConfigError(
+            f"--prefilter needs a task with a checkable answer (an accuracy reward); "
+            f"task {task.name!r} has none"
+        )
     order = np.random.default_rng([config.seed, 0]).permutation(len(task.train_rows))  # the run's first pass
     if config.prefilter_prompts:
-        order = order[:config.prefilter_prompts]
+        order = order[: config.prefilter_prompts]
     rows = [task.train_rows[int(i)] for i in order]
     path = cache_root() / "prefilter" / f"{cache_key(config, task, tokenizer, rows)}.json"
     start = time.perf_counter()
     rates = _read(path, len(rows))
     from_cache = rates is not None
     if not from_cache:
-        rates = pass_rates(model, tokenizer, task, rows, [int(i) for i in order], k, config.sampling,
-                           config.decode_concurrency)
+        rates = pass_rates(
+            model,
+            tokenizer,
+            task,
+            rows,
+            [int(i) for i in order],
+            k,
+            config.sampling,
+            config.decode_concurrency,
+        )
         try:
             atomic_write_json(path, {"k": k, "prompts": len(rows), "pass_rates": [float(r) for r in rates]})
-        except CheckpointError:  # a cache that cannot be written costs the next run time, not this one its result
+        except (
+            CheckpointError
+        ):  # a cache that cannot be written costs the next run time, not this one its result
             pass
     rates = np.asarray(rates, dtype=float)
     keep = (rates > 0) & (rates < 1)
     never, always = int((rates == 0).sum()), int((rates == 1).sum())
     if not keep.any():
-        raise DataError(f"--prefilter {k}: no training prompt was solved in some but not all of {k} samples "
-                        f"({never} never, {always} always, of {len(rows)}): GRPO has nothing to learn from them; "
-                        "try more samples, a higher temperature or easier prompts")
+        raise DataError(
+            f"--prefilter {k}: no training prompt was solved in some but not all of {k} samples "
+            f"({never} never, {always} always, of {len(rows)}): GRPO has nothing to learn from them; "
+            "try more samples, a higher temperature or easier prompts"
+        )
     task.train_rows = [row for row, kept in zip(rows, keep) if kept]
     how = f"from the cache {path}" if from_cache else f"sampled in {time.perf_counter() - start:.0f}s"
-    return (f"prefilter: kept {len(task.train_rows)} of {len(rows)} training prompts, solved in some but not all "
-            f"of {k} base-model samples ({never} never, {always} always solved; {how})")
+    return (
+        f"prefilter: kept {len(task.train_rows)} of {len(rows)} training prompts, solved in some but not all "
+        f"of {k} base-model samples ({never} never, {always} always solved; {how})"
+    )
 
 
 def _read(path: Path, count: int) -> list[float] | None:

@@ -24,8 +24,9 @@ class WandbReporter:
 
         self.wandb = wandb
         # the config as a plain dict of its flat settings, as config.yaml holds them
-        self.run = wandb.init(project="mlx-grpo", name=Path(run_dir).name, dir=str(run_dir),
-                              config=config.flat())
+        self.run = wandb.init(
+            project="mlx-grpo", name=Path(run_dir).name, dir=str(run_dir), config=config.flat()
+        )
 
     def log(self, metrics: dict, step: int) -> None:
         self.wandb.log(scalars(metrics), step=step)

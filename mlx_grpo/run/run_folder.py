@@ -19,8 +19,17 @@ from . import checkpoint as ckpt
 
 # What a run (and `compare`, `plot` on it) writes into its folder: what --overwrite removes.
 # config.yaml is left: the new run replaces it (and it may be the --config the new run was read from).
-RUN_FILES = ("metrics.jsonl", "completions.jsonl", "health.jsonl", "summary.json", "prompt.txt",
-             "adapters.safetensors", "adapter_config.json", "plot.png", TRAINED_ROWS)
+RUN_FILES = (
+    "metrics.jsonl",
+    "completions.jsonl",
+    "health.jsonl",
+    "summary.json",
+    "prompt.txt",
+    "adapters.safetensors",
+    "adapter_config.json",
+    "plot.png",
+    TRAINED_ROWS,
+)
 RUN_FOLDERS = (ckpt.CHECKPOINTS, "compare", "tensorboard", "warm_start")  # warm_start: warm_start.py's stage
 
 
@@ -50,8 +59,9 @@ def remove_earlier_run(run_dir: Path) -> None:
             if (run_dir / name).is_file() or (run_dir / name).is_symlink():
                 (run_dir / name).unlink()
     except OSError as e:
-        raise CheckpointError(f"--overwrite {run_dir}: the earlier run's files could not be removed: "
-                              f"{os_reason(e)}") from None
+        raise CheckpointError(
+            f"--overwrite {run_dir}: the earlier run's files could not be removed: {os_reason(e)}"
+        ) from None
 
 
 def prepare_run_folder(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -59,8 +69,10 @@ def prepare_run_folder(run_dir: Path, resume: bool, overwrite: bool) -> None:
     run (CheckpointError naming it), unless `overwrite`, which removes that run's files first."""
     found = [] if resume else earlier_run(run_dir)
     if found and not overwrite:
-        raise CheckpointError(f"--output {run_dir} already holds a run ({', '.join(found)}): --resume {run_dir} "
-                              "to continue it, or another --output (or --overwrite to start again there)")
+        raise CheckpointError(
+            f"--output {run_dir} already holds a run ({', '.join(found)}): --resume {run_dir} "
+            "to continue it, or another --output (or --overwrite to start again there)"
+        )
     ckpt.ensure_writable(run_dir)
     if overwrite and not resume:
         remove_earlier_run(run_dir)

@@ -24,18 +24,29 @@ class RunResult:
     def summary_line(self) -> str:
         if self.accuracy_after is None:
             return f"run saved to {self.run_dir}"
-        if self.accuracy_before is None:  # not checked (eval_before: false): the gain is from the warm start's check
+        if (
+            self.accuracy_before is None
+        ):  # not checked (eval_before: false): the gain is from the warm start's check
             start = self.accuracy_after_warm_start
             if start is None:
-                return (f"accuracy not checked before -> {self.accuracy_after:.2f} "
-                        f"on {self.eval_n} held-out problems")
-            return (f"accuracy not checked before -> {start:.2f} after the warm start -> {self.accuracy_after:.2f} "
-                    f"({self.accuracy_after - start:+.2f}) on {self.eval_n} held-out problems")
+                return (
+                    f"accuracy not checked before -> {self.accuracy_after:.2f} "
+                    f"on {self.eval_n} held-out problems"
+                )
+            return (
+                f"accuracy not checked before -> {start:.2f} after the warm start -> {self.accuracy_after:.2f} "
+                f"({self.accuracy_after - start:+.2f}) on {self.eval_n} held-out problems"
+            )
         gain = self.accuracy_after - self.accuracy_before
-        middle = ("" if self.accuracy_after_warm_start is None
-                  else f" -> {self.accuracy_after_warm_start:.2f} after the warm start")
-        return (f"accuracy {self.accuracy_before:.2f}{middle} -> {self.accuracy_after:.2f} "
-                f"({gain:+.2f}) on {self.eval_n} held-out problems")
+        middle = (
+            ""
+            if self.accuracy_after_warm_start is None
+            else f" -> {self.accuracy_after_warm_start:.2f} after the warm start"
+        )
+        return (
+            f"accuracy {self.accuracy_before:.2f}{middle} -> {self.accuracy_after:.2f} "
+            f"({gain:+.2f}) on {self.eval_n} held-out problems"
+        )
 
 
 def evaluate(model, tokenizer, task: Task, config: TrainConfig) -> dict:

@@ -48,7 +48,9 @@ class RunState:
     adapter_config: dict  # what save_adapters writes beside the weights
     ref_params: dict | None  # the reference's weights when they are not the base with adapters off
     optimizer: optim.Optimizer
-    notes: list[str] = field(default_factory=list)  # lines for the run's log (GGUF types, float copy, prefilter)
+    notes: list[str] = field(
+        default_factory=list
+    )  # lines for the run's log (GGUF types, float copy, prefilter)
 
 
 def make_optimizer(config: TrainConfig) -> optim.Optimizer:
@@ -56,8 +58,11 @@ def make_optimizer(config: TrainConfig) -> optim.Optimizer:
     total = config.steps * config.objective.num_iterations
     warmup = min(config.warmup_steps, max(total - 1, 0))
     decay = optim.cosine_decay(config.lr, max(total - warmup, 1), end=config.lr * config.min_lr_ratio)
-    schedule = (optim.join_schedules([optim.linear_schedule(config.lr / warmup, config.lr, warmup), decay], [warmup])
-                if warmup > 0 else decay)
+    schedule = (
+        optim.join_schedules([optim.linear_schedule(config.lr / warmup, config.lr, warmup), decay], [warmup])
+        if warmup > 0
+        else decay
+    )
     return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
 
 
@@ -75,8 +80,9 @@ def guard_task(task: Task, config: TrainConfig, tokenizer, context: int | None) 
     and none of them waits forever on a reward. Calling it again (another model) screens the rows again.
     `context`: the model's length in positions (models/screen_info.py: of a loaded model, or read from its
     files without loading it), None where unknown."""
-    screen_task(task, tokenizer, context, config.sampling.max_tokens, config.max_prompt_tokens,
-                config.on_bad_data)
+    screen_task(
+        task, tokenizer, context, config.sampling.max_tokens, config.max_prompt_tokens, config.on_bad_data
+    )
     task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
     if task.accuracy_reward is not None:
         task.accuracy_reward = with_timeout(task.accuracy_reward, config.reward_timeout)
@@ -89,13 +95,17 @@ def continued_config(config: TrainConfig, start: RunModel) -> TrainConfig:
     saved, lora = start.adapter_config, start.adapter_config.get("lora_parameters") or {}
     theirs = {"fine_tune_type": saved.get("fine_tune_type", "lora")}
     if theirs["fine_tune_type"] != "full":
-        theirs.update(lora_rank=lora.get("rank"), lora_scale=lora.get("scale"), lora_layers=saved.get("num_layers"))
+        theirs.update(
+            lora_rank=lora.get("rank"), lora_scale=lora.get("scale"), lora_layers=saved.get("num_layers")
+        )
     theirs = {k: v for k, v in theirs.items() if v is not None}
     for key, value in theirs.items():
         mine = getattr(config, key)
         if mine != value and mine != getattr(TrainConfig, key):
-            raise ConfigError(f"--model {config.model}: its adapters have {key} {value}, not {mine}; leave "
-                              f"{key} out to continue them (or train from its base model)")
+            raise ConfigError(
+                f"--model {config.model}: its adapters have {key} {value}, not {mine}; leave "
+                f"{key} out to continue them (or train from its base model)"
+            )
     return replace(config, **theirs)
 
 
@@ -106,8 +116,10 @@ def starting_run(config: TrainConfig, writable: Path | None = None) -> tuple[Tra
     if start is None:
         return config, None
     if writable is not None and start.run_dir is not None and start.run_dir.resolve() == writable.resolve():
-        raise ConfigError(f"--model {config.model} is this run's own folder: write the new run elsewhere "
-                          "(--output), or continue this one with --resume")
+        raise ConfigError(
+            f"--model {config.model} is this run's own folder: write the new run elsewhere "
+            "(--output), or continue this one with --resume"
+        )
     return continued_config(config, start), start
 
 
@@ -121,9 +133,16 @@ def add_adapters(model, config: TrainConfig, start: RunModel | None) -> dict:
     """Fresh trainable layers (the caller loads a starting run's weights into them: load_adapter_weights);
     the adapter config to save, naming the original base model (what `mlx_lm.generate --adapter-path`
     and eval load them on)."""
-    adapter_config = prepare_for_training(model, config.fine_tune_type, {
-        "rank": config.lora_rank, "scale": config.lora_scale, "dropout": config.lora_dropout,
-        "num_layers": config.lora_layers})
+    adapter_config = prepare_for_training(
+        model,
+        config.fine_tune_type,
+        {
+            "rank": config.lora_rank,
+            "scale": config.lora_scale,
+            "dropout": config.lora_dropout,
+            "num_layers": config.lora_layers,
+        },
+    )
     adapter_config["model"] = resolve_model_path(start.base if start is not None else config.model)
     return adapter_config
 
@@ -138,12 +157,16 @@ def setup(config: TrainConfig, writable: Path | None = None) -> RunState:
     task = load_task(config)
     if config.guide:
         check_guidance(task)
-    if writable is not None:  # writable, and a fresh run never mixed into an earlier one's folder (run_folder.py)
+    if (
+        writable is not None
+    ):  # writable, and a fresh run never mixed into an earlier one's folder (run_folder.py)
         prepare_run_folder(writable, resume=bool(config.resume), overwrite=config.overwrite)
     model, tokenizer, weights_note = load_base(config, start)
     guard_task(task, config, tokenizer, context_length(model))
     # The pre-pass on the model the run starts from: only prompts it sometimes solves (prefilter.py)
-    prefilter_note = prefilter_train_rows(model, tokenizer, task, config) if config.prefilter and not start else None
+    prefilter_note = (
+        prefilter_train_rows(model, tokenizer, task, config) if config.prefilter and not start else None
+    )
     adapter_config = add_adapters(model, config, start)
     # Copied before a starting run's weights go in: the reference is the original base, as with adapters off.
     ref_params = tree_map(lambda x: x, model.trainable_parameters()) if keeps_reference(config) else None
@@ -151,5 +174,7 @@ def setup(config: TrainConfig, writable: Path | None = None) -> RunState:
         load_adapter_weights(model, start)
         if config.prefilter:
             prefilter_note = prefilter_train_rows(model, tokenizer, task, config)
-    notes = [n for n in (gguf_types_note(start.base if start else config.model), weights_note, prefilter_note) if n]
+    notes = [
+        n for n in (gguf_types_note(start.base if start else config.model), weights_note, prefilter_note) if n
+    ]
     return RunState(config, task, model, tokenizer, adapter_config, ref_params, make_optimizer(config), notes)

@@ -50,14 +50,16 @@ def _pass_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
 
 def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
     """The demonstrations of step `step` (from 1): a seeded order a pass over the n, passes end to end."""
-    return [_pass_order(n, seed, position // n)[position % n]
-            for position in range((step - 1) * batch_size, step * batch_size)]
+    return [
+        _pass_order(n, seed, position // n)[position % n]
+        for position in range((step - 1) * batch_size, step * batch_size)
+    ]
 
 
 def micro_batches(examples: list[Example], size: int) -> list[list[Example]]:
     """Pieces of at most `size` rows, the longest together, so that padding to a piece's longest wastes little."""
     ordered = sorted(examples, key=lambda e: len(e[0]), reverse=True)
-    return [ordered[i:i + size] for i in range(0, len(ordered), max(size, 1))]
+    return [ordered[i : i + size] for i in range(0, len(ordered), max(size, 1))]
 
 
 def trained_count(examples: list[Example]) -> int:
@@ -71,8 +73,15 @@ def head_chunk(model, tokens: mx.array, setting: int | None) -> int | None:
     return step_update.head_chunk(setting, model, tokens.shape[0], tokens.shape[1] - 1)
 
 
-def sft_step(model, optimizer, examples: list[Example], pad_id: int, micro_batch_size: int,
-             max_grad_norm: float, chunk: int | None = None) -> dict:
+def sft_step(
+    model,
+    optimizer,
+    examples: list[Example],
+    pad_id: int,
+    micro_batch_size: int,
+    max_grad_norm: float,
+    chunk: int | None = None,
+) -> dict:
     """One optimizer step on a batch of demonstrations; its metrics."""
     start = time.perf_counter()
     count = trained_count(examples)
@@ -91,16 +100,24 @@ def sft_step(model, optimizer, examples: list[Example], pad_id: int, micro_batch
         mx.eval(model.trainable_parameters(), optimizer.state)
     seconds = time.perf_counter() - start
     tokens = sum(len(ids) for ids, _ in examples)
-    return {"loss": loss_sum, "grad_norm": norm, "grad_clipped": norm > max_grad_norm,
-            "skipped_updates": 0 if finite else 1, "update/skipped": not finite, "update/nonfinite": 0 if finite else 1,
-            "tokens": tokens, "trained_tokens": count,
-            "tokens_per_s": tokens / seconds if seconds > 0 else None,
-            "lr": optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None,
-            "time/step_s": seconds}
+    return {
+        "loss": loss_sum,
+        "grad_norm": norm,
+        "grad_clipped": norm > max_grad_norm,
+        "skipped_updates": 0 if finite else 1,
+        "update/skipped": not finite,
+        "update/nonfinite": 0 if finite else 1,
+        "tokens": tokens,
+        "trained_tokens": count,
+        "tokens_per_s": tokens / seconds if seconds > 0 else None,
+        "lr": optimizer.state["learning_rate"].item() if "learning_rate" in optimizer.state else None,
+        "time/step_s": seconds,
+    }
 
 
-def validation_loss(model, examples: list[Example], pad_id: int, micro_batch_size: int,
-                    chunk: int | None = None) -> float | None:
+def validation_loss(
+    model, examples: list[Example], pad_id: int, micro_batch_size: int, chunk: int | None = None
+) -> float | None:
     """The mean cross-entropy of the held-out demonstrations' trained tokens (None: none held out)."""
     count = trained_count(examples)
     if not count:
@@ -110,8 +127,9 @@ def validation_loss(model, examples: list[Example], pad_id: int, micro_batch_siz
     total = 0.0
     for part in micro_batches(examples, micro_batch_size):
         tokens, trained = pad_rows(part, pad_id)
-        total += sft_loss(model, tokens, trained, count, head_chunk(model, tokens, chunk),
-                          differentiated=False).item()
+        total += sft_loss(
+            model, tokens, trained, count, head_chunk(model, tokens, chunk), differentiated=False
+        ).item()
     model.train(was_training)
     return total
 
@@ -136,9 +154,24 @@ class SFTTraining(Training):
 
     def __init__(self, run: SFTRun, run_dir: Path):
         c = run.config
-        super().__init__("sft", c, run_dir, run.model, run.optimizer, run.adapter_config, run.warnings,
-                         run.trained_rows, c.task, {"task": run.task, "notes": run.notes, "sft": run.source,
-                                                    "examples": len(run.train), "held_out": len(run.valid)})
+        super().__init__(
+            "sft",
+            c,
+            run_dir,
+            run.model,
+            run.optimizer,
+            run.adapter_config,
+            run.warnings,
+            run.trained_rows,
+            c.task,
+            {
+                "task": run.task,
+                "notes": run.notes,
+                "sft": run.source,
+                "examples": len(run.train),
+                "held_out": len(run.valid),
+            },
+        )
         self.run = run
         self.pad, self.chunk = pad_id_of(run.tokenizer), c.logprob_chunk_size
         self.loss_before = self.loss_after = None
@@ -148,8 +181,9 @@ class SFTTraining(Training):
         self.model.train()
         mx.random.seed(step_seed(c.seed, step))  # LoRA dropout's masks: the same on a resumed run
         batch = [run.train[i] for i in batch_indices(len(run.train), c.batch_size, step, c.seed)]
-        metrics = sft_step(self.model, self.optimizer, batch, self.pad, c.micro_batch_size, c.max_grad_norm,
-                           self.chunk)
+        metrics = sft_step(
+            self.model, self.optimizer, batch, self.pad, c.micro_batch_size, c.max_grad_norm, self.chunk
+        )
         return {"step": step, **metrics}, []
 
     def validation_loss(self) -> float | None:
@@ -184,8 +218,11 @@ def sft(config: TrainConfig, on_event: Callable[[str, dict], None] | None = None
     """Run (or resume) a supervised fine-tuning run; events as train()'s ("start", "eval", "step",
     "checkpoint", "health", "time_limit", "stopped", "end"), so the same display draws it."""
     began = time.perf_counter()  # time_limit_minutes counts from here: the model's load included
-    run_dir = Path(config.resume or config.output or
-                   Path("checkpoints") / f"sft-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(
+        config.resume
+        or config.output
+        or Path("checkpoints") / f"sft-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     run = sft_setup(config, writable=run_dir if dist.is_main() else None)
     if run.task is not None:
         guard_checks(run)

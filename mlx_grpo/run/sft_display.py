@@ -40,18 +40,24 @@ def sft_table(history: list[dict]) -> Table:
 
 
 def sft_step_line(m: dict, total: int) -> str:
-    return (f"step {m['step']}/{total}  loss {_fmt(m.get('loss'), '.4f')}  grad {_fmt(m.get('grad_norm'), '.3f')}"
-            f"{'*' if m.get('grad_clipped') else ''}  lr {_fmt(m.get('lr'), '.1e')}  "
-            f"tok/s {_fmt(m.get('tokens_per_s'), '.0f')}  {_fmt(m.get('time/step_s'), '.2f')}s/step"
-            + (f"  val_loss {m['val_loss']:.4f}" if m.get("val_loss") is not None else ""))
+    return (
+        f"step {m['step']}/{total}  loss {_fmt(m.get('loss'), '.4f')}  grad {_fmt(m.get('grad_norm'), '.3f')}"
+        f"{'*' if m.get('grad_clipped') else ''}  lr {_fmt(m.get('lr'), '.1e')}  "
+        f"tok/s {_fmt(m.get('tokens_per_s'), '.0f')}  {_fmt(m.get('time/step_s'), '.2f')}s/step"
+        + (f"  val_loss {m['val_loss']:.4f}" if m.get("val_loss") is not None else "")
+    )
 
 
 class SFTDisplay(TrainDisplay):
     """Receives sft()'s events (run/sft.py)."""
 
     def on_start(self, d):
-        self.console.print(f"[bold]mlx-grpo sft[/] on [cyan]{d['sft']}[/]: {d['examples']} demonstrations, "
-                           f"{d['held_out']} held out", soft_wrap=True, highlight=False)
+        self.console.print(
+            f"[bold]mlx-grpo sft[/] on [cyan]{d['sft']}[/]: {d['examples']} demonstrations, "
+            f"{d['held_out']} held out",
+            soft_wrap=True,
+            highlight=False,
+        )
         super().on_start(d)
 
     def _view(self):
@@ -63,21 +69,30 @@ class SFTDisplay(TrainDisplay):
     def on_eval(self, d):
         if d["when"] == "after":
             self.stop()
-        label = {"before": "before training", "after": "after training"}.get(d["when"], f"at step {d['when']}")
+        label = {"before": "before training", "after": "after training"}.get(
+            d["when"], f"at step {d['when']}"
+        )
         if d.get("val_loss") is not None:
             self.console.print(f"validation loss {label}: {d['val_loss']:.4f}", highlight=False)
         if d.get("not_checked"):
             self.console.print(NOT_CHECKED, highlight=False)
         if d.get("accuracy") is not None:
-            self.console.print(f"accuracy {label}: {d['accuracy']:.3f} on {d['n']} held-out problems "
-                               f"({d.get('seconds', 0.0):.1f}s)", highlight=False)
+            self.console.print(
+                f"accuracy {label}: {d['accuracy']:.3f} on {d['n']} held-out problems "
+                f"({d.get('seconds', 0.0):.1f}s)",
+                highlight=False,
+            )
 
     def on_step(self, d):
         m = d["metrics"]
         self.history.append(m)
         if self.live is not None:
-            self.progress.update(self.task_id, completed=m["step"], rate=f"{_fmt(m.get('time/step_s'), '.2f')}s/step",
-                                 rollout="")
+            self.progress.update(
+                self.task_id,
+                completed=m["step"],
+                rate=f"{_fmt(m.get('time/step_s'), '.2f')}s/step",
+                rollout="",
+            )
             self.live.update(self._view())
         elif m["step"] % self.log_every == 0 or m["step"] == d["total"]:
             self.console.print(sft_step_line(m, d["total"]), highlight=False, soft_wrap=True)

@@ -51,8 +51,10 @@ def within_validation_tokens(examples: list[Example], warnings: list[str]) -> li
         kept.append((ids, flags))
         total += len(ids)
     if len(kept) < len(examples):
-        warnings.append(f"the validation loss reads the first {len(kept)} of {len(examples)} held-out "
-                        f"demonstrations ({total} tokens, at most {MAX_VALIDATION_TOKENS})")
+        warnings.append(
+            f"the validation loss reads the first {len(kept)} of {len(examples)} held-out "
+            f"demonstrations ({total} tokens, at most {MAX_VALIDATION_TOKENS})"
+        )
     return kept
 
 
@@ -79,19 +81,24 @@ def task_rows(task: Task, config: TrainConfig) -> tuple[list[dict], list[dict]]:
     rows are a seeded draw from all of it, not its head, cut to those the run's steps reach. The
     validation loss reads the validation split, the rows the run's accuracy checks read."""
     rows = random.Random(config.seed).sample(task.train_rows, len(task.train_rows))
-    return rows[:config.steps * config.batch_size], task.eval_rows[:MAX_HELD_OUT]
+    return rows[: config.steps * config.batch_size], task.eval_rows[:MAX_HELD_OUT]
 
 
-def data_rows(config: TrainConfig, warnings: list[str]) -> tuple[list[tuple[int, dict]], list[tuple[int, dict]]]:
+def data_rows(
+    config: TrainConfig, warnings: list[str]
+) -> tuple[list[tuple[int, dict]], list[tuple[int, dict]]]:
     """(train, held out) numbered demonstrations of --data, split as `train` splits the same data
     (tasks/splits.py): a demonstration whose prompt is a held-out row of `train --data` is never learned."""
     train_rows, note = read_demonstrations(config.data, "train", config.on_bad_data)
     valid_rows, valid_note = read_demonstrations(config.data, "validation", config.on_bad_data)
     # The data's own test rows may be prompt rows or demonstrations: only their prompts matter here.
-    test_rows, _, _ = read_split(config.data, "test", lambda row: None if isinstance(row, dict) else "not an object")
+    test_rows, _, _ = read_split(
+        config.data, "test", lambda row: None if isinstance(row, dict) else "not an object"
+    )
     warnings += [n for n in (note, valid_note) if n]
-    train_rows, valid_rows, _ = split_held_out(train_rows, valid_rows, test_rows, warnings, config.data,
-                                               key=lambda numbered: row_key(numbered[1]))
+    train_rows, valid_rows, _ = split_held_out(
+        train_rows, valid_rows, test_rows, warnings, config.data, key=lambda numbered: row_key(numbered[1])
+    )
     return train_rows, valid_rows[:MAX_HELD_OUT]
 
 
@@ -102,11 +109,17 @@ def _context(model) -> int | None:
 def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
     """The demonstrations, the policy with its adapters and the optimizer of an sft run."""
     if config.warm_start.steps > 0:
-        raise ConfigError("warm_start_steps is train's (an sft stage before GRPO); sft itself takes --steps, --lr "
-                          "and --data")
+        raise ConfigError(
+            "warm_start_steps is train's (an sft stage before GRPO); sft itself takes --steps, --lr "
+            "and --data"
+        )
     if config.warm_start.web_kinds:
-        raise ConfigError("warm_start_web_kinds is train's (the kinds of its warm start); sft itself takes --web-kinds")
-    config, start = starting_run(config, writable)  # a run folder as --model: its base, its adapters continued
+        raise ConfigError(
+            "warm_start_web_kinds is train's (the kinds of its warm start); sft itself takes --web-kinds"
+        )
+    config, start = starting_run(
+        config, writable
+    )  # a run folder as --model: its base, its adapters continued
     mx.random.seed(config.seed)  # the adapters' initial weights: the same seed, the same run
     warnings: list[str] = []
     task = None
@@ -116,35 +129,65 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
         except DataError as e:
             raise ConfigError(str(e)) from None
         if not train_rows:
-            raise ConfigError(f"{config.data}: no demonstration left to train on after holding out the "
-                              "validation and test rows")
+            raise ConfigError(
+                f"{config.data}: no demonstration left to train on after holding out the "
+                "validation and test rows"
+            )
         trained = [row for _, row in train_rows]
         source = config.data
-    elif config.task in BUILTIN_TASKS:  # with --data: the task's rows from a local copy (gsm8k), as train reads them
+    elif (
+        config.task in BUILTIN_TASKS
+    ):  # with --data: the task's rows from a local copy (gsm8k), as train reads them
         task = base_task(config)  # its rows and rewards: sft reads no judge and no tools file
         warnings += task.warnings
         train_rows, valid_rows = task_rows(task, config)
         trained = train_rows
         source = f"task {task.name} (train split)"
     else:
-        raise ConfigError("sft needs --data (a JSONL file, a folder or a dataset name) or --task with its own "
-                          f"demonstrations ({', '.join(BUILTIN_TASKS)})")
+        raise ConfigError(
+            "sft needs --data (a JSONL file, a folder or a dataset name) or --task with its own "
+            f"demonstrations ({', '.join(BUILTIN_TASKS)})"
+        )
     if writable is not None:
         prepare_run_folder(writable, resume=bool(config.resume), overwrite=config.overwrite)
 
     model, tokenizer, weights_note = load_base(config, start)
     try:
         if task is None:
-            train, note = encode_rows(tokenizer, train_rows, config.data, config.on_bad_data, _context(model),
-                                      config.system_prompt, config.prompt_format, config.stop)
-            valid, valid_note = encode_rows(tokenizer, valid_rows, f"{config.data} (validation)", config.on_bad_data,
-                                            _context(model), config.system_prompt, config.prompt_format, config.stop)
+            train, note = encode_rows(
+                tokenizer,
+                train_rows,
+                config.data,
+                config.on_bad_data,
+                _context(model),
+                config.system_prompt,
+                config.prompt_format,
+                config.stop,
+            )
+            valid, valid_note = encode_rows(
+                tokenizer,
+                valid_rows,
+                f"{config.data} (validation)",
+                config.on_bad_data,
+                _context(model),
+                config.system_prompt,
+                config.prompt_format,
+                config.stop,
+            )
         else:
             spelled = _indistinct(model, tokenizer, warnings) if rollouts_for(task).plays_episodes else {}
-            train, note = task_demonstrations(task, tokenizer, train_rows, config.max_episode_tokens,
-                                              config.on_bad_data, source, spelled)
-            valid, valid_note = task_demonstrations(task, tokenizer, valid_rows, config.max_episode_tokens,
-                                                    config.on_bad_data, f"{source}, held out", spelled)
+            train, note = task_demonstrations(
+                task, tokenizer, train_rows, config.max_episode_tokens, config.on_bad_data, source, spelled
+            )
+            valid, valid_note = task_demonstrations(
+                task,
+                tokenizer,
+                valid_rows,
+                config.max_episode_tokens,
+                config.on_bad_data,
+                f"{source}, held out",
+                spelled,
+            )
     except DataError as e:
         raise ConfigError(str(e)) from None
     warnings += [n for n in (note, valid_note) if n]
@@ -154,8 +197,20 @@ def sft_setup(config: TrainConfig, writable: Path | None = None) -> SFTRun:
         load_adapter_weights(model, start)
     optimizer = make_optimizer(with_settings(config, num_iterations=1))  # one optimizer step a step
     notes = [n for n in (gguf_types_note(start.base if start else config.model), weights_note) if n]
-    return SFTRun(config, model, tokenizer, adapter_config, optimizer, train, valid, task, source, trained, warnings,
-                  notes)
+    return SFTRun(
+        config,
+        model,
+        tokenizer,
+        adapter_config,
+        optimizer,
+        train,
+        valid,
+        task,
+        source,
+        trained,
+        warnings,
+        notes,
+    )
 
 
 def _indistinct(model, tokenizer, warnings: list[str]) -> dict[int, str]:
@@ -163,6 +218,8 @@ def _indistinct(model, tokenizer, warnings: list[str]) -> dict[int, str]:
     spelled = indistinct_tokens(model, tokenizer)
     if spelled:
         names = ", ".join(sorted(set(spelled.values())))
-        warnings.append(f"the model's output head cannot tell {names} apart from other rarely seen tokens "
-                        "(one shared row): the scripted episodes write them in ordinary tokens, the same text")
+        warnings.append(
+            f"the model's output head cannot tell {names} apart from other rarely seen tokens "
+            "(one shared row): the scripted episodes write them in ordinary tokens, the same text"
+        )
     return spelled

@@ -25,12 +25,21 @@ from .step_rollouts import StepRollouts
 from .step_update import Trained
 
 
-def step_metrics(task: Task, config: TrainConfig, sampled: StepRollouts, trained: Trained, prompt_tokens: int,
-                 update_s: float, start: float) -> dict:
+def step_metrics(
+    task: Task,
+    config: TrainConfig,
+    sampled: StepRollouts,
+    trained: Trained,
+    prompt_tokens: int,
+    update_s: float,
+    start: float,
+) -> dict:
     """The step's rewards, advantages, filters, lengths, speeds, time and memory (the step began at `start`)."""
     g = config.group_size
     grouped = sampled.rewards.reshape(-1, g)
-    lengths = np.array([c.model_tokens for c in sampled.completions])  # the model's own tokens, not observations
+    lengths = np.array(
+        [c.model_tokens for c in sampled.completions]
+    )  # the model's own tokens, not observations
     truncated = np.array([c.truncated for c in sampled.completions])
     trained_tokens = sum(len(c.tokens) for c in trained.completions)
     metrics = {
@@ -49,14 +58,18 @@ def step_metrics(task: Task, config: TrainConfig, sampled: StepRollouts, trained
         **reward_variance_shares(sampled.parts, task.reward_weights, g, config.shaping),
         "completion/truncated_frac": float(truncated.mean()),
         "tokens_per_s": int(lengths.sum()) / max(sampled.seconds, 1e-9),
-        "train/tokens_per_s": (prompt_tokens + trained_tokens) * config.objective.num_iterations / max(update_s, 1e-9),
+        "train/tokens_per_s": (prompt_tokens + trained_tokens)
+        * config.objective.num_iterations
+        / max(update_s, 1e-9),
         "time/rollout_s": sampled.seconds,
         "time/update_s": update_s,
         **reward_metrics(task.reward_functions),  # a judge's time/judge_s and judge/unreadable_frac
         "time/step_s": time.perf_counter() - start,
         "memory/peak_gb": mx.get_peak_memory() / 1e9,
     }
-    metrics.update(rollouts_for(task).step_metrics(sampled.completions))  # a multi-turn task's episode metrics
+    metrics.update(
+        rollouts_for(task).step_metrics(sampled.completions)
+    )  # a multi-turn task's episode metrics
     if task.curriculum:
         metrics.update(task.curriculum.metrics(task.train_rows))
     if config.guide:
@@ -66,22 +79,32 @@ def step_metrics(task: Task, config: TrainConfig, sampled: StepRollouts, trained
     return metrics
 
 
-def completion_records(tokenizer, task: Task, step: int, sampled: StepRollouts, trained: Trained) -> list[dict]:
+def completion_records(
+    tokenizer, task: Task, step: int, sampled: StepRollouts, trained: Trained
+) -> list[dict]:
     """One completions.jsonl record a sampled completion (or episode): its prompt, text, rewards and
     advantage (None: its group was filtered out and not trained on)."""
     rollouts = rollouts_for(task)
     advantage_of = trained.advantage_of()
     records = []
     for i, c in enumerate(sampled.completions):
-        records.append({
-            "step": step, "prompt": sampled.rows[c.prompt_index]["prompt"], "completion": c.text,
-            "reward": float(sampled.rewards[i]), "raw_reward": float(sampled.raw_rewards[i]),
-            "rewards": {name: values[i] for name, values in sampled.parts.items()},
-            "advantage": float(advantage_of[i]) if i in advantage_of else None,
-            "finish_reason": c.finish_reason, "length": c.model_tokens,
-            **({"guided": True} if getattr(c, "guided", False) else {}),
-            **rollouts.record(tokenizer, c),  # an episode's turns as trained and masked text, its tool calls
-        })
+        records.append(
+            {
+                "step": step,
+                "prompt": sampled.rows[c.prompt_index]["prompt"],
+                "completion": c.text,
+                "reward": float(sampled.rewards[i]),
+                "raw_reward": float(sampled.raw_rewards[i]),
+                "rewards": {name: values[i] for name, values in sampled.parts.items()},
+                "advantage": float(advantage_of[i]) if i in advantage_of else None,
+                "finish_reason": c.finish_reason,
+                "length": c.model_tokens,
+                **({"guided": True} if getattr(c, "guided", False) else {}),
+                **rollouts.record(
+                    tokenizer, c
+                ),  # an episode's turns as trained and masked text, its tool calls
+            }
+        )
     return records
 
 

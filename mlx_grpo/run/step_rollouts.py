@@ -31,11 +31,20 @@ from .guidance import guide_groups
 
 def rollout_settings(config: TrainConfig) -> RolloutSettings:
     """What sampling/ takes from the run's settings to sample a step's groups and to evaluate."""
-    return RolloutSettings(config.group_size, config.sampling, config.decode_concurrency, config.max_turns,
-                           config.max_episode_tokens, config.eval_pass_k, config.seed)
+    return RolloutSettings(
+        config.group_size,
+        config.sampling,
+        config.decode_concurrency,
+        config.max_turns,
+        config.max_episode_tokens,
+        config.eval_pass_k,
+        config.seed,
+    )
 
 
-def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed: int | None = None):
+def rollout_and_score(
+    model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed: int | None = None
+):
     """Sample and score the groups of `rows`: (completions, scores, seconds).
 
     Completions are keyed by (seed, prompt position in the step, member), so a
@@ -47,8 +56,13 @@ def rollout_and_score(model, tokenizer, task: Task, rows: list[dict], config: Tr
         return _sample_and_score(model, tokenizer, task, rows, config, seed, 0)
     share = dist.shard(len(rows))
     try:
-        local = (_sample_and_score(model, tokenizer, task, rows[share.start:share.stop], config, seed, share.start)
-                 if len(share) else None)
+        local = (
+            _sample_and_score(
+                model, tokenizer, task, rows[share.start : share.stop], config, seed, share.start
+            )
+            if len(share)
+            else None
+        )
     except Exception as e:  # passed to every rank, so none waits forever for this one
         local = e
     shares = dist.all_gather_objects(local)
@@ -74,16 +88,24 @@ def merge_rollouts(shares: list, group_size: int):
             examples.setdefault(name, example)
     scores = Scores(
         total=np.concatenate([sc.total for _, sc, _ in shares]),
-        parts={name: [v for c, sc, _ in shares for v in sc.parts.get(name, [None] * len(c))] for name in names},
-        errors=errors, error_examples=examples)
+        parts={
+            name: [v for c, sc, _ in shares for v in sc.parts.get(name, [None] * len(c))] for name in names
+        },
+        errors=errors,
+        error_examples=examples,
+    )
     return completions, scores, max(seconds for _, _, seconds in shares)
 
 
 def _sample_and_score(model, tokenizer, task: Task, rows: list[dict], config: TrainConfig, seed, first: int):
     """rollout_and_score on this process alone; rows[0] is the step's prompt number `first`."""
     settings = rollout_settings(config)
-    completions, scores, rollout_s = rollouts_for(task).sample_and_score(model, tokenizer, rows, settings, seed, first)
-    if config.guide:  # a reference answer (or scripted episode) into each group with no right one (guidance.py)
+    completions, scores, rollout_s = rollouts_for(task).sample_and_score(
+        model, tokenizer, rows, settings, seed, first
+    )
+    if (
+        config.guide
+    ):  # a reference answer (or scripted episode) into each group with no right one (guidance.py)
         completions, scores = guide_groups(model, tokenizer, task, rows, completions, scores, settings)
     return completions, scores, rollout_s
 
@@ -133,14 +155,20 @@ def collect_rollouts(model, tokenizer, task: Task, config: TrainConfig, step: in
     for round_ in range(1 + extra_rounds):
         if rounds and np.concatenate(keep).sum() >= config.batch_size:
             break
-        first = (task.curriculum.pick if task.curriculum else batch_rows)
-        rows = (first(task.train_rows, step, config.batch_size, config.seed) if round_ == 0
-                else resample_rows(task.train_rows, step, round_, config.batch_size, config.seed))
-        completions, scores, seconds = rollout_and_score(model, tokenizer, task, rows, config,
-                                                         rollout_seed(config.seed, step, round_))
+        first = task.curriculum.pick if task.curriculum else batch_rows
+        rows = (
+            first(task.train_rows, step, config.batch_size, config.seed)
+            if round_ == 0
+            else resample_rows(task.train_rows, step, round_, config.batch_size, config.seed)
+        )
+        completions, scores, seconds = rollout_and_score(
+            model, tokenizer, task, rows, config, rollout_seed(config.seed, step, round_)
+        )
         if task.curriculum:
             task.curriculum.update(rows, group_success(task, rows, completions, scores, g))
-        shaped, kept = step_rewards(task, config, completions, scores)  # penalties, side rewards, filters (shaping.py)
+        shaped, kept = step_rewards(
+            task, config, completions, scores
+        )  # penalties, side rewards, filters (shaping.py)
         rounds.append((completions, scores, seconds))
         all_rows += rows
         rewards.append(shaped)
@@ -149,6 +177,15 @@ def collect_rollouts(model, tokenizer, task: Task, config: TrainConfig, step: in
     keep = np.concatenate(keep)
     # At most batch_size groups are trained on: the first ones kept, in sampling order.
     keep &= np.cumsum(keep) <= config.batch_size
-    return StepRollouts(all_rows, completions, np.asarray(scores.total, dtype=np.float64), np.concatenate(rewards),
-                        scores.parts, scores.errors, scores.error_examples, keep, len(rounds),
-                        sum(seconds for _, _, seconds in rounds))
+    return StepRollouts(
+        all_rows,
+        completions,
+        np.asarray(scores.total, dtype=np.float64),
+        np.concatenate(rewards),
+        scores.parts,
+        scores.errors,
+        scores.error_examples,
+        keep,
+        len(rounds),
+        sum(seconds for _, _, seconds in rounds),
+    )

@@ -34,9 +34,12 @@ def _judge(config: TrainConfig, rows: list[dict], default_rubric: str | None) ->
         rubric = load_rubric(config.judge_rubric or default_rubric)
         missing = next((c for c in rubric.columns if any(c not in r for r in rows)), None)
         if missing:
-            raise ConfigError(f"rubric {rubric.name} names {{{missing}}}, but the data has no {missing!r} column "
-                              "in every row")
-        return make_judge_reward(config.judge, rubric, concurrency=config.decode_concurrency,
-                                 keep_quantized=config.keep_quantized)
+            raise ConfigError(
+                f"rubric {rubric.name} names {{{missing}}}, but the data has no {missing!r} column "
+                "in every row"
+            )
+        return make_judge_reward(
+            config.judge, rubric, concurrency=config.decode_concurrency, keep_quantized=config.keep_quantized
+        )
     except JudgeError as e:
         raise ConfigError(str(e)) from None

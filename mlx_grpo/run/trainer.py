@@ -35,6 +35,7 @@ from . import checkpoint as ckpt
 from . import distributed as dist
 from . import run_result
 from .loop import Training, run_loop
+
 # evaluate: the API reads it here; the run looks it up in run_result, the one place a test replaces it
 from .run_result import RunResult, check_before, evaluate  # noqa: F401
 from .setup import RunState, make_optimizer, setup  # noqa: F401 (make_optimizer: also trainer's, as before)
@@ -44,17 +45,24 @@ from .step_update import apply_update, choose_trained, prepare_update, update_se
 from .warm_start import WarmStart, grpo_config, no_time_after, run_warm_start, with_warm_start
 
 
-def train_step(model, tokenizer, optimizer, task: Task, config: TrainConfig, step: int, ref_params) -> tuple[dict, list]:
+def train_step(
+    model, tokenizer, optimizer, task: Task, config: TrainConfig, step: int, ref_params
+) -> tuple[dict, list]:
     """One GRPO step; returns (metrics, completion records)."""
     start = time.perf_counter()
     mx.random.seed(step_seed(config.seed, step))
     mx.reset_peak_memory()
-    sampled = collect_rollouts(model, tokenizer, task, config, step)  # sampled, scored, filtered (step_rollouts.py)
+    sampled = collect_rollouts(
+        model, tokenizer, task, config, step
+    )  # sampled, scored, filtered (step_rollouts.py)
     trained = choose_trained(sampled, config)  # the kept groups' completions and advantages (step_update.py)
     update_start = time.perf_counter()
     model.train()
     ready = prepare_update(model, trained, task, config, step, ref_params)  # micro-batches, reference, KL
-    metrics = {"step": step, **apply_update(model, optimizer, ready, config)}  # optimizer steps (step_update.py)
+    metrics = {
+        "step": step,
+        **apply_update(model, optimizer, ready, config),
+    }  # optimizer steps (step_update.py)
     update_s = time.perf_counter() - update_start
     metrics.update(step_metrics(task, config, sampled, trained, ready.prompt_tokens, update_s, start))
     return metrics, completion_records(tokenizer, task, step, sampled, trained)
@@ -96,7 +104,9 @@ def refresh_reference_if_due(run: RunState, step: int, metrics: dict) -> None:
     c = run.config
     o = c.objective
     if o.ref_refresh_every and step % o.ref_refresh_every == 0:
-        run.ref_params = refreshed_reference(run.ref_params, run.model.trainable_parameters(), o.ref_refresh_alpha)
+        run.ref_params = refreshed_reference(
+            run.ref_params, run.model.trainable_parameters(), o.ref_refresh_alpha
+        )
         metrics["ref_refreshed"] = True
 
 
@@ -138,9 +148,20 @@ class GRPOTraining(Training):
     def __init__(self, run: RunState, run_dir: Path, config: TrainConfig, stage: WarmStart | None):
         task = run.task
         accuracy = reward_name(task.accuracy_reward) if task.accuracy_reward is not None else None
-        super().__init__("train", config, run_dir, run.model, run.optimizer, run.adapter_config,
-                         task.warnings, task.train_rows, task.name, {"task": task, "notes": run.notes},
-                         token_budget(task, config), accuracy)  # health's accuracy_collapse reads the reward
+        super().__init__(
+            "train",
+            config,
+            run_dir,
+            run.model,
+            run.optimizer,
+            run.adapter_config,
+            task.warnings,
+            task.train_rows,
+            task.name,
+            {"task": task, "notes": run.notes},
+            token_budget(task, config),
+            accuracy,
+        )  # health's accuracy_collapse reads the reward
         self.run, self.task, self.stage = run, task, stage
 
     def step(self, step: int) -> tuple[dict, list[dict]]:

@@ -41,7 +41,9 @@ class WarmStart:
 
     folder: Path  # RUN/warm_start: the model GRPO starts from
     accuracy_before: float | None  # the base model's held-out accuracy, before the warm start
-    check: dict | None  # the held-out check after it (accuracy, n, seconds): GRPO's check before its first step
+    check: (
+        dict | None
+    )  # the held-out check after it (accuracy, n, seconds): GRPO's check before its first step
     ran_now: bool  # whether this command ran it (then its time counts against this command's limit)
 
 
@@ -50,10 +52,21 @@ def warm_start_config(config: TrainConfig, folder: Path, resume: bool) -> TrainC
     the adapters' settings, seed, micro_batch_size, max_grad_norm, eval_num_problems, save_every ...). The
     command's time limit and loggers are GRPO's: the stage's steps are not cut, its events reach train's."""
     w = config.warm_start
-    return with_settings(config, steps=w.steps, lr=w.lr, batch_size=w.batch_size, data=w.data or config.data,
-                         web_kinds=stage_web_kinds(config), output=str(folder),
-                         resume=str(folder) if resume else None, overwrite=config.overwrite and not resume,
-                         warm_start_steps=0, warm_start_web_kinds=[], time_limit_minutes=0.0, report_to=[])
+    return with_settings(
+        config,
+        steps=w.steps,
+        lr=w.lr,
+        batch_size=w.batch_size,
+        data=w.data or config.data,
+        web_kinds=stage_web_kinds(config),
+        output=str(folder),
+        resume=str(folder) if resume else None,
+        overwrite=config.overwrite and not resume,
+        warm_start_steps=0,
+        warm_start_web_kinds=[],
+        time_limit_minutes=0.0,
+        report_to=[],
+    )
 
 
 def stage_web_kinds(config: TrainConfig) -> list[str]:
@@ -64,8 +77,10 @@ def stage_web_kinds(config: TrainConfig) -> list[str]:
 def check_demonstrations(config: TrainConfig) -> None:
     """A warm start needs demonstrations: a built-in task's own, or warm_start_data."""
     if config.task not in BUILTIN_TASKS and not config.warm_start.data:
-        raise ConfigError(f"warm_start_steps needs warm_start_data (demonstrations in mlx-lm's formats) for task "
-                          f"{config.task!r}: only the built-in tasks ({', '.join(BUILTIN_TASKS)}) have their own")
+        raise ConfigError(
+            f"warm_start_steps needs warm_start_data (demonstrations in mlx-lm's formats) for task "
+            f"{config.task!r}: only the built-in tasks ({', '.join(BUILTIN_TASKS)}) have their own"
+        )
 
 
 def run_warm_start(config: TrainConfig, run_dir: Path, emit: Callable[[str, dict], None]) -> WarmStart | None:
@@ -83,21 +98,31 @@ def run_warm_start(config: TrainConfig, run_dir: Path, emit: Callable[[str, dict
     if not finished:
         resume = bool(config.resume) and (folder / "config.yaml").is_file()
         try:
-            sft(warm_start_config(config, folder, resume),
-                on_event=lambda kind, data: emit("warm_start", {"kind": kind, "data": data}))
+            sft(
+                warm_start_config(config, folder, resume),
+                on_event=lambda kind, data: emit("warm_start", {"kind": kind, "data": data}),
+            )
         except KeyboardInterrupt as e:  # the whole command is resumed, not the stage alone
-            raise KeyboardInterrupt(str(e).replace(f"mlx-grpo sft --resume {folder}",
-                                                   f"mlx-grpo train --resume {run_dir}")) from None
+            raise KeyboardInterrupt(
+                str(e).replace(f"mlx-grpo sft --resume {folder}", f"mlx-grpo train --resume {run_dir}")
+            ) from None
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     check = None
     # A stage on other kinds or other data checked other rows: neither of its checks is the run's (GRPO makes
     # its own), so the run's summary never sets figures on different rows side by side.
-    same_tasks = (stage_web_kinds(config) == list(config.task_options.web_kinds)
-                  and (config.warm_start.data or config.data) == config.data)
+    same_tasks = (
+        stage_web_kinds(config) == list(config.task_options.web_kinds)
+        and (config.warm_start.data or config.data) == config.data
+    )
     if summary.get("accuracy_after") is not None and same_tasks:
-        check = {"accuracy": summary["accuracy_after"], "n": summary["eval_n"],
-                 "seconds": summary.get("eval_seconds") or 0.0}
-    return WarmStart(folder, summary.get("accuracy_before") if same_tasks else None, check, ran_now=not finished)
+        check = {
+            "accuracy": summary["accuracy_after"],
+            "n": summary["eval_n"],
+            "seconds": summary.get("eval_seconds") or 0.0,
+        }
+    return WarmStart(
+        folder, summary.get("accuracy_before") if same_tasks else None, check, ran_now=not finished
+    )
 
 
 def grpo_config(config: TrainConfig, stage: WarmStart | None) -> TrainConfig:
@@ -107,12 +132,18 @@ def grpo_config(config: TrainConfig, stage: WarmStart | None) -> TrainConfig:
 
 def no_time_after(config: TrainConfig, stage: WarmStart | None, elapsed: float, eval_seconds: float) -> bool:
     """Whether a warm start this command ran left no room for GRPO's final evaluation in the time limit."""
-    return (stage is not None and stage.ran_now and config.time_limit_minutes > 0
-            and elapsed + eval_seconds > 60 * config.time_limit_minutes)
+    return (
+        stage is not None
+        and stage.ran_now
+        and config.time_limit_minutes > 0
+        and elapsed + eval_seconds > 60 * config.time_limit_minutes
+    )
 
 
 def with_warm_start(result: RunResult, stage: WarmStart | None) -> RunResult:
     """The run's result: accuracy_before the base's, accuracy_after_warm_start GRPO's starting accuracy."""
     if stage is None:
         return result
-    return replace(result, accuracy_before=stage.accuracy_before, accuracy_after_warm_start=result.accuracy_before)
+    return replace(
+        result, accuracy_before=stage.accuracy_before, accuracy_after_warm_start=result.accuracy_before
+    )

@@ -41,8 +41,14 @@ class ScriptedTurns:
         return outs, {"prefilled": 0}
 
 
-def scripted_episodes(tokenizer, envs: list, scripts: list[list[str]], system_prompt: str | None,
-                      max_episode_tokens: int, spelled: dict[int, str] | None = None) -> list[Episode]:
+def scripted_episodes(
+    tokenizer,
+    envs: list,
+    scripts: list[list[str]],
+    system_prompt: str | None,
+    max_episode_tokens: int,
+    spelled: dict[int, str] | None = None,
+) -> list[Episode]:
     """Each environment played with its script's actions as the model's turns, and scored, as rollout_episodes
     plays and scores them."""
     join = chat_join(tokenizer, system_prompt)
@@ -51,13 +57,27 @@ def scripted_episodes(tokenizer, envs: list, scripts: list[list[str]], system_pr
         if hasattr(env, "bind"):
             env.bind(tokenizer)
         first = env.reset()
-        prompt = _encode(tokenizer, first) if isinstance(first, Rendered) else encode_prompt(tokenizer, first,
-                                                                                              system_prompt)
+        prompt = (
+            _encode(tokenizer, first)
+            if isinstance(first, Rendered)
+            else encode_prompt(tokenizer, first, system_prompt)
+        )
         episodes.append(Episode(i, prompt))
     turns = max((len(s) for s in scripts), default=0)
     wave = list(range(len(episodes)))
-    _play(ScriptedTurns(tokenizer, scripts, spelled), tokenizer, episodes, envs, wave, join,
-          SamplingConfig(temperature=0.0), turns, max_episode_tokens, _Progress(len(episodes), turns, None), None)
+    _play(
+        ScriptedTurns(tokenizer, scripts, spelled),
+        tokenizer,
+        episodes,
+        envs,
+        wave,
+        join,
+        SamplingConfig(temperature=0.0),
+        turns,
+        max_episode_tokens,
+        _Progress(len(episodes), turns, None),
+        None,
+    )
     score_episodes(episodes, envs)
     return episodes
 
@@ -67,9 +87,15 @@ def episode_example(episode: Episode) -> tuple[list[int], list[float]]:
     return episode.prompt_tokens + episode.tokens, [0.0] * len(episode.prompt_tokens) + list(episode.mask)
 
 
-def task_demonstrations(task, tokenizer, rows: list[dict], max_episode_tokens: int, on_bad: str,
-                        source: str, spelled: dict[int, str] | None = None
-                        ) -> tuple[list[tuple[list[int], list[float]]], str]:
+def task_demonstrations(
+    task,
+    tokenizer,
+    rows: list[dict],
+    max_episode_tokens: int,
+    on_bad: str,
+    source: str,
+    spelled: dict[int, str] | None = None,
+) -> tuple[list[tuple[list[int], list[float]]], str]:
     """(examples, note): the rows' demonstrations; a row without one, or whose scripted episode does not
     end solved within max_episode_tokens, is skipped and counted (on_bad="error": DataError). `spelled`:
     tokens a scripted action writes out in ordinary tokens (models/untrained_tokens.py)."""
@@ -79,13 +105,17 @@ def task_demonstrations(task, tokenizer, rows: list[dict], max_episode_tokens: i
         if task.reference_actions is None:
             raise DataError(f"task {task.name!r} has no scripted episodes to learn from")
         scripts = [task.reference_actions(row) or [] for row in rows]
-        episodes = scripted_episodes(tokenizer, make_envs(task, rows, 1), scripts, task.system_prompt,
-                                     max_episode_tokens, spelled)
+        episodes = scripted_episodes(
+            tokenizer, make_envs(task, rows, 1), scripts, task.system_prompt, max_episode_tokens, spelled
+        )
         for number, (episode, script) in enumerate(zip(episodes, scripts), start=1):
             if not script:
                 report.skip(number, "no scripted episode", "row")
             elif episode.finish_reason != "done" or episode.error:
-                why = episode.error or f"ended by {episode.finish_reason} (max_episode_tokens {max_episode_tokens})"
+                why = (
+                    episode.error
+                    or f"ended by {episode.finish_reason} (max_episode_tokens {max_episode_tokens})"
+                )
                 report.skip(number, f"the scripted episode did not finish: {why}", "row")
             else:
                 examples.append(episode_example(episode))
@@ -97,8 +127,15 @@ def task_demonstrations(task, tokenizer, rows: list[dict], max_episode_tokens: i
             if not answer:
                 report.skip(number, "no reference answer", "row")
                 continue
-            examples.append(encode_demonstration(tokenizer, {"prompt": row["prompt"], "completion": answer},
-                                                 task.system_prompt, task.prompt_format, task.stop))
+            examples.append(
+                encode_demonstration(
+                    tokenizer,
+                    {"prompt": row["prompt"], "completion": answer},
+                    task.system_prompt,
+                    task.prompt_format,
+                    task.stop,
+                )
+            )
     report.rows = len(examples)
     if rows and not examples:
         raise DataError(f"{source}: no usable demonstrations ({report.summary()})")

@@ -26,7 +26,10 @@ def episode_segments(tokenizer, tokens: list[int], mask: list[float]) -> list[di
 
 def episode_record(tokenizer, episode) -> dict:
     """The fields a multi-turn episode adds to its completions.jsonl record."""
-    record = {"turns": len(episode.turns), "segments": episode_segments(tokenizer, episode.tokens, episode.mask)}
+    record = {
+        "turns": len(episode.turns),
+        "segments": episode_segments(tokenizer, episode.tokens, episode.mask),
+    }
     if "calls" in episode.info:  # a tool episode: each turn's calls as read, with how each went
         record["calls"] = episode.info["calls"]
     return record

@@ -160,7 +160,7 @@ def _copy_of(cache):
     copies = []
     for c in cache:
         c2 = copy.copy(c)
-        c2.keys, c2.values = c.keys[..., :c.offset, :], c.values[..., :c.offset, :]
+        c2.keys, c2.values = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
         if isinstance(c, RotatingKVCache):
             c2._idx = c.offset  # in order and not yet rotated: shorter than its window
         copies.append(c2)
@@ -184,14 +184,16 @@ def _prefilled_buffers(model, prompts, prefix_length, max_tokens):
         prefixes.setdefault(tuple(p[:-1]), len(prefixes))
     shared = _shared_start(list(prefixes)) if len(prefixes) > 1 else ()
     base = None
-    if len(shared) >= _MIN_SHARED and all(type(c) in (KVCache, RotatingKVCache) for c in make_prompt_cache(model)):
+    if len(shared) >= _MIN_SHARED and all(
+        type(c) in (KVCache, RotatingKVCache) for c in make_prompt_cache(model)
+    ):
         base = make_prompt_cache(model)
         forward(mx.array([shared]), cache=base)
         mx.eval([c.state for c in base])
     prefilled, tokens = [], len(shared) if base is not None else 0
     for prefix in prefixes:
         if base is not None:
-            cache, rest = _copy_of(base), prefix[len(shared):]
+            cache, rest = _copy_of(base), prefix[len(shared) :]
         else:
             cache, rest = make_prompt_cache(model), prefix or (0,)  # an empty prefix runs a dummy token
         if rest:
@@ -202,8 +204,12 @@ def _prefilled_buffers(model, prompts, prefix_length, max_tokens):
     keys, values = [], []
     for layer in range(len(prefilled[0][0])):
         for part, out in ((0, keys), (1, values)):
-            per_prefix = [mx.pad(cache[layer].state[part][:, :, :used], [(0, 0), (0, 0), (prefix_length - used, 0), (0, 0)])
-                          for cache, used in prefilled]
+            per_prefix = [
+                mx.pad(
+                    cache[layer].state[part][:, :, :used], [(0, 0), (0, 0), (prefix_length - used, 0), (0, 0)]
+                )
+                for cache, used in prefilled
+            ]
             out.append(mx.pad(mx.concatenate(per_prefix)[rows], [(0, 0), (0, 0), (0, max_tokens), (0, 0)]))
         mx.eval(keys[-1], values[-1])
         for cache, _ in prefilled:
@@ -267,13 +273,34 @@ def decode(model, prompts, max_tokens, sampling_key, pick, random_keys, end_ids,
     keys, values = _prefilled_buffers(model, prompts, prefix, max_tokens)
     rows = Rows(keys, values, [prefix - (len(p) - 1) for p in prompts])
     del keys, values
-    out = decode_rows(model, rows, prefix, [p[-1] for p in prompts], max_tokens, sampling_key, pick, random_keys,
-                      end_ids, on_step=on_step)
+    out = decode_rows(
+        model,
+        rows,
+        prefix,
+        [p[-1] for p in prompts],
+        max_tokens,
+        sampling_key,
+        pick,
+        random_keys,
+        end_ids,
+        on_step=on_step,
+    )
     return out.tokens, out.logprobs, out.finish
 
 
-def decode_rows(model, rows: Rows, start: int, first_tokens, max_tokens, sampling_key, pick, random_keys, end_ids,
-                keep: bool = False, on_step=None) -> Decoded:
+def decode_rows(
+    model,
+    rows: Rows,
+    start: int,
+    first_tokens,
+    max_tokens,
+    sampling_key,
+    pick,
+    random_keys,
+    end_ids,
+    keep: bool = False,
+    on_step=None,
+) -> Decoded:
     """Decode from buffers already filled up to slot `start` (exclusive); first_tokens go in at `start`.
 
     Row r's context is slots [rows.left_padding[r], start). With keep, the
@@ -297,7 +324,9 @@ def decode_rows(model, rows: Rows, start: int, first_tokens, max_tokens, samplin
     finish = [None] * n
     parked = []
     batch = list(range(n))  # rows in the compiled batch, in order
-    pending = step(mx.array(first_tokens, dtype=mx.int32), keys, values, start, left_padding, random_keys(batch, 0))
+    pending = step(
+        mx.array(first_tokens, dtype=mx.int32), keys, values, start, left_padding, random_keys(batch, 0)
+    )
     del keys, values
     for t in range(max_tokens):
         chosen, chosen_logprobs, keys, values = pending
@@ -333,7 +362,12 @@ def decode_rows(model, rows: Rows, start: int, first_tokens, max_tokens, samplin
             if keep:  # the rows let out of the batch keep their buffers, one layer at a time
                 out = sorted(set(range(len(batch))) - set(kept))
                 (keys, values), (out_keys, out_values) = _split_rows(keys, values, [kept, out])
-                parked.append(([batch[j] for j in out], Rows(out_keys, out_values, [row_padding[batch[j]] for j in out])))
+                parked.append(
+                    (
+                        [batch[j] for j in out],
+                        Rows(out_keys, out_values, [row_padding[batch[j]] for j in out]),
+                    )
+                )
             else:
                 keys, values = [k[index] for k in keys], [v[index] for v in values]
             pending = (chosen[index], chosen_logprobs[index], keys, values)

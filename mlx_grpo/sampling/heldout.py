@@ -16,7 +16,9 @@ from ..tasks.data import task_prompts
 from .rollout import SamplingConfig, sample_completions
 
 
-def _answers_and_scores(model, tokenizer, task, k: int, sampling: SamplingConfig, concurrency: int, seed: int):
+def _answers_and_scores(
+    model, tokenizer, task, k: int, sampling: SamplingConfig, concurrency: int, seed: int
+):
     """k completions per held-out row (one batched decode, drawn with keys of (seed, row, member) alone) and
     the accuracy of each (tasks/accuracy.py)."""
     rows = task.eval_rows
@@ -36,7 +38,8 @@ def evaluate_accuracy(model, tokenizer, task, max_tokens: int, concurrency: int 
     start = time.perf_counter()
     # A greedy decode draws nothing; its seed only keeps sampling from drawing one from MLX's global state.
     completions, values = _answers_and_scores(
-        model, tokenizer, task, 1, SamplingConfig(temperature=0.0, max_tokens=max_tokens), concurrency, seed=0)
+        model, tokenizer, task, 1, SamplingConfig(temperature=0.0, max_tokens=max_tokens), concurrency, seed=0
+    )
     return {
         "accuracy": float(right(values).mean()),
         "n": len(task.eval_rows),
@@ -47,8 +50,9 @@ def evaluate_accuracy(model, tokenizer, task, max_tokens: int, concurrency: int 
     }
 
 
-def evaluate_pass_at_k(model, tokenizer, task, k: int, max_tokens: int, temperature: float,
-                       concurrency: int = 256, seed: int = 0) -> float | None:
+def evaluate_pass_at_k(
+    model, tokenizer, task, k: int, max_tokens: int, temperature: float, concurrency: int = 256, seed: int = 0
+) -> float | None:
     """Sampled pass@k on the held-out rows: k completions each, the unbiased estimator (n = k).
 
     Drawn with keys of (seed, row, member) alone: the same seed gives the same pass@k whatever MLX's global
@@ -57,6 +61,13 @@ def evaluate_pass_at_k(model, tokenizer, task, k: int, max_tokens: int, temperat
     if not task.eval_rows or task.accuracy_reward is None:
         return None
     _, values = _answers_and_scores(
-        model, tokenizer, task, k, SamplingConfig(temperature=temperature, max_tokens=max_tokens), concurrency, seed)
+        model,
+        tokenizer,
+        task,
+        k,
+        SamplingConfig(temperature=temperature, max_tokens=max_tokens),
+        concurrency,
+        seed,
+    )
     successes = right(values).reshape(len(task.eval_rows), k).sum(axis=1)
     return mean_pass_at_k(successes, k, k)

@@ -58,22 +58,38 @@ class SingleTurn:
     def __init__(self, task):
         self.task = task
 
-    def sample_and_score(self, model, tokenizer, rows: list[dict], settings: RolloutSettings, seed: int | None = None,
-                         first: int = 0) -> tuple[list, Scores, float]:
+    def sample_and_score(
+        self,
+        model,
+        tokenizer,
+        rows: list[dict],
+        settings: RolloutSettings,
+        seed: int | None = None,
+        first: int = 0,
+    ) -> tuple[list, Scores, float]:
         """(completions, scores, seconds) of group_size completions for each row; rows[0] is the step's
         prompt number `first`, and completions are keyed by (seed, prompt, member)."""
         prompts = task_prompts(tokenizer, self.task, rows)
         model.eval()
         start = time.perf_counter()
         completions = sample_completions(
-            model, tokenizer, prompts, settings.group_size, settings.sampling, settings.concurrency,
-            seed=seed, prompt_ids=list(range(first, first + len(rows))),
+            model,
+            tokenizer,
+            prompts,
+            settings.group_size,
+            settings.sampling,
+            settings.concurrency,
+            seed=seed,
+            prompt_ids=list(range(first, first + len(rows))),
         )
         rollout_s = time.perf_counter() - start
         g = settings.group_size
         scores = score_completions(
-            self.task.reward_functions, self.task.reward_weights, [r["prompt"] for r in rows for _ in range(g)],
-            [c.text for c in completions], columns_of(rows, g, completions),
+            self.task.reward_functions,
+            self.task.reward_weights,
+            [r["prompt"] for r in rows for _ in range(g)],
+            [c.text for c in completions],
+            columns_of(rows, g, completions),
         )
         return completions, scores, rollout_s
 
@@ -82,23 +98,55 @@ class SingleTurn:
         s = settings
         result = evaluate_accuracy(model, tokenizer, self.task, s.sampling.max_tokens, s.concurrency)
         if s.eval_pass_k > 0:
-            result["pass_at_k"] = evaluate_pass_at_k(model, tokenizer, self.task, s.eval_pass_k, s.sampling.max_tokens,
-                                                     s.sampling.temperature, s.concurrency, s.seed)
+            result["pass_at_k"] = evaluate_pass_at_k(
+                model,
+                tokenizer,
+                self.task,
+                s.eval_pass_k,
+                s.sampling.max_tokens,
+                s.sampling.temperature,
+                s.concurrency,
+                s.seed,
+            )
         return result
 
-    def generate(self, model, tokenizer, rows: list[dict], k: int, sampling: SamplingConfig, concurrency: int,
-                 max_turns: int, max_episode_tokens: int, seed: int | None = None, first: int = 0) -> list:
+    def generate(
+        self,
+        model,
+        tokenizer,
+        rows: list[dict],
+        k: int,
+        sampling: SamplingConfig,
+        concurrency: int,
+        max_turns: int,
+        max_episode_tokens: int,
+        seed: int | None = None,
+        first: int = 0,
+    ) -> list:
         """k completions of each row, in one batched decode (eval and compare); rows[0] is prompt number
         `first`, and completion j of prompt p is drawn with keys of (seed, p, j) alone."""
-        return sample_completions(model, tokenizer, task_prompts(tokenizer, self.task, rows), k, sampling, concurrency,
-                                  seed=seed, prompt_ids=list(range(first, first + len(rows))))
+        return sample_completions(
+            model,
+            tokenizer,
+            task_prompts(tokenizer, self.task, rows),
+            k,
+            sampling,
+            concurrency,
+            seed=seed,
+            prompt_ids=list(range(first, first + len(rows))),
+        )
 
     def score(self, rows: list[dict], answers: list, k: int) -> tuple[Scores, np.ndarray | None]:
         """The task's rewards of k answers a row, and whether each is right (1.0) or not by tasks/accuracy.py
         (None: the task has no accuracy reward)."""
         prompts = [r["prompt"] for r in rows for _ in range(k)]
-        scores = score_completions(self.task.reward_functions, self.task.reward_weights, prompts,
-                                   [a.text for a in answers], columns_of(rows, k, answers))
+        scores = score_completions(
+            self.task.reward_functions,
+            self.task.reward_weights,
+            prompts,
+            [a.text for a in answers],
+            columns_of(rows, k, answers),
+        )
         if self.task.accuracy_reward is None:
             return scores, None
         return scores, right(accuracy_values(self.task, rows, k, answers, scores)).astype(float)
@@ -112,7 +160,9 @@ class SingleTurn:
     def prompt_as_seen(self, tokenizer, row: dict) -> str:
         """A row's prompt exactly as the model reads it: template, system prompt and frame included."""
         task = self.task
-        return tokenizer.decode(encode_prompt(tokenizer, row["prompt"], task.system_prompt, task.prompt_format))
+        return tokenizer.decode(
+            encode_prompt(tokenizer, row["prompt"], task.system_prompt, task.prompt_format)
+        )
 
 
 class MultiTurn:
@@ -123,8 +173,15 @@ class MultiTurn:
     def __init__(self, task):
         self.task = task
 
-    def sample_and_score(self, model, tokenizer, rows: list[dict], settings: RolloutSettings, seed: int | None = None,
-                         first: int = 0) -> tuple[list, Scores, float]:
+    def sample_and_score(
+        self,
+        model,
+        tokenizer,
+        rows: list[dict],
+        settings: RolloutSettings,
+        seed: int | None = None,
+        first: int = 0,
+    ) -> tuple[list, Scores, float]:
         """(episodes, scores, seconds): group_size episodes a row, env tokens masked; rows[0] is the step's
         prompt number `first` (episodes are keyed by their place in the step)."""
         s = settings
@@ -132,8 +189,17 @@ class MultiTurn:
         start = time.perf_counter()
         # The seed goes to the rollout (alike on every rank), never into MLX's global random state.
         episodes = rollout_episodes(
-            model, tokenizer, make_envs(self.task, rows, s.group_size), s.group_size, s.sampling, s.max_turns,
-            s.max_episode_tokens, self.task.system_prompt, s.concurrency, seed=seed, first_prompt=first,
+            model,
+            tokenizer,
+            make_envs(self.task, rows, s.group_size),
+            s.group_size,
+            s.sampling,
+            s.max_turns,
+            s.max_episode_tokens,
+            self.task.system_prompt,
+            s.concurrency,
+            seed=seed,
+            first_prompt=first,
         )
         return episodes, episode_scores(episodes), time.perf_counter() - start
 
@@ -146,26 +212,56 @@ class MultiTurn:
         model.eval()
         start = time.perf_counter()
         episodes = rollout_episodes(
-            model, tokenizer, make_envs(self.task, rows, 1), 1,
+            model,
+            tokenizer,
+            make_envs(self.task, rows, 1),
+            1,
             SamplingConfig(temperature=0.0, max_tokens=settings.sampling.max_tokens),
-            settings.max_turns, settings.max_episode_tokens, self.task.system_prompt, settings.concurrency,
+            settings.max_turns,
+            settings.max_episode_tokens,
+            self.task.system_prompt,
+            settings.concurrency,
         )
         model.train(was_training)
         return {
             "accuracy": float(np.mean([solved(ep) for ep in episodes])),
             "n": len(rows),
-            "mean_length": float(np.mean([ep.model_tokens for ep in episodes])),  # the model's own, as compare's
+            "mean_length": float(
+                np.mean([ep.model_tokens for ep in episodes])
+            ),  # the model's own, as compare's
             "truncated_frac": float(np.mean([ep.truncated for ep in episodes])),
             "seconds": time.perf_counter() - start,
             "completions": [ep.text for ep in episodes],
         }
 
-    def generate(self, model, tokenizer, rows: list[dict], k: int, sampling: SamplingConfig, concurrency: int,
-                 max_turns: int, max_episode_tokens: int, seed: int | None = None, first: int = 0) -> list:
+    def generate(
+        self,
+        model,
+        tokenizer,
+        rows: list[dict],
+        k: int,
+        sampling: SamplingConfig,
+        concurrency: int,
+        max_turns: int,
+        max_episode_tokens: int,
+        seed: int | None = None,
+        first: int = 0,
+    ) -> list:
         """k episodes of each row, one batched decode a turn (eval and compare); rows[0] is prompt number
         `first`, and episodes are keyed by (seed, their place from there) alone."""
-        return rollout_episodes(model, tokenizer, make_envs(self.task, rows, k), k, sampling, max_turns,
-                                max_episode_tokens, self.task.system_prompt, concurrency, seed=seed, first_prompt=first)
+        return rollout_episodes(
+            model,
+            tokenizer,
+            make_envs(self.task, rows, k),
+            k,
+            sampling,
+            max_turns,
+            max_episode_tokens,
+            self.task.system_prompt,
+            concurrency,
+            seed=seed,
+            first_prompt=first,
+        )
 
     def score(self, rows: list[dict], episodes: list, k: int) -> tuple[Scores, np.ndarray]:
         """The environments' scores of the episodes, and whether each was solved (1.0) or not."""
@@ -184,8 +280,11 @@ class MultiTurn:
         if hasattr(env, "bind"):
             env.bind(tokenizer)
         first = env.reset()
-        ids = (_encode(tokenizer, first) if isinstance(first, Rendered)
-               else encode_prompt(tokenizer, first, self.task.system_prompt))
+        ids = (
+            _encode(tokenizer, first)
+            if isinstance(first, Rendered)
+            else encode_prompt(tokenizer, first, self.task.system_prompt)
+        )
         return tokenizer.decode(ids)
 
 

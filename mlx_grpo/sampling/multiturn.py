@@ -113,13 +113,14 @@ def chat_join(tokenizer, system_prompt: str | None = None) -> ChatJoin:
     if system_prompt:
         messages.insert(0, {"role": "system", "content": system_prompt})
     first = tokenizer.apply_chat_template(messages, tokenize=False)
-    both = tokenizer.apply_chat_template(messages + [{"role": "user", "content": _MARK}], tokenize=False,
-                                         add_generation_prompt=True)
+    both = tokenizer.apply_chat_template(
+        messages + [{"role": "user", "content": _MARK}], tokenize=False, add_generation_prompt=True
+    )
     if not both.startswith(first) or _MARK not in both:
         return ChatJoin(eos, "\n", "\n")  # a template that rewrites earlier turns: plain text
-    tail = first[first.rindex("A") + 1:]
-    tail = tail[len(eos):] if eos and tail.startswith(eos) else tail
-    before, after = both[len(first):].split(_MARK)
+    tail = first[first.rindex("A") + 1 :]
+    tail = tail[len(eos) :] if eos and tail.startswith(eos) else tail
+    before, after = both[len(first) :].split(_MARK)
     return ChatJoin(eos, tail + before, after, tail)
 
 
@@ -127,11 +128,23 @@ def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int, sampling: SamplingConfig,
-                     max_turns: int, max_episode_tokens: int, system_prompt: str | None = None,
-                     concurrency: int = 256, seed: int | None = None, reuse_cache: bool = True,
-                     on_progress: Callable[[dict], None] | None = None, stats: Stats | None = None,
-                     memory_budget: int | None = None, first_prompt: int = 0) -> list[Episode]:
+def rollout_episodes(
+    model,
+    tokenizer,
+    envs: list[Environment],
+    group_size: int,
+    sampling: SamplingConfig,
+    max_turns: int,
+    max_episode_tokens: int,
+    system_prompt: str | None = None,
+    concurrency: int = 256,
+    seed: int | None = None,
+    reuse_cache: bool = True,
+    on_progress: Callable[[dict], None] | None = None,
+    stats: Stats | None = None,
+    memory_budget: int | None = None,
+    first_prompt: int = 0,
+) -> list[Episode]:
     """Play every environment to the end; `envs` are grouped, G consecutive ones per row.
 
     Returns the episodes in the same order, with rewards filled in. Episodes
@@ -159,8 +172,11 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
     for i, first in enumerate(firsts):
         if first != firsts[i - i % group_size]:
             raise ValueError("the environments of one group start differently; reset() must be deterministic")
-        prompt = (_encode(tokenizer, first) if isinstance(first, Rendered)  # a tool episode's prompt, tools in it
-                  else encode_prompt(tokenizer, first, system_prompt))
+        prompt = (
+            _encode(tokenizer, first)
+            if isinstance(first, Rendered)  # a tool episode's prompt, tools in it
+            else encode_prompt(tokenizer, first, system_prompt)
+        )
         episodes.append(Episode(i // group_size, prompt))
     if seed is None:  # greedy turns draw nothing: they leave MLX's global random state where it was
         seed = 0 if sampling.temperature <= 0 else int(mx.random.randint(0, 2**31 - 1, ()).item())
@@ -178,8 +194,19 @@ def rollout_episodes(model, tokenizer, envs: list[Environment], group_size: int,
         if start:
             player = player_for(model, tokenizer, group_size, seed, concurrency, reuse_cache, first)
         try:
-            _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, max_episode_tokens, progress,
-                  stats)
+            _play(
+                player,
+                tokenizer,
+                episodes,
+                envs,
+                wave,
+                join,
+                sampling,
+                max_turns,
+                max_episode_tokens,
+                progress,
+                stats,
+            )
         finally:
             getattr(player, "close", lambda: None)()
 
@@ -209,8 +236,17 @@ class _Progress:
 
     def __init__(self, episodes: int, max_turns: int, callback):
         self.callback = callback
-        self.state = {"episodes": episodes, "finished": 0, "max_turns": max_turns, "turn": 0, "playing": 0,
-                      "tokens": 0, "prefilled": 0, "seconds": 0.0, "tokens_per_s": 0.0}
+        self.state = {
+            "episodes": episodes,
+            "finished": 0,
+            "max_turns": max_turns,
+            "turn": 0,
+            "playing": 0,
+            "tokens": 0,
+            "prefilled": 0,
+            "seconds": 0.0,
+            "tokens_per_s": 0.0,
+        }
         self.began = time.perf_counter()
 
     def update(self, **changes) -> None:
@@ -223,7 +259,9 @@ class _Progress:
             self.callback(dict(state))
 
 
-def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, max_episode_tokens, progress, stats):
+def _play(
+    player, tokenizer, episodes, envs, wave, join, sampling, max_turns, max_episode_tokens, progress, stats
+):
     """Play the episodes of one wave turn by turn until each has ended."""
     active = list(wave)
     chunks = {i: episodes[i].prompt_tokens for i in wave}  # what each episode feeds next
@@ -235,16 +273,26 @@ def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, ma
         turn_sampling = replace(sampling, max_tokens=max(1, min(sampling.max_tokens, max(budget.values()))))
         if stats is not None:
             mx.reset_peak_memory()
-        outs, costs = player.play(turn, active, [chunks[i] for i in active],
-                                  [episodes[i].prompt_tokens + episodes[i].tokens for i in active], turn_sampling)
+        outs, costs = player.play(
+            turn,
+            active,
+            [chunks[i] for i in active],
+            [episodes[i].prompt_tokens + episodes[i].tokens for i in active],
+            turn_sampling,
+        )
         if stats is not None:
-            stats.add(turn=turn, rows=len(active), longest=max(len(episodes[i].prompt_tokens) + len(episodes[i].tokens)
-                                                                for i in active),
-                      generated=sum(len(o.tokens) for o in outs), peak_gb=mx.get_peak_memory() / 1e9, **costs)
+            stats.add(
+                turn=turn,
+                rows=len(active),
+                longest=max(len(episodes[i].prompt_tokens) + len(episodes[i].tokens) for i in active),
+                generated=sum(len(o.tokens) for o in outs),
+                peak_gb=mx.get_peak_memory() / 1e9,
+                **costs,
+            )
         still, stepping = [], []
         for i, out in zip(active, outs):
             ep = episodes[i]
-            tokens, logprobs = out.tokens[:budget[i]], out.logprobs[:budget[i]]
+            tokens, logprobs = out.tokens[: budget[i]], out.logprobs[: budget[i]]
             ep.tokens += tokens
             ep.logprobs += logprobs
             ep.mask += [1.0] * len(tokens)
@@ -268,8 +316,13 @@ def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, ma
             if turn == max_turns - 1:
                 ep.finish_reason = "max_turns"
                 continue
-            joined = _encode(tokenizer, join.text(observation if isinstance(observation, Rendered) else str(observation),
-                                                  out.finish_reason == "stop"))
+            joined = _encode(
+                tokenizer,
+                join.text(
+                    observation if isinstance(observation, Rendered) else str(observation),
+                    out.finish_reason == "stop",
+                ),
+            )
             if len(ep.tokens) + len(joined) >= max_episode_tokens:  # no room left for a model turn
                 ep.finish_reason = "max_tokens"
                 continue
@@ -280,8 +333,12 @@ def _play(player, tokenizer, episodes, envs, wave, join, sampling, max_turns, ma
             # The turn's last sampled token was never fed: it goes first, then the observation.
             chunks[i] = out.tokens[-1:] + joined
             still.append(i)
-        progress.update(finished=len(active) - len(still), playing=len(still),
-                        tokens=sum(len(o.tokens) for o in outs), prefilled=costs["prefilled"])
+        progress.update(
+            finished=len(active) - len(still),
+            playing=len(still),
+            tokens=sum(len(o.tokens) for o in outs),
+            prefilled=costs["prefilled"],
+        )
         active = still
 
 
@@ -318,9 +375,12 @@ def episode_scores(episodes: list[Episode]) -> Scores:
     names = list(dict.fromkeys(k for ep in episodes for k in ep.reward_parts))
     parts = {name: [ep.reward_parts.get(name) if not ep.error else None for ep in episodes] for name in names}
     errors = [ep.error for ep in episodes if ep.error]
-    return Scores(total=np.array([ep.reward for ep in episodes], dtype=float), parts=parts,
-                  errors={"environment": len(errors)} if errors else {},
-                  error_examples={"environment": errors[0]} if errors else {})
+    return Scores(
+        total=np.array([ep.reward for ep in episodes], dtype=float),
+        parts=parts,
+        errors={"environment": len(errors)} if errors else {},
+        error_examples={"environment": errors[0]} if errors else {},
+    )
 
 
 def episode_metrics(episodes: list[Episode]) -> dict:
@@ -335,7 +395,9 @@ def episode_metrics(episodes: list[Episode]) -> dict:
         out[f"episode/{reason}_frac"] = float(np.mean([r == reason for r in reasons]))
     if any("solved" in ep.info for ep in episodes):  # environments that say so; others leave it out
         out["episode/solved"] = sum(bool(ep.info.get("solved")) for ep in episodes) / len(episodes)
-    out.update(tool_metrics([ep.info for ep in episodes]))  # tool episodes only: the tool health rules read them
+    out.update(
+        tool_metrics([ep.info for ep in episodes])
+    )  # tool episodes only: the tool health rules read them
     return out
 
 

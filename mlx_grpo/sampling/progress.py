@@ -36,8 +36,11 @@ class DecodeMeter:
         if not ended and now - self.last < _EVERY_S:
             return
         self.last = now
-        per_step = ((now - self.first_token_at) / (position - 1) if position > 1 and self.first_token_at
-                    else (now - self.wave_began) / max(1, position))
+        per_step = (
+            (now - self.first_token_at) / (position - 1)
+            if position > 1 and self.first_token_at
+            else (now - self.wave_began) / max(1, position)
+        )
         if ended:
             self.done, self.tokens, self.wave_began = self.done + wave_rows, self.tokens + tokens, now
             self.first_token_at = None
@@ -46,7 +49,16 @@ class DecodeMeter:
             done, tokens, steps_left = self.done + finished, self.tokens + tokens, self.max_tokens - position
         later_waves = -(-(self.rows - self.done - (0 if ended else wave_rows)) // max(1, wave_rows))
         seconds = now - self.began
-        self.callback({"kind": "decode", "rows": self.rows, "done": done, "tokens": tokens,
-                       "position": position, "max_tokens": self.max_tokens, "seconds": seconds,
-                       "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-                       "at_most_left_s": per_step * (steps_left + later_waves * self.max_tokens)})
+        self.callback(
+            {
+                "kind": "decode",
+                "rows": self.rows,
+                "done": done,
+                "tokens": tokens,
+                "position": position,
+                "max_tokens": self.max_tokens,
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+                "at_most_left_s": per_step * (steps_left + later_waves * self.max_tokens),
+            }
+        )

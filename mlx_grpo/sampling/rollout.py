@@ -33,7 +33,9 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 from ..models import cpu_math
 from ..models.adapters import adapters_merged
 from ..models.heads import output_head
-from ..setting_groups import SamplingSettings as SamplingConfig  # the sampler's settings: the run's sampling group
+from ..setting_groups import (
+    SamplingSettings as SamplingConfig,
+)  # the sampler's settings: the run's sampling group
 from . import fixed_decode
 from .progress import PROGRESS, DecodeMeter
 from .width import decode_width
@@ -119,7 +121,9 @@ class KeyedSampler:
     def __init__(self, sampling: SamplingConfig, row_seeds: np.ndarray):
         self.sampling = sampling
         words = np.asarray(row_seeds, dtype=np.uint64)
-        keys = mx.array(np.stack([words >> np.uint64(32), words & np.uint64(0xFFFFFFFF)], axis=1).astype(np.uint32))
+        keys = mx.array(
+            np.stack([words >> np.uint64(32), words & np.uint64(0xFFFFFFFF)], axis=1).astype(np.uint32)
+        )
         # One key per row and position; max_tokens + 1 because the generator
         # samples one token past a row's last (and throws it away).
         self.keys = mx.vmap(lambda k: mx.random.split(k, sampling.max_tokens + 1))(keys)
@@ -150,7 +154,9 @@ def draw_tokens(logits: mx.array, keys: mx.array, sampling: SamplingConfig) -> t
     if _filters(sampling):  # the filters read log-probs at temperature 1
         normalised = logits - cpu_math.logsumexp(logits, axis=-1, keepdims=True)
         tokens = _sample(normalised, keys, sampling)
-        if sampling.temperature == 1.0:  # those are the log-probs wanted: read the taken ones, no second normaliser
+        if (
+            sampling.temperature == 1.0
+        ):  # those are the log-probs wanted: read the taken ones, no second normaliser
             return tokens, mx.take_along_axis(normalised, tokens[:, None], axis=-1).squeeze(-1)
         return tokens, tempered_logprobs(logits, tokens, sampling.temperature)
     # No filter: the draw's own log-normaliser is the log-prob's (one pass of exp over the vocabulary, not two).
@@ -207,7 +213,9 @@ def gumbel_max(scaled: mx.array, keys: mx.array) -> tuple[mx.array, mx.array]:
         scaled = mx.pad(scaled, [(0, 0), (0, blocks * BLOCK - vocab)], constant_values=-float("inf"))
     scaled = scaled.reshape(rows, blocks, BLOCK)
     top = mx.max(scaled, axis=(1, 2), keepdims=True)
-    weights = mx.where(scaled > -float("inf"), cpu_math.exp(scaled - top), 0.0)  # filtered and padded: exactly 0
+    weights = mx.where(
+        scaled > -float("inf"), cpu_math.exp(scaled - top), 0.0
+    )  # filtered and padded: exactly 0
     mass = weights.sum(axis=-1)  # (rows, blocks)
     normaliser = mx.log(mass.sum(axis=-1)) + top.reshape(rows)
     split = mx.vmap(lambda k: mx.random.split(k, blocks + 1))(keys)  # (rows, blocks + 1, 2)
@@ -233,8 +241,14 @@ def _greedy(logprobs: mx.array) -> mx.array:
 
 def completion_seeds(seed: int, prompt_ids: list[int], group_size: int) -> np.ndarray:
     """One 64-bit seed per completion, from (seed, prompt id, member) alone."""
-    return np.array([np.random.SeedSequence([seed, pid, j]).generate_state(1, dtype=np.uint64)[0]
-                     for pid in prompt_ids for j in range(group_size)], dtype=np.uint64)
+    return np.array(
+        [
+            np.random.SeedSequence([seed, pid, j]).generate_state(1, dtype=np.uint64)[0]
+            for pid in prompt_ids
+            for j in range(group_size)
+        ],
+        dtype=np.uint64,
+    )
 
 
 def sample_completions(
@@ -264,8 +278,11 @@ def sample_completions(
         raise ValueError("prompt_ids needs one id per prompt")
     if seed is None:
         seed = int(mx.random.randint(0, 2**31 - 1, ()).item())
-    sampler = (KeyedSampler(sampling, completion_seeds(seed, prompt_ids, group_size))
-               if sampling.temperature > 0 else None)
+    sampler = (
+        KeyedSampler(sampling, completion_seeds(seed, prompt_ids, group_size))
+        if sampling.temperature > 0
+        else None
+    )
     end_ids = end_token_ids(tokenizer)
     n = len(prompts) * group_size
     tokens = [[] for _ in range(n)]
@@ -277,22 +294,44 @@ def sample_completions(
     listener = PROGRESS.get()
     meter = DecodeMeter(n, sampling.max_tokens, listener) if listener is not None else None
     fixed = fixed_decode.supports_fixed_decode(model, longest)
-    caches = None if fixed else _shared_caches(model, prompts, group_size)  # mlx-lm's generator: caches that grow
+    caches = (
+        None if fixed else _shared_caches(model, prompts, group_size)
+    )  # mlx-lm's generator: caches that grow
     for start in range(0, n, width):
         wave = list(range(start, min(n, start + width)))
-        on_step = (lambda position, finished, made, size=len(wave): meter.step(size, position, finished, made)
-                   ) if meter else None
+        on_step = (
+            (lambda position, finished, made, size=len(wave): meter.step(size, position, finished, made))
+            if meter
+            else None
+        )
         if fixed:
-            out = _decode_fixed(model, [prompts[i // group_size] for i in wave], wave, sampler, end_ids, sampling,
-                                on_step)
+            out = _decode_fixed(
+                model, [prompts[i // group_size] for i in wave], wave, sampler, end_ids, sampling, on_step
+            )
             for i, t, lp, f in zip(wave, *out):
                 tokens[i], logprobs[i], finish[i] = t, lp, f
         else:  # sliding-window or recurrent caches
-            _decode_wave(model, [prompts[i // group_size] for i in wave], wave, caches[start:start + width], sampler,
-                         end_ids, sampling, tokens, logprobs, finish, on_step)
+            _decode_wave(
+                model,
+                [prompts[i // group_size] for i in wave],
+                wave,
+                caches[start : start + width],
+                sampler,
+                end_ids,
+                sampling,
+                tokens,
+                logprobs,
+                finish,
+                on_step,
+            )
         if meter:
-            meter.step(len(wave), max(len(tokens[i]) for i in wave), len(wave), sum(len(tokens[i]) for i in wave),
-                       ended=True)
+            meter.step(
+                len(wave),
+                max(len(tokens[i]) for i in wave),
+                len(wave),
+                sum(len(tokens[i]) for i in wave),
+                ended=True,
+            )
 
     completions = []
     for i in range(n):
@@ -313,12 +352,14 @@ def sample_completions(
 def fixed_sampler(sampler, rows, sampling: SamplingConfig):
     """(pick, keys_at, sampling_key) for fixed_decode: batch row b is the sampler's row rows[b]."""
     if sampler is None:
+
         def pick(logits, keys):
             return greedy_tokens(logits)
 
         def keys_at(batch, t):
             return mx.zeros((len(batch), 2), dtype=mx.uint32)
     else:
+
         def pick(logits, keys):
             return draw_tokens(logits, keys, sampling)
 
@@ -332,11 +373,21 @@ def _decode_fixed(model, prompts, rows, sampler, end_ids, sampling, on_step=None
     """Decode `rows` (one per prompt given) with the compiled fixed-shape loop; see fixed_decode.py."""
     pick, keys_at, sampling_key = fixed_sampler(sampler, rows, sampling)
     with adapters_merged(model):
-        return fixed_decode.decode(model, prompts, sampling.max_tokens, sampling_key, pick, keys_at, end_ids, on_step)
+        return fixed_decode.decode(
+            model, prompts, sampling.max_tokens, sampling_key, pick, keys_at, end_ids, on_step
+        )
 
 
-def generator_step(generator, sampler, active: list[int], row_of: dict, temperature: float,
-                   tokens: list, logprobs: list, finish: list) -> list:
+def generator_step(
+    generator,
+    sampler,
+    active: list[int],
+    row_of: dict,
+    temperature: float,
+    tokens: list,
+    logprobs: list,
+    finish: list,
+) -> list:
     """One step of a BatchGenerator whose batch is the rows `active`, in order: each row's token and its
     log-prob at `temperature` appended, a finished row's reason set. Returns the step's responses."""
     if sampler is not None:
@@ -346,8 +397,9 @@ def generator_step(generator, sampler, active: list[int], row_of: dict, temperat
         raise RuntimeError("the batch generator stopped before every completion finished")
     if [row_of[r.uid] for r in responses] != active:
         raise RuntimeError("the batch generator reordered its rows; per-completion seeding needs mlx-lm 0.32")
-    step_logprobs = tempered_logprobs(mx.stack([r.logprobs for r in responses]),
-                                      mx.array([r.token for r in responses]), temperature).tolist()
+    step_logprobs = tempered_logprobs(
+        mx.stack([r.logprobs for r in responses]), mx.array([r.token for r in responses]), temperature
+    ).tolist()
     for r, lp in zip(responses, step_logprobs):
         i = row_of[r.uid]
         tokens[i].append(r.token)
@@ -357,7 +409,9 @@ def generator_step(generator, sampler, active: list[int], row_of: dict, temperat
     return responses
 
 
-def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, tokens, logprobs, finish, on_step=None):
+def _decode_wave(
+    model, prompts, rows, caches, sampler, end_ids, sampling, tokens, logprobs, finish, on_step=None
+):
     """Decode `rows` together (all admitted at once) until each has finished.
 
     Every row enters the generator's batch in the first step and leaves it when
@@ -374,9 +428,7 @@ def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, token
     )
     try:
         uids = generator.insert(
-            [p[-1:] for p in prompts],
-            caches=caches,
-            all_tokens=[list(p[:-1]) for p in prompts],
+            [p[-1:] for p in prompts], caches=caches, all_tokens=[list(p[:-1]) for p in prompts]
         )
         row_of = dict(zip(uids, rows))
         active = list(rows)
@@ -384,6 +436,10 @@ def _decode_wave(model, prompts, rows, caches, sampler, end_ids, sampling, token
             generator_step(generator, sampler, active, row_of, sampling.temperature, tokens, logprobs, finish)
             active = [i for i in active if finish[i] is None]
             if on_step is not None:
-                on_step(max(len(tokens[i]) for i in rows), len(rows) - len(active), sum(len(tokens[i]) for i in rows))
+                on_step(
+                    max(len(tokens[i]) for i in rows),
+                    len(rows) - len(active),
+                    sum(len(tokens[i]) for i in rows),
+                )
     finally:
         generator.close()

@@ -45,8 +45,13 @@ from .fixed_decode import Rows, buffer_length
 _BLOCK_ELEMENTS = 1 << 20
 
 
-def appended(pieces: list[tuple[list[int], Rows]], ends: list[int], rows: list[int], chunks: list[list[int]],
-             max_tokens: int) -> tuple[Rows, int]:
+def appended(
+    pieces: list[tuple[list[int], Rows]],
+    ends: list[int],
+    rows: list[int],
+    chunks: list[list[int]],
+    max_tokens: int,
+) -> tuple[Rows, int]:
     """New buffers for `rows` (indices of the previous batch), with room for their chunks and max_tokens more.
 
     `pieces` are the previous decode's buffers (fixed_decode.Decoded.pieces),
@@ -71,7 +76,7 @@ def appended(pieces: list[tuple[list[int], Rows]], ends: list[int], rows: list[i
     # anyway): one gather over the buffer seen as (rows x heads x slots, head_dim).
     slots = np.clip(np.arange(length)[None] - (left_padding - old_padding)[:, None], 0, old_length - 1)
     source = np.array([where[r][0] for r in rows])
-    flat = ((source[:, None, None] * heads + np.arange(heads)[None, :, None]) * old_length + slots[:, None, :])
+    flat = (source[:, None, None] * heads + np.arange(heads)[None, :, None]) * old_length + slots[:, None, :]
     index = mx.array(flat.reshape(-1).astype(np.int32))
     keys, values = [], []
     for layer in range(len(held[0][0])):
@@ -109,7 +114,7 @@ class _AppendCache:
         self.old = None
         self.keys = mx.slice_update(self.keys, keys, self.start, axes=(0, 2))
         self.values = mx.slice_update(self.values, values, self.start, axes=(0, 2))
-        return self.keys[:self.n], self.values[:self.n]
+        return self.keys[: self.n], self.values[: self.n]
 
     def make_mask(self, n, return_array=False, window_size=None):
         return self.visible
@@ -144,9 +149,12 @@ def _attention_in_pieces(queries, keys, values, scale, visible):
         seen = visible[a:b, :, None]
         row_max = mx.where(seen, scores, -mx.inf).max(axis=-1, keepdims=True)
         weights = _softmax_numerators(scores, row_max, seen)
-        mixed = (weights.reshape(b - a, kv_heads, repeat * columns, slots) @ values[a:b])
-        out.append((mixed / weights.sum(axis=-1).reshape(b - a, kv_heads, repeat * columns, 1)).astype(queries.dtype)
-                   .reshape(b - a, heads, columns, dim))
+        mixed = weights.reshape(b - a, kv_heads, repeat * columns, slots) @ values[a:b]
+        out.append(
+            (mixed / weights.sum(axis=-1).reshape(b - a, kv_heads, repeat * columns, 1))
+            .astype(queries.dtype)
+            .reshape(b - a, heads, columns, dim)
+        )
     return mx.concatenate(out) if len(out) > 1 else out[0]
 
 
@@ -156,8 +164,11 @@ def _cpu_attention(model):
     if not on_cpu():
         yield
         return
-    modules = {sys.modules[type(m).__module__] for _, m in model.named_modules()
-               if getattr(sys.modules.get(type(m).__module__), "scaled_dot_product_attention", None) is not None}
+    modules = {
+        sys.modules[type(m).__module__]
+        for _, m in model.named_modules()
+        if getattr(sys.modules.get(type(m).__module__), "scaled_dot_product_attention", None) is not None
+    }
     originals = {m: m.scaled_dot_product_attention for m in modules}
 
     def wrapped(original):
@@ -165,6 +176,7 @@ def _cpu_attention(model):
             if isinstance(cache, _AppendCache) and sinks is None and isinstance(mask, mx.array):
                 return _attention_in_pieces(queries, keys, values, scale, mask)
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
         return attention
 
     try:
@@ -193,7 +205,7 @@ def prefill(model, rows: Rows, start: int, chunks: list[list[int]]) -> int:
     tokens = np.zeros((len(chunks), width), dtype=np.int32)
     for r, chunk in enumerate(chunks):
         if fresh[r]:
-            tokens[r, width - fresh[r]:] = chunk[:-1]
+            tokens[r, width - fresh[r] :] = chunk[:-1]
     left_padding = np.array(rows.left_padding)
     keys, values = rows.take()
     length = keys[0].shape[2]
@@ -206,12 +218,25 @@ def prefill(model, rows: Rows, start: int, chunks: list[list[int]]) -> int:
         first = start - width + a  # the slot of column a
         query = mx.arange(first, first + b - a)
         padding = mx.array(left_padding[:n])
-        visible = ((slots[None, None] >= padding[:, None, None]) & (slots[None, None] <= query[None, :, None])
-                   | (slots[None, None] == query[None, :, None]))[:, None]  # a column always sees itself
+        visible = (
+            (slots[None, None] >= padding[:, None, None]) & (slots[None, None] <= query[None, :, None])
+            | (slots[None, None] == query[None, :, None])
+        )[:, None]  # a column always sees itself
         old = [(mx.take(k[:n], query, axis=2), mx.take(v[:n], query, axis=2)) for k, v in zip(keys, values)]
         mx.eval(old)
-        caches = [_AppendCache(k, v, n, first, mx.array(first - left_padding[:n], dtype=mx.int32),
-                               mx.array(real)[:, None, :, None], visible, o) for k, v, o in zip(keys, values, old)]
+        caches = [
+            _AppendCache(
+                k,
+                v,
+                n,
+                first,
+                mx.array(first - left_padding[:n], dtype=mx.int32),
+                mx.array(real)[:, None, :, None],
+                visible,
+                o,
+            )
+            for k, v, o in zip(keys, values, old)
+        ]
         del keys, values, old  # the caches hold the only references: the writes go in place
         with _cpu_attention(model):
             forward(mx.array(tokens[:n, a:b]), cache=caches)

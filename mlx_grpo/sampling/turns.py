@@ -54,12 +54,15 @@ def turn_row_seeds(seed: int, turn: int, episodes: list[int], group_size: int) -
     """
     s = turn_seed(seed, turn)
     ids = [(e // group_size, e % group_size) if turn == 0 else (e, 0) for e in episodes]
-    return np.array([np.random.SeedSequence([s, a, b]).generate_state(1, dtype=np.uint64)[0] for a, b in ids],
-                    dtype=np.uint64)
+    return np.array(
+        [np.random.SeedSequence([s, a, b]).generate_state(1, dtype=np.uint64)[0] for a, b in ids],
+        dtype=np.uint64,
+    )
 
 
-def completion(tokenizer, index: int, prompt: list[int], tokens: list[int], logprobs: list[float],
-               finish: str) -> Completion:
+def completion(
+    tokenizer, index: int, prompt: list[int], tokens: list[int], logprobs: list[float], finish: str
+) -> Completion:
     body = tokens[:-1] if finish == "stop" else tokens
     return Completion(index, list(prompt), tokens, logprobs, finish, tokenizer.decode(body))
 
@@ -84,20 +87,40 @@ class Reprefill:
         self.model, self.tokenizer, self.group_size, self.seed = model, tokenizer, group_size, seed
         self.concurrency = concurrency
 
-    def play(self, turn, episodes, chunks, contexts, sampling: SamplingConfig) -> tuple[list[Completion], dict]:
+    def play(
+        self, turn, episodes, chunks, contexts, sampling: SamplingConfig
+    ) -> tuple[list[Completion], dict]:
         meter = fixed_decode.PREFILL
         tokens, seconds, began = meter.tokens, meter.seconds, time.perf_counter()
         if turn == 0:  # the episodes of a group share their first prompt: prefilled once
-            heads = episodes[::self.group_size]
-            outs = sample_completions(self.model, self.tokenizer, [contexts[episodes.index(e)] for e in heads],
-                                      self.group_size, sampling, self.concurrency, seed=turn_seed(self.seed, 0),
-                                      prompt_ids=[(self.first + e) // self.group_size for e in heads])
+            heads = episodes[:: self.group_size]
+            outs = sample_completions(
+                self.model,
+                self.tokenizer,
+                [contexts[episodes.index(e)] for e in heads],
+                self.group_size,
+                sampling,
+                self.concurrency,
+                seed=turn_seed(self.seed, 0),
+                prompt_ids=[(self.first + e) // self.group_size for e in heads],
+            )
         else:
-            outs = sample_completions(self.model, self.tokenizer, contexts, 1, sampling, self.concurrency,
-                                      seed=turn_seed(self.seed, turn), prompt_ids=[self.first + e for e in episodes])
+            outs = sample_completions(
+                self.model,
+                self.tokenizer,
+                contexts,
+                1,
+                sampling,
+                self.concurrency,
+                seed=turn_seed(self.seed, turn),
+                prompt_ids=[self.first + e for e in episodes],
+            )
         prefill = meter.seconds - seconds
-        return outs, {"prefilled": meter.tokens - tokens, "prefill_s": prefill,
-                      "decode_s": time.perf_counter() - began - prefill}
+        return outs, {
+            "prefilled": meter.tokens - tokens,
+            "prefill_s": prefill,
+            "decode_s": time.perf_counter() - began - prefill,
+        }
 
 
 def _sampler(sampling, seed, turn, episodes, group_size):
@@ -117,14 +140,19 @@ class FixedTurns:
         self.end_ids = end_token_ids(tokenizer)
         self.pieces, self.batch, self.ends = None, [], []  # the last turn's buffers, episodes and end slots
 
-    def play(self, turn, episodes, chunks, contexts, sampling: SamplingConfig) -> tuple[list[Completion], dict]:
+    def play(
+        self, turn, episodes, chunks, contexts, sampling: SamplingConfig
+    ) -> tuple[list[Completion], dict]:
         # Batch row b plays episodes[order[b]]; after the first turn, longest chunk first (turn_cache.prefill).
         order = list(range(len(episodes)))
         if self.pieces is not None:
             order.sort(key=lambda i: -len(chunks[i]))
         chunks = [chunks[i] for i in order]
         pick, keys_at, sampling_key = fixed_sampler(
-            _sampler(sampling, self.seed, turn, [self.first + e for e in episodes], self.group_size), order, sampling)
+            _sampler(sampling, self.seed, turn, [self.first + e for e in episodes], self.group_size),
+            order,
+            sampling,
+        )
         began = time.perf_counter()
         meter = fixed_decode.PREFILL
         with adapters_merged(self.model):
@@ -139,20 +167,36 @@ class FixedTurns:
             else:
                 position = {e: b for b, e in enumerate(self.batch)}
                 pieces, self.pieces = self.pieces, None
-                buffers, start = turn_cache.appended(pieces, self.ends, [position[episodes[i]] for i in order],
-                                                     chunks, sampling.max_tokens)
+                buffers, start = turn_cache.appended(
+                    pieces, self.ends, [position[episodes[i]] for i in order], chunks, sampling.max_tokens
+                )
                 del pieces
                 prefilled = turn_cache.prefill(self.model, buffers, start, chunks)
             prefill = time.perf_counter() - began
-            decoded = fixed_decode.decode_rows(self.model, buffers, start, [c[-1] for c in chunks], sampling.max_tokens,
-                                               sampling_key, pick, keys_at, self.end_ids, keep=True)
+            decoded = fixed_decode.decode_rows(
+                self.model,
+                buffers,
+                start,
+                [c[-1] for c in chunks],
+                sampling.max_tokens,
+                sampling_key,
+                pick,
+                keys_at,
+                self.end_ids,
+                keep=True,
+            )
         self.pieces, self.batch = decoded.pieces, [episodes[i] for i in order]
         self.ends = [start + len(t) for t in decoded.tokens]
         outs = [None] * len(episodes)
         for b, i in enumerate(order):
-            outs[i] = completion(self.tokenizer, i, contexts[i], decoded.tokens[b], decoded.logprobs[b],
-                                 decoded.finish[b])
-        return outs, {"prefilled": prefilled, "prefill_s": prefill, "decode_s": time.perf_counter() - began - prefill}
+            outs[i] = completion(
+                self.tokenizer, i, contexts[i], decoded.tokens[b], decoded.logprobs[b], decoded.finish[b]
+            )
+        return outs, {
+            "prefilled": prefilled,
+            "prefill_s": prefill,
+            "decode_s": time.perf_counter() - began - prefill,
+        }
 
     def close(self) -> None:
         self.pieces = None
@@ -169,7 +213,9 @@ class GeneratorTurns:
         self.end_ids = end_token_ids(tokenizer)
         self.caches: dict[int, list] = {}
 
-    def play(self, turn, episodes, chunks, contexts, sampling: SamplingConfig) -> tuple[list[Completion], dict]:
+    def play(
+        self, turn, episodes, chunks, contexts, sampling: SamplingConfig
+    ) -> tuple[list[Completion], dict]:
         began = time.perf_counter()
         caches, prompts, prefilled = [], [], 0
         if not self.caches:  # the first prompts: each distinct one prefilled once, copied to its rows
@@ -190,10 +236,15 @@ class GeneratorTurns:
                 prefilled += len(chunk) - 2
             self.caches = {}  # finished episodes let go of theirs
         sampler = _sampler(sampling, self.seed, turn, [self.first + e for e in episodes], self.group_size)
-        generator = BatchGenerator(self.model, max_tokens=sampling.max_tokens, stop_tokens=[[i] for i in self.end_ids],
-                                   sampler=sampler or _greedy, completion_batch_size=len(episodes),
-                                   prefill_batch_size=len(episodes),
-                                   prefill_step_size=max(len(p) for p in prompts) + 1)  # one prefill call for all
+        generator = BatchGenerator(
+            self.model,
+            max_tokens=sampling.max_tokens,
+            stop_tokens=[[i] for i in self.end_ids],
+            sampler=sampler or _greedy,
+            completion_batch_size=len(episodes),
+            prefill_batch_size=len(episodes),
+            prefill_step_size=max(len(p) for p in prompts) + 1,
+        )  # one prefill call for all
         n = len(episodes)
         tokens, logprobs, finish = [[] for _ in range(n)], [[] for _ in range(n)], [None] * n
         decode_began = None
@@ -203,8 +254,9 @@ class GeneratorTurns:
             row_of = {u: i for i, u in enumerate(uids)}
             active = list(range(n))
             while active:
-                responses = generator_step(generator, sampler, active, row_of, sampling.temperature,
-                                           tokens, logprobs, finish)
+                responses = generator_step(
+                    generator, sampler, active, row_of, sampling.temperature, tokens, logprobs, finish
+                )
                 decode_began = decode_began or time.perf_counter()
                 for r in responses:
                     if r.finish_reason is not None:  # its keys and values, last token not yet fed
@@ -214,8 +266,14 @@ class GeneratorTurns:
             generator.close()
         # The generator prefills inside its first step: the time to the first token counts as prefill.
         prefill = (decode_began or time.perf_counter()) - began
-        outs = [completion(self.tokenizer, i, contexts[i], tokens[i], logprobs[i], finish[i]) for i in range(n)]
-        return outs, {"prefilled": prefilled, "prefill_s": prefill, "decode_s": time.perf_counter() - began - prefill}
+        outs = [
+            completion(self.tokenizer, i, contexts[i], tokens[i], logprobs[i], finish[i]) for i in range(n)
+        ]
+        return outs, {
+            "prefilled": prefilled,
+            "prefill_s": prefill,
+            "decode_s": time.perf_counter() - began - prefill,
+        }
 
     def close(self) -> None:
         self.caches = {}
@@ -224,8 +282,9 @@ class GeneratorTurns:
 _EXTENDABLE = (KVCache, RotatingKVCache)  # what mlx-lm merges and extracts exactly, with new tokens appended
 
 
-def player_for(model, tokenizer, group_size: int, seed: int, concurrency: int, reuse_cache: bool = True,
-               first: int = 0):
+def player_for(
+    model, tokenizer, group_size: int, seed: int, concurrency: int, reuse_cache: bool = True, first: int = 0
+):
     """FixedTurns where the fixed decoder runs, GeneratorTurns where every cache extends, else Reprefill.
 
     `first`: the step's number of the first episode played (its keys are the step's, not the share's)."""

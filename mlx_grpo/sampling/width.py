@@ -46,7 +46,9 @@ def kv_bytes_per_token(model) -> int:
     total = 0
     for layer in cache:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if isinstance(keys, mx.array) and keys.ndim == 4:  # (1, heads, positions, head_dim); others keep no positions
+        if (
+            isinstance(keys, mx.array) and keys.ndim == 4
+        ):  # (1, heads, positions, head_dim); others keep no positions
             total += keys[:, :, :1].nbytes + values[:, :, :1].nbytes
     _per_token[id(model)] = (weakref.ref(model), total)
     return total
@@ -64,7 +66,9 @@ def memory_budget() -> int:
         free = available_memory() or _FALLBACK / FRACTION
     else:
         info = mx.device_info()
-        total = info.get("max_recommended_working_set_size") or info.get("memory_size") or _FALLBACK / FRACTION
+        total = (
+            info.get("max_recommended_working_set_size") or info.get("memory_size") or _FALLBACK / FRACTION
+        )
         free = max(0, total - mx.get_active_memory())
     return int(free * FRACTION)
 

@@ -46,7 +46,16 @@ def accuracy_values(task, rows: list[dict], k: int, answers: list, scores: Score
     When `scores` holds the task's rewards and the accuracy reward is one of them, its values
     are taken from there rather than computed twice (an OCaml reward compiles code)."""
     name = reward_name(task.accuracy_reward)
-    if scores is not None and name in [reward_name(f) for f in task.reward_functions] and name in scores.parts:
+    if (
+        scores is not None
+        and name in [reward_name(f) for f in task.reward_functions]
+        and name in scores.parts
+    ):
         return scores.parts[name]
-    return score_completions([task.accuracy_reward], [1.0], [r["prompt"] for r in rows for _ in range(k)],
-                             [a.text for a in answers], columns_of(rows, k, answers)).parts[name]
+    return score_completions(
+        [task.accuracy_reward],
+        [1.0],
+        [r["prompt"] for r in rows for _ in range(k)],
+        [a.text for a in answers],
+        columns_of(rows, k, answers),
+    ).parts[name]

@@ -80,14 +80,28 @@ class TaskModule:
             fail(f"a chat variant needs all of {', '.join(CHAT_VARIANT)}; it has only {', '.join(chat)}")
         if hasattr(module, "make_env") and hasattr(module, "episode_factory"):
             fail("defines both make_env and episode_factory; one of them")
-        values = {attr: getattr(module, attr, None) for attr in (*REQUIRED, *CHAT_VARIANT, "make_env",
-                                                                 "episode_factory", "reference_answer",
-                                                                 "reference_actions")}
+        values = {
+            attr: getattr(module, attr, None)
+            for attr in (
+                *REQUIRED,
+                *CHAT_VARIANT,
+                "make_env",
+                "episode_factory",
+                "reference_answer",
+                "reference_actions",
+            )
+        }
         for attr in ("load_rows", "recommended_settings"):
             if not callable(values[attr]):
                 fail(f"{attr} is not a function")
-        for attr in ("accuracy_reward", "chat_accuracy_reward", "make_env", "episode_factory", "reference_answer",
-                     "reference_actions"):
+        for attr in (
+            "accuracy_reward",
+            "chat_accuracy_reward",
+            "make_env",
+            "episode_factory",
+            "reference_answer",
+            "reference_actions",
+        ):
             if values[attr] is not None and not callable(values[attr]):
                 fail(f"{attr} is not a function")
         for attr in ("SYSTEM_PROMPT", "CHAT_SYSTEM_PROMPT"):
@@ -99,16 +113,29 @@ class TaskModule:
         reads_data = getattr(module, "READS_DATA", False)
         if not isinstance(reads_data, bool):
             fail("READS_DATA is not True or False")
-        return cls(name, values["SYSTEM_PROMPT"], list(values["REWARDS"]), values["accuracy_reward"],
-                   values["load_rows"], values["recommended_settings"], values["CHAT_SYSTEM_PROMPT"],
-                   list(values["CHAT_REWARDS"]) if chat else None, values["chat_accuracy_reward"],
-                   values["make_env"], values["episode_factory"], reads_data, values["reference_answer"],
-                   values["reference_actions"])
+        return cls(
+            name,
+            values["SYSTEM_PROMPT"],
+            list(values["REWARDS"]),
+            values["accuracy_reward"],
+            values["load_rows"],
+            values["recommended_settings"],
+            values["CHAT_SYSTEM_PROMPT"],
+            list(values["CHAT_REWARDS"]) if chat else None,
+            values["chat_accuracy_reward"],
+            values["make_env"],
+            values["episode_factory"],
+            reads_data,
+            values["reference_answer"],
+            values["reference_actions"],
+        )
 
 
 def _check_rewards(rewards, attr: str, fail) -> None:
     if not isinstance(rewards, (list, tuple)):
         fail(f"{attr} is not a list of (reward function, weight) pairs")
     for pair in rewards:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and callable(pair[0]) and isinstance(pair[1], Real)):
+        if not (
+            isinstance(pair, tuple) and len(pair) == 2 and callable(pair[0]) and isinstance(pair[1], Real)
+        ):
             fail(f"{attr} holds {pair!r}, not a (reward function, weight) pair")

@@ -42,7 +42,10 @@ class Curriculum:
         self.key, self.explore, self.rate, self.prior = key, explore, rate, prior
         self.estimates: dict[str, float] = {}
         self.counts: dict[str, int] = {}
-        self.observed = [0.0, 0]  # sum and number of every success rate folded in: the prior of an unseen prompt
+        self.observed = [
+            0.0,
+            0,
+        ]  # sum and number of every success rate folded in: the prior of an unseen prompt
         self._groups_of: tuple[int, dict[str, list[int]]] | None = None
 
     @classmethod
@@ -104,7 +107,9 @@ class Curriculum:
             "curriculum/groups_seen": sum(1 for n in names if n in self.counts),
             "curriculum/mean_estimate": float(np.mean([self.estimate(n) for n in names])),
             # Entropy of the draw relative to uniform: 1 = uniform, lower = concentrated.
-            "curriculum/entropy": float(-(probs * np.log(probs + 1e-12)).sum() / max(np.log(len(names)), 1e-12)),
+            "curriculum/entropy": float(
+                -(probs * np.log(probs + 1e-12)).sum() / max(np.log(len(names)), 1e-12)
+            ),
         }
         if len(names) <= LOGGED_GROUPS:
             for name, prob in zip(names, probs):
@@ -113,8 +118,15 @@ class Curriculum:
         return out
 
     def state_dict(self) -> dict:
-        return {"key": self.key, "explore": self.explore, "rate": self.rate, "prior": self.prior,
-                "estimates": dict(self.estimates), "counts": dict(self.counts), "observed": list(self.observed)}
+        return {
+            "key": self.key,
+            "explore": self.explore,
+            "rate": self.rate,
+            "prior": self.prior,
+            "estimates": dict(self.estimates),
+            "counts": dict(self.counts),
+            "observed": list(self.observed),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.estimates = {str(k): float(v) for k, v in state.get("estimates", {}).items()}

@@ -44,8 +44,10 @@ class LoadReport:
             return None
         where = "; ".join(f"{label}: {why}" for label, why in self.skipped_lines)
         first = "first 5: " if self.skipped > len(self.skipped_lines) else ""
-        return (f"{source or self.source}: skipped {self.skipped} bad row(s) of {self.rows + self.skipped} "
-                f"({first}{where})")
+        return (
+            f"{source or self.source}: skipped {self.skipped} bad row(s) of {self.rows + self.skipped} "
+            f"({first}{where})"
+        )
 
 
 def _text(x) -> bool:
@@ -63,7 +65,9 @@ def _valid_prompt(prompt) -> bool:
     if isinstance(prompt, str):
         return _text(prompt) and bool(prompt.strip())
     if isinstance(prompt, list) and prompt:
-        messages = all(isinstance(m, dict) and _text(m.get("role")) and _text(m.get("content")) for m in prompt)
+        messages = all(
+            isinstance(m, dict) and _text(m.get("role")) and _text(m.get("content")) for m in prompt
+        )
         return messages and any(m["content"].strip() for m in prompt)
     return False
 
@@ -85,7 +89,10 @@ def jsonl_records(f, report: LoadReport):
         if not raw.strip():
             continue
         try:
-            yield number, json.loads(raw.decode("utf-8-sig"))  # -sig: a byte-order mark (Windows editors) is dropped
+            yield (
+                number,
+                json.loads(raw.decode("utf-8-sig")),
+            )  # -sig: a byte-order mark (Windows editors) is dropped
         except UnicodeDecodeError:
             report.skip(number, "not UTF-8")
         except json.JSONDecodeError as e:
@@ -134,8 +141,13 @@ def _read_any(path: Path, report: LoadReport, problem_of: Callable) -> list[tupl
         return _checked(jsonl_records(f, report), report, problem_of, unit="line")
 
 
-def read_split(spec: str, split: str, problem_of: Callable = _row_problem, on_bad: str = "skip",
-               needs: str = "a non-empty 'prompt'") -> tuple[list[tuple[int, dict]], str | None, str]:
+def read_split(
+    spec: str,
+    split: str,
+    problem_of: Callable = _row_problem,
+    on_bad: str = "skip",
+    needs: str = "a non-empty 'prompt'",
+) -> tuple[list[tuple[int, dict]], str | None, str]:
     """((number, row) pairs, a note about skipped rows or None, where they came from) of `split`
     ("train", "validation" or "test"): the one reader of prompt rows and demonstrations alike.
 
@@ -150,7 +162,9 @@ def read_split(spec: str, split: str, problem_of: Callable = _row_problem, on_ba
         rows = _read_file(path, report, problem_of) if split == "train" else []
         source = str(path)
     elif path.is_dir():
-        files = [path / f"{name}{ext}" for name in SPLIT_FILES[split] for ext in (".jsonl", ".json", ".parquet")]
+        files = [
+            path / f"{name}{ext}" for name in SPLIT_FILES[split] for ext in (".jsonl", ".json", ".parquet")
+        ]
         found = next((f for f in files if f.is_file()), None)
         if found is None and split == "train":
             raise DataError(f"{path}: no train.jsonl (or .json/.parquet) in this folder")
@@ -180,7 +194,9 @@ def _load_hub(name: str, split: str, report: LoadReport, problem_of: Callable) -
     try:
         ds = datasets.load_dataset(name)
     except Exception as e:  # offline, unknown name, ...: one clear line
-        raise DataError(f"could not load dataset {name!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        raise DataError(
+            f"could not load dataset {name!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
     names = [s for s in SPLIT_FILES[split] if s in ds]
     if not names:
         return []
@@ -206,7 +222,9 @@ def prompt_messages(prompt, system_prompt: str | None) -> list[dict]:
     return messages
 
 
-def encode_prompt(tokenizer, prompt, system_prompt: str | None = None, prompt_format: str | None = None) -> list[int]:
+def encode_prompt(
+    tokenizer, prompt, system_prompt: str | None = None, prompt_format: str | None = None
+) -> list[int]:
     """Token ids of the prompt: through the chat template when there is one, else as plain text.
 
     Plain text is `prompt_format` with the prompt where "{prompt}" stands (a
@@ -219,12 +237,16 @@ def encode_prompt(tokenizer, prompt, system_prompt: str | None = None, prompt_fo
         # transformers renders templates in Jinja's immutable sandbox: a template (from a downloaded
         # file) that reaches for Python objects stops with a SecurityError, said here in one line.
         try:
-            return list(tokenizer.apply_chat_template(
-                prompt_messages(prompt, system_prompt), add_generation_prompt=True, tokenize=True
-            ))
+            return list(
+                tokenizer.apply_chat_template(
+                    prompt_messages(prompt, system_prompt), add_generation_prompt=True, tokenize=True
+                )
+            )
         except TemplateError as e:
-            raise DataError(f"the model's chat template cannot render a prompt ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else 'no message'})") from None
+            raise DataError(
+                f"the model's chat template cannot render a prompt ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else 'no message'})"
+            ) from None
     text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
     if prompt_format:
         text = prompt_format.replace("{prompt}", text)
@@ -287,18 +309,23 @@ def prompt_token_limit(context: int | None, max_tokens: int, max_prompt_tokens: 
     """The longest prompt allowed: max_prompt_tokens, else the model's context (its max_position_embeddings,
     None: unknown) minus max_tokens."""
     if max_prompt_tokens and context and max_prompt_tokens + max_tokens > context:
-        raise DataError(f"max_prompt_tokens {max_prompt_tokens} + max_tokens {max_tokens} exceed the model's "
-                        f"context of {context} positions")
+        raise DataError(
+            f"max_prompt_tokens {max_prompt_tokens} + max_tokens {max_tokens} exceed the model's "
+            f"context of {context} positions"
+        )
     if max_prompt_tokens or not context:
         return max_prompt_tokens
     if max_tokens >= context:
-        raise DataError(f"max_tokens {max_tokens} leaves no room for a prompt: the model's context is "
-                        f"{context} positions; lower max_tokens")
+        raise DataError(
+            f"max_tokens {max_tokens} leaves no room for a prompt: the model's context is "
+            f"{context} positions; lower max_tokens"
+        )
     return context - max_tokens
 
 
-def _too_long(tokenizer, prompt, system_prompt: str | None, limit: int, overhead: int,
-              prompt_format: str | None = None) -> int | None:
+def _too_long(
+    tokenizer, prompt, system_prompt: str | None, limit: int, overhead: int, prompt_format: str | None = None
+) -> int | None:
     """The prompt's token count if it is over `limit`, else None.
 
     Tokenizing every prompt of a large dataset is slow, so a text prompt is
@@ -309,16 +336,27 @@ def _too_long(tokenizer, prompt, system_prompt: str | None, limit: int, overhead
     if not isinstance(prompt, (str, list)):
         return None  # rows of a multi-turn task may have no prompt of their own
     if isinstance(prompt, str):
-        size = len(prompt.encode("utf-8")) + len((system_prompt or "").encode("utf-8")) + len(prompt_format or "")
+        size = (
+            len(prompt.encode("utf-8"))
+            + len((system_prompt or "").encode("utf-8"))
+            + len(prompt_format or "")
+        )
         if size + overhead + 4 <= limit:
             return None
     n = len(encode_prompt(tokenizer, prompt, system_prompt, prompt_format))
     return n if n > limit else None
 
 
-def screen_rows(rows: list[dict], tokenizer, system_prompt: str | None, needed: dict[str, str],
-                limit: int | None, on_bad: str, source: str,
-                prompt_format: str | None = None) -> tuple[list[dict], str | None]:
+def screen_rows(
+    rows: list[dict],
+    tokenizer,
+    system_prompt: str | None,
+    needed: dict[str, str],
+    limit: int | None,
+    on_bad: str,
+    source: str,
+    prompt_format: str | None = None,
+) -> tuple[list[dict], str | None]:
     """Rows the run can use: every column the rewards need, a prompt that fits the context.
 
     Returns (rows, warning); on_bad="error" raises DataError at the first bad row.
@@ -329,8 +367,11 @@ def screen_rows(rows: list[dict], tokenizer, system_prompt: str | None, needed: 
     kept = []
     for number, row in enumerate(rows, start=1):
         missing = [c for c in needed if c not in row]
-        n = (_too_long(tokenizer, row.get("prompt"), system_prompt, limit, overhead, prompt_format)
-             if limit and not missing else None)
+        n = (
+            _too_long(tokenizer, row.get("prompt"), system_prompt, limit, overhead, prompt_format)
+            if limit and not missing
+            else None
+        )
         if missing:
             report.skip(number, f"no {missing[0]!r} column (reward {needed[missing[0]]} needs it)", "row")
         elif n is not None:
@@ -341,8 +382,9 @@ def screen_rows(rows: list[dict], tokenizer, system_prompt: str | None, needed: 
     return kept, report.summary()
 
 
-def screen_task(task, tokenizer, context: int | None, max_tokens: int, max_prompt_tokens: int | None,
-                on_bad: str) -> None:
+def screen_task(
+    task, tokenizer, context: int | None, max_tokens: int, max_prompt_tokens: int | None, on_bad: str
+) -> None:
     """Check a task's train and eval rows against its rewards and the model's context (its length in
     positions, None: unknown), in place. Only the tokenizer and the context are needed, not the model's
     weights (models/screen_info.py reads both from a model's files).
@@ -351,15 +393,39 @@ def screen_task(task, tokenizer, context: int | None, max_tokens: int, max_promp
     """
     needed = required_columns(task.reward_functions)
     limit = prompt_token_limit(context, max_tokens, max_prompt_tokens)
-    task.train_rows, note = screen_rows(task.train_rows, tokenizer, task.system_prompt, needed, limit, on_bad,
-                                        f"{task.name} training data", getattr(task, "prompt_format", None))
+    task.train_rows, note = screen_rows(
+        task.train_rows,
+        tokenizer,
+        task.system_prompt,
+        needed,
+        limit,
+        on_bad,
+        f"{task.name} training data",
+        getattr(task, "prompt_format", None),
+    )
     task.warnings += [note] if note else []
     if not task.train_rows:
         raise DataError(f"{task.name}: no usable training rows ({note})")
     eval_needed = required_columns([task.accuracy_reward]) if task.accuracy_reward else {}
-    task.eval_rows, note = screen_rows(task.eval_rows, tokenizer, task.system_prompt, eval_needed, limit, on_bad,
-                                       f"{task.name} evaluation data", getattr(task, "prompt_format", None))
+    task.eval_rows, note = screen_rows(
+        task.eval_rows,
+        tokenizer,
+        task.system_prompt,
+        eval_needed,
+        limit,
+        on_bad,
+        f"{task.name} evaluation data",
+        getattr(task, "prompt_format", None),
+    )
     task.warnings += [note] if note else []
-    task.test_rows, note = screen_rows(getattr(task, "test_rows", []), tokenizer, task.system_prompt, eval_needed,
-                                       limit, on_bad, f"{task.name} test data", getattr(task, "prompt_format", None))
+    task.test_rows, note = screen_rows(
+        getattr(task, "test_rows", []),
+        tokenizer,
+        task.system_prompt,
+        eval_needed,
+        limit,
+        on_bad,
+        f"{task.name} test data",
+        getattr(task, "prompt_format", None),
+    )
     task.warnings += [note] if note else []

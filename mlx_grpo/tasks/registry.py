@@ -37,8 +37,13 @@ from .contract import TaskModule
 from .rewarding import RewardFn, load_reward_functions, reward_name
 from .splits import split_held_out
 
-BUILTIN_TASKS = {"arith": "rewards.arith", "gsm8k": "rewards.gsm8k", "web": "rewards.web_browsing",
-                 "ocaml": "rewards.ocaml", "multihop": "rewards.multihop"}
+BUILTIN_TASKS = {
+    "arith": "rewards.arith",
+    "gsm8k": "rewards.gsm8k",
+    "web": "rewards.web_browsing",
+    "ocaml": "rewards.ocaml",
+    "multihop": "rewards.multihop",
+}
 TASKS = (*BUILTIN_TASKS, "custom")
 # The rubric --judge uses when none is given (rewards/rubrics/); other tasks: "general".
 JUDGE_RUBRICS = {"ocaml": "ocaml_quality"}
@@ -127,7 +132,9 @@ def base_task(config: TrainConfig) -> Task:
     if config.task in BUILTIN_TASKS:
         module = task_module(config.task)
         try:
-            train, validation, test = (module.load_rows(split, config) for split in ("train", "validation", "test"))
+            train, validation, test = (
+                module.load_rows(split, config) for split in ("train", "validation", "test")
+            )
         except ConfigError:
             raise  # the task's own complete message (e.g. a missing toolchain and how to install it)
         except (OSError, ValueError) as e:
@@ -142,13 +149,25 @@ def base_task(config: TrainConfig) -> Task:
         reference, actions = module.reference_answer, module.reference_actions
     else:
         train = validation = test = None
-        functions, weights, system_prompt, accuracy, make_env, factory, reads_data = [], [], None, None, None, None, False
+        functions, weights, system_prompt, accuracy, make_env, factory, reads_data = (
+            [],
+            [],
+            None,
+            None,
+            None,
+            None,
+            False,
+        )
         reference = actions = None
     if make_env is not None and ((config.data and not reads_data) or config.reward_file or config.reward):
-        raise ConfigError(f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not apply")
+        raise ConfigError(
+            f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not apply"
+        )
     if make_env is not None and not functions and config.shaping != "always":
-        raise ConfigError(f"task {config.task!r} totals its episodes' rewards in its environment: --shaping "
-                          f"{config.shaping} needs rewards the trainer weighs (--shaping always)")
+        raise ConfigError(
+            f"task {config.task!r} totals its episodes' rewards in its environment: --shaping "
+            f"{config.shaping} needs rewards the trainer weighs (--shaping always)"
+        )
     if factory is not None and config.data and not reads_data:
         raise ConfigError(f"task {config.task!r} makes its own rows: --data does not apply")
 
@@ -165,7 +184,9 @@ def base_task(config: TrainConfig) -> Task:
     elif train is None:
         raise ConfigError("task 'custom' needs --data (a JSONL file, a folder or a dataset name)")
 
-    train, validation, test = split_held_out(train, validation, test, warnings, config.data or f"task {config.task!r}")
+    train, validation, test = split_held_out(
+        train, validation, test, warnings, config.data or f"task {config.task!r}"
+    )
     if config.reward_file:
         functions = _custom_rewards(config)
         weights = [1.0] * len(functions)
@@ -174,7 +195,9 @@ def base_task(config: TrainConfig) -> Task:
         by_name = {reward_name(f): (f, w) for f, w in zip(functions, weights)}
         unknown = [n for n in config.reward if n not in by_name]
         if unknown:
-            raise ConfigError(f"task {config.task!r} has no reward {unknown[0]!r}; it has {', '.join(by_name)}")
+            raise ConfigError(
+                f"task {config.task!r} has no reward {unknown[0]!r}; it has {', '.join(by_name)}"
+            )
         functions = [by_name[n][0] for n in config.reward]
         weights = [1.0] * len(functions)
     elif not functions and make_env is None:
@@ -182,8 +205,10 @@ def base_task(config: TrainConfig) -> Task:
         weights = [1.0] * len(functions)
     if config.reward_weights is not None:
         if len(config.reward_weights) != len(functions):
-            raise ConfigError(f"reward_weights has {len(config.reward_weights)} entries but task {config.task!r} has "
-                              f"{len(functions)} rewards ({', '.join(reward_name(f) for f in functions)})")
+            raise ConfigError(
+                f"reward_weights has {len(config.reward_weights)} entries but task {config.task!r} has "
+                f"{len(functions)} rewards ({', '.join(reward_name(f) for f in functions)})"
+            )
         weights = list(config.reward_weights)
     if config.judge and (make_env is not None or factory is not None):
         raise ConfigError(f"task {config.task!r} is scored by its environment: --judge does not apply")
@@ -211,7 +236,8 @@ def base_task(config: TrainConfig) -> Task:
         prompt_format=config.prompt_format,
         stop=list(config.stop),
         # Data of one's own may carry the answers a run is guided by in a "reference" column.
-        reference_answer=reference or (reference_column if any("reference" in r for r in train[:100]) else None),
+        reference_answer=reference
+        or (reference_column if any("reference" in r for r in train[:100]) else None),
         reference_actions=actions,
     )
 
@@ -235,11 +261,19 @@ def check_settings_apply(config: TrainConfig, multi_turn: bool) -> None:
     if multi_turn:
         for name, why in SINGLE_TURN_ONLY.items():
             if getattr(config, name):
-                raise ConfigError(f"task {config.task!r} plays multi-turn episodes: {name} does not apply ({why})")
-    budget, what = (config.max_episode_tokens, "max_episode_tokens") if multi_turn else (config.sampling.max_tokens, "max_tokens")
+                raise ConfigError(
+                    f"task {config.task!r} plays multi-turn episodes: {name} does not apply ({why})"
+                )
+    budget, what = (
+        (config.max_episode_tokens, "max_episode_tokens")
+        if multi_turn
+        else (config.sampling.max_tokens, "max_tokens")
+    )
     if config.overlong_buffer >= budget:
-        raise ConfigError(f"overlong_buffer must be below {what} = {budget} (the budget it shapes lengths "
-                          f"against), got {config.overlong_buffer}")
+        raise ConfigError(
+            f"overlong_buffer must be below {what} = {budget} (the budget it shapes lengths "
+            f"against), got {config.overlong_buffer}"
+        )
 
 
 def reference_column(row: dict) -> str | None:

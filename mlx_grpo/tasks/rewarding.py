@@ -47,7 +47,9 @@ def load_reward_functions(path: str | Path, names: list[str]) -> list[RewardFn]:
         fn = getattr(module, name, None)
         if not callable(fn):
             available = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-            raise ValueError(f"reward file {path} has no function {name!r}; it defines: {', '.join(available) or 'none'}")
+            raise ValueError(
+                f"reward file {path} has no function {name!r}; it defines: {', '.join(available) or 'none'}"
+            )
         functions.append(fn)
     return functions
 
@@ -187,7 +189,9 @@ def _score_one_function(fn: RewardFn, prompts: list, completions: list[str], col
             failures.append((i, f"not scored: {timeouts} single-example calls timed out first"))
             continue
         try:
-            (value,) = _check_shape(fn([prompts[i]], [completions[i]], **{k: [v[i]] for k, v in kwargs.items()}), 1)
+            (value,) = _check_shape(
+                fn([prompts[i]], [completions[i]], **{k: [v[i]] for k, v in kwargs.items()}), 1
+            )
             values.append(_value(value))
         except (Exception, SystemExit) as e:
             timeouts += isinstance(e, RewardTimeout)
@@ -197,8 +201,13 @@ def _score_one_function(fn: RewardFn, prompts: list, completions: list[str], col
     return values, failures, None if failures else note
 
 
-def score_completions(functions: list[RewardFn], weights: list[float], prompts: list, completions: list[str],
-                      columns: dict[str, list]) -> Scores:
+def score_completions(
+    functions: list[RewardFn],
+    weights: list[float],
+    prompts: list,
+    completions: list[str],
+    columns: dict[str, list],
+) -> Scores:
     """Score N completions. prompts and every column list have N entries.
 
     A function that fails on some examples (raises, hangs past its timeout,

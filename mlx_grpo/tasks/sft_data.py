@@ -81,11 +81,16 @@ def _template(tokenizer, messages, tools, generation: bool) -> list[int]:
     from jinja2 import TemplateError
 
     try:
-        return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation,
-                                                  tokenize=True))
+        return list(
+            tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=generation, tokenize=True
+            )
+        )
     except TemplateError as e:
-        raise DataError(f"the model's chat template cannot render it ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else 'no message'})") from None
+        raise DataError(
+            f"the model's chat template cannot render it ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else 'no message'})"
+        ) from None
 
 
 def _before_opening_reply(tokenizer, upto: list[int], tools) -> list[int]:
@@ -106,22 +111,28 @@ def _through_template(tokenizer, messages: list[dict], tools, system_prompt) -> 
     for k, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        upto = _template(tokenizer, messages[:k + 1], tools, generation=False)
-        before = (_template(tokenizer, messages[:k], tools, generation=True) if k
-                  else _before_opening_reply(tokenizer, upto, tools))
-        if upto[:len(before)] != before or before[:len(ids)] != ids:
-            raise DataError("the model's chat template does not render this conversation turn by turn (a turn "
-                            "changes what came before it), so its assistant tokens cannot be told apart")
+        upto = _template(tokenizer, messages[: k + 1], tools, generation=False)
+        before = (
+            _template(tokenizer, messages[:k], tools, generation=True)
+            if k
+            else _before_opening_reply(tokenizer, upto, tools)
+        )
+        if upto[: len(before)] != before or before[: len(ids)] != ids:
+            raise DataError(
+                "the model's chat template does not render this conversation turn by turn (a turn "
+                "changes what came before it), so its assistant tokens cannot be told apart"
+            )
         ids, trained = before, trained + [0.0] * (len(before) - len(ids))
-        turn = upto[len(before):]
+        turn = upto[len(before) :]
         end = next((i + 1 for i, t in enumerate(turn) if t in ends), len(turn))
         ids = ids + turn
         trained = trained + [1.0] * end + [0.0] * (len(turn) - end)
     return ids, trained
 
 
-def _as_plain_text(tokenizer, messages: list[dict], system_prompt, prompt_format,
-                   stop: list[str]) -> tuple[list[int], list[float]]:
+def _as_plain_text(
+    tokenizer, messages: list[dict], system_prompt, prompt_format, stop: list[str]
+) -> tuple[list[int], list[float]]:
     # A sampled answer ends at the end token, or at a stop string's token when the task has one.
     end = _plain(tokenizer, stop[0]) if stop else [tokenizer.eos_token_id]
     ids: list[int] = []
@@ -141,8 +152,13 @@ def _as_plain_text(tokenizer, messages: list[dict], system_prompt, prompt_format
     return ids, trained
 
 
-def encode_demonstration(tokenizer, row: dict, system_prompt: str | None = None, prompt_format: str | None = None,
-                         stop: list[str] | None = None) -> tuple[list[int], list[float]]:
+def encode_demonstration(
+    tokenizer,
+    row: dict,
+    system_prompt: str | None = None,
+    prompt_format: str | None = None,
+    stop: list[str] | None = None,
+) -> tuple[list[int], list[float]]:
     """(token ids, trained flag per token) of one row; DataError says what is wrong with it."""
     if "text" in row and "messages" not in row and "prompt" not in row:
         ids = list(tokenizer.encode(row["text"]))
@@ -153,16 +169,24 @@ def encode_demonstration(tokenizer, row: dict, system_prompt: str | None = None,
         messages = row["messages"]
     else:
         prompt = row["prompt"]
-        messages = (list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
+        messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
         messages.append({"role": "assistant", "content": row["completion"]})
     if getattr(tokenizer, "chat_template", None):
         return _through_template(tokenizer, messages, row.get("tools"), system_prompt)
     return _as_plain_text(tokenizer, messages, system_prompt, prompt_format, list(stop or []))
 
 
-def encode_rows(tokenizer, rows: list[tuple[int, dict]], source: str, on_bad: str, limit: int | None,
-                system_prompt: str | None = None, prompt_format: str | None = None, stop: list[str] | None = None,
-                unit: str = "line") -> tuple[list[tuple[list[int], list[float]]], str]:
+def encode_rows(
+    tokenizer,
+    rows: list[tuple[int, dict]],
+    source: str,
+    on_bad: str,
+    limit: int | None,
+    system_prompt: str | None = None,
+    prompt_format: str | None = None,
+    stop: list[str] | None = None,
+    unit: str = "line",
+) -> tuple[list[tuple[list[int], list[float]]], str]:
     """Encode numbered rows; a row that cannot be rendered, trains nothing or is longer than `limit`
     tokens is a bad row (skipped and counted, or DataError with on_bad="error"). Returns (examples, note)."""
     report = LoadReport(source=source, on_bad=on_bad)

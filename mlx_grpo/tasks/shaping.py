@@ -61,8 +61,9 @@ def side_shaped_parts(parts: dict[str, list], weights: list[float], group_size: 
     """
     if len(weights) != len(parts):  # zip would drop the unweighted rewards without a word
         raise ValueError(f"{len(parts)} rewards ({', '.join(parts)}) but {len(weights)} weights")
-    values = np.array([[0.0 if v is None else float(v) * w for v in column]
-                       for column, w in zip(parts.values(), weights)]).reshape(len(parts), -1, group_size)
+    values = np.array(
+        [[0.0 if v is None else float(v) * w for v in column] for column, w in zip(parts.values(), weights)]
+    ).reshape(len(parts), -1, group_size)
     main = values[0]  # (groups, completions)
     low, high = main.min(axis=1, keepdims=True), main.max(axis=1, keepdims=True)
     varies = high - low > 1e-12
@@ -78,7 +79,9 @@ def side_shaped_parts(parts: dict[str, list], weights: list[float], group_size: 
     return values.reshape(len(parts), -1)
 
 
-def side_shaped_totals(parts: dict[str, list], weights: list[float], group_size: int, mode: str) -> np.ndarray:
+def side_shaped_totals(
+    parts: dict[str, list], weights: list[float], group_size: int, mode: str
+) -> np.ndarray:
     """The weighted reward of each completion, its side rewards counted as `mode` says."""
     return side_shaped_parts(parts, weights, group_size, mode).sum(axis=0)
 
@@ -98,15 +101,27 @@ def overlong_penalty(lengths, max_tokens: int, buffer: int, penalty: float = 1.0
     return np.where(lengths > start, (start - np.minimum(lengths, max_tokens)) / buffer * penalty, 0.0)
 
 
-def shape_rewards(rewards, lengths, truncated, *, max_tokens: int, runaway_factor: float = 1.0,
-                  overlong_buffer: int = 0, overlong_scale: float = 1.0) -> np.ndarray:
-    shaped = runaway_penalty(rewards, truncated, runaway_factor) if runaway_factor < 1 else np.asarray(
-        rewards, dtype=np.float64)
+def shape_rewards(
+    rewards,
+    lengths,
+    truncated,
+    *,
+    max_tokens: int,
+    runaway_factor: float = 1.0,
+    overlong_buffer: int = 0,
+    overlong_scale: float = 1.0,
+) -> np.ndarray:
+    shaped = (
+        runaway_penalty(rewards, truncated, runaway_factor)
+        if runaway_factor < 1
+        else np.asarray(rewards, dtype=np.float64)
+    )
     return shaped + overlong_penalty(lengths, max_tokens, overlong_buffer, overlong_scale)
 
 
-def groups_to_keep(rewards, group_size: int, *, drop_equal: bool = False,
-                   reward_threshold: float | None = None) -> np.ndarray:
+def groups_to_keep(
+    rewards, group_size: int, *, drop_equal: bool = False, reward_threshold: float | None = None
+) -> np.ndarray:
     """One bool per group: does it enter the update?"""
     grouped = np.asarray(rewards, dtype=np.float64).reshape(-1, group_size)
     keep = np.ones(len(grouped), dtype=bool)
@@ -117,7 +132,9 @@ def groups_to_keep(rewards, group_size: int, *, drop_equal: bool = False,
     return keep
 
 
-def step_rewards(task: Task, config: TrainConfig, completions: list, scores: Scores) -> tuple[np.ndarray, np.ndarray]:
+def step_rewards(
+    task: Task, config: TrainConfig, completions: list, scores: Scores
+) -> tuple[np.ndarray, np.ndarray]:
     """(rewards, keep) of scored groups of `config.group_size`, as a run's settings shape and filter them.
 
     rewards: one a completion, what advantages are computed from: side rewards counted as
@@ -126,15 +143,25 @@ def step_rewards(task: Task, config: TrainConfig, completions: list, scores: Sco
     whether dynamic_sampling and reward_threshold let it into the update.
     """
     g = config.group_size
-    totals = (side_shaped_totals(scores.parts, task.reward_weights, g, config.shaping)
-              if config.shaping != "always" and scores.parts else scores.total)
+    totals = (
+        side_shaped_totals(scores.parts, task.reward_weights, g, config.shaping)
+        if config.shaping != "always" and scores.parts
+        else scores.total
+    )
     # A rollout's length is what the model wrote, against its budget (an episode's: max_episode_tokens).
     rewards = shape_rewards(
-        totals, [c.model_tokens for c in completions], [c.truncated for c in completions],
-        max_tokens=token_budget(task, config), runaway_factor=config.runaway_penalty,
-        overlong_buffer=config.overlong_buffer, overlong_scale=config.overlong_penalty)
+        totals,
+        [c.model_tokens for c in completions],
+        [c.truncated for c in completions],
+        max_tokens=token_budget(task, config),
+        runaway_factor=config.runaway_penalty,
+        overlong_buffer=config.overlong_buffer,
+        overlong_scale=config.overlong_penalty,
+    )
     if config.dynamic_sampling or config.reward_threshold is not None:
-        keep = groups_to_keep(rewards, g, drop_equal=config.dynamic_sampling, reward_threshold=config.reward_threshold)
+        keep = groups_to_keep(
+            rewards, g, drop_equal=config.dynamic_sampling, reward_threshold=config.reward_threshold
+        )
     else:
         keep = np.ones(len(rewards) // g, dtype=bool)
     return rewards, keep

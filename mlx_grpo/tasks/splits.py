@@ -53,7 +53,9 @@ def prompt_text(row) -> str:
         return json.dumps(row, sort_keys=True, default=str)
     if isinstance(prompt, list):  # chat messages: the user's turns say what is asked
         turns = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        prompt = "\n".join(t for t in turns if isinstance(t, str)) if turns else json.dumps(prompt, default=str)
+        prompt = (
+            "\n".join(t for t in turns if isinstance(t, str)) if turns else json.dumps(prompt, default=str)
+        )
     if isinstance(prompt, str):
         return " ".join(prompt.split())
     return json.dumps(prompt, sort_keys=True, default=str)
@@ -76,8 +78,14 @@ def side_of(key: str) -> str:
     return "validation" if share < TEST_SHARE + VALIDATION_SHARE else "train"
 
 
-def split_held_out(train: list, validation: list | None, test: list | None, warnings: list[str], source: str,
-                   key: Callable = row_key) -> tuple[list, list, list]:
+def split_held_out(
+    train: list,
+    validation: list | None,
+    test: list | None,
+    warnings: list[str],
+    source: str,
+    key: Callable = row_key,
+) -> tuple[list, list, list]:
     """Every data set's three disjoint splits, train, validation and test, by the rule above.
 
     `key` gives a row's key (row_key by default; sft passes one for its numbered rows). Validation is
@@ -97,8 +105,10 @@ def split_held_out(train: list, validation: list | None, test: list | None, warn
                 what = "no before/after accuracy" if name == "validation" else "nothing to test on"
                 warnings.append(f"{source}: too few rows to hold any out as its {name} split; {what}")
             else:
-                warnings.append(f"{source} has no {name} split: holding out the {len(rows)} train rows whose "
-                                f"prompt hashes into its share ({SPLIT_RULE})")
+                warnings.append(
+                    f"{source} has no {name} split: holding out the {len(rows)} train rows whose "
+                    f"prompt hashes into its share ({SPLIT_RULE})"
+                )
             if name == "test":
                 test = rows
             else:
@@ -106,19 +116,23 @@ def split_held_out(train: list, validation: list | None, test: list | None, warn
     held = {key(r) for r in test}
     kept = [r for r in validation if key(r) not in held]
     if len(kept) < len(validation):
-        warnings.append(f"{source}: left out {len(validation) - len(kept)} validation rows whose prompt is also "
-                        "a test row's")
+        warnings.append(
+            f"{source}: left out {len(validation) - len(kept)} validation rows whose prompt is also "
+            "a test row's"
+        )
     validation = kept
     held |= {key(r) for r in validation}
     kept = [r for r in train if key(r) not in held]
     if len(kept) < len(train):
-        warnings.append(f"{source}: left out {len(train) - len(kept)} train rows whose prompt is also a held-out "
-                        "row's")
+        warnings.append(
+            f"{source}: left out {len(train) - len(kept)} train rows whose prompt is also a held-out row's"
+        )
     return kept, validation, test
 
 
-def record_training_rows(run_dir: Path, rows: Iterable, task: str, data: str | None,
-                         key: Callable = row_key) -> None:
+def record_training_rows(
+    run_dir: Path, rows: Iterable, task: str, data: str | None, key: Callable = row_key
+) -> None:
     """Write the keys of the rows a run may train on into its folder (TRAINED_ROWS)."""
     keys = sorted({key(r) for r in rows})
     record = {"split_rule": SPLIT_RULE, "task": task, "data": data, "rows": len(keys), "keys": keys}

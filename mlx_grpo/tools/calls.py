@@ -44,9 +44,11 @@ def style_for_template(template: str | None) -> str:
     """
     template = template or ""
     if "<function=" in template:
-        raise ConfigError("the model's chat template teaches tool calls as <function=NAME><parameter=...> XML "
-                         f"(as Qwen3-Coder's and Qwen3.5's do), which none of the call styles ({', '.join(STYLES)}) "
-                         "reads; pass --tool-style only if the model writes one of those instead")
+        raise ConfigError(
+            "the model's chat template teaches tool calls as <function=NAME><parameter=...> XML "
+            f"(as Qwen3-Coder's and Qwen3.5's do), which none of the call styles ({', '.join(STYLES)}) "
+            "reads; pass --tool-style only if the model writes one of those instead"
+        )
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<tool_call>" in template:
@@ -89,12 +91,20 @@ def _hermes(text: str) -> list[ToolCall]:
         try:
             value, rest = _json_prefix(body)
         except json.JSONDecodeError as e:
-            calls.append(ToolCall(None, {}, f"the tool call is not valid JSON ({e.msg} at character {e.pos})",
-                                  match.group(0)))
+            calls.append(
+                ToolCall(
+                    None,
+                    {},
+                    f"the tool call is not valid JSON ({e.msg} at character {e.pos})",
+                    match.group(0),
+                )
+            )
             continue
         call = _call_from_object(value, match.group(0), "arguments")
         if call.error is None and rest.strip():
-            call = ToolCall(call.name, call.arguments, f"extra text after the JSON of {call.name}", match.group(0))
+            call = ToolCall(
+                call.name, call.arguments, f"extra text after the JSON of {call.name}", match.group(0)
+            )
         calls.append(call)
     return calls
 
@@ -109,7 +119,9 @@ def _llama3(text: str) -> list[ToolCall]:
         try:
             value, rest = _json_prefix(body)
         except json.JSONDecodeError as e:
-            calls.append(ToolCall(None, {}, f"the tool call is not valid JSON ({e.msg} at character {e.pos})", body))
+            calls.append(
+                ToolCall(None, {}, f"the tool call is not valid JSON ({e.msg} at character {e.pos})", body)
+            )
             break
         calls.append(_call_from_object(value, body[: len(body) - len(rest)], "parameters"))
         body = rest.lstrip().lstrip(";").lstrip()
@@ -129,15 +141,20 @@ def _mistral(text: str) -> list[ToolCall]:
             try:
                 arguments, _ = _json_prefix(args.strip())
             except json.JSONDecodeError as e:
-                calls.append(ToolCall(name, {}, f"the arguments of {name} are not valid JSON ({e.msg})", chunk))
+                calls.append(
+                    ToolCall(name, {}, f"the arguments of {name} are not valid JSON ({e.msg})", chunk)
+                )
                 continue
-            calls.append(_call_from_object({"name": name, "arguments": arguments, "id": call_id}, chunk, "arguments"))
+            calls.append(
+                _call_from_object({"name": name, "arguments": arguments, "id": call_id}, chunk, "arguments")
+            )
             continue
         try:
             value, _ = _json_prefix(chunk)
         except json.JSONDecodeError as e:
-            calls.append(ToolCall(None, {}, f"the tool calls are not valid JSON ({e.msg} at character {e.pos})",
-                                  chunk))
+            calls.append(
+                ToolCall(None, {}, f"the tool calls are not valid JSON ({e.msg} at character {e.pos})", chunk)
+            )
             continue
         for obj in value if isinstance(value, list) else [value]:
             calls.append(_call_from_object(obj, chunk, "arguments"))
@@ -154,8 +171,15 @@ def parse_calls(text: str, style: str = "hermes") -> list[ToolCall]:
     return _PARSERS[style](text)
 
 
-_JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-               "object": (dict,), "array": (list,), "null": (type(None),)}
+_JSON_TYPES = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "null": (type(None),),
+}
 
 
 def _type_error(value, schema: dict, where: str) -> str | None:
@@ -169,7 +193,9 @@ def _type_error(value, schema: dict, where: str) -> str | None:
     if kind is None:
         return None
     # bool is an int in Python, never in JSON
-    wrong = not isinstance(value, _JSON_TYPES[kind]) or (kind in ("integer", "number") and isinstance(value, bool))
+    wrong = not isinstance(value, _JSON_TYPES[kind]) or (
+        kind in ("integer", "number") and isinstance(value, bool)
+    )
     if wrong:
         return f"{where} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}, got {json.dumps(value)}"
     if kind == "array" and "items" in schema:
@@ -191,11 +217,17 @@ def check_call(call: ToolCall, schemas: dict[str, dict]) -> ToolCall:
     properties = parameters.get("properties", {})
     unknown = [k for k in call.arguments if k not in properties]
     if unknown:
-        return ToolCall(call.name, call.arguments, f"{call.name} has no argument {unknown[0]!r} (arguments: "
-                                                   f"{', '.join(properties) or 'none'})", call.text)
+        return ToolCall(
+            call.name,
+            call.arguments,
+            f"{call.name} has no argument {unknown[0]!r} (arguments: {', '.join(properties) or 'none'})",
+            call.text,
+        )
     missing = [k for k in parameters.get("required", []) if k not in call.arguments]
     if missing:
-        return ToolCall(call.name, call.arguments, f"{call.name} needs the argument {missing[0]!r}", call.text)
+        return ToolCall(
+            call.name, call.arguments, f"{call.name} needs the argument {missing[0]!r}", call.text
+        )
     for key, value in call.arguments.items():
         error = _type_error(value, properties[key], f"{call.name}: argument {key!r}")
         if error:

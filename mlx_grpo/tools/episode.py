@@ -30,7 +30,14 @@ from ..tasks.rewarding import RewardFn, reward_name, score_completions
 from .calls import STYLES, parse_calls, style_for_template
 from .running import DEFAULT_TIMEOUT, run_calls
 from .schema import schema_of
-from .template import Rendered, assistant_message, inserted_text, render, result_messages, template_supports_tools
+from .template import (
+    Rendered,
+    assistant_message,
+    inserted_text,
+    render,
+    result_messages,
+    template_supports_tools,
+)
 
 # "misstyled": a final answer that holds a call in another template's style (our parser, reading this
 # template's style, saw no call there): the sign of a wrong style, which no tool error would show.
@@ -41,9 +48,17 @@ EXAMPLE_CHARS = 160  # how much of an unreadable call the step metrics keep
 class ToolEnv:
     """One row's tool episode (see the module docstring)."""
 
-    def __init__(self, row: dict, tools: dict[str, Callable], tokenizer, rewards: list[RewardFn],
-                 weights: list[float] | None = None, system_prompt: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, style: str | None = None):
+    def __init__(
+        self,
+        row: dict,
+        tools: dict[str, Callable],
+        tokenizer,
+        rewards: list[RewardFn],
+        weights: list[float] | None = None,
+        system_prompt: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        style: str | None = None,
+    ):
         self.row, self.tools = row, tools
         self.rewards, self.weights = rewards, weights or [1.0] * len(rewards)
         self.system_prompt, self.timeout, self.chosen_style = system_prompt, timeout, style
@@ -84,8 +99,12 @@ class ToolEnv:
             if kind == "parse":
                 self.unreadable = self.unreadable or call.text
         # Each call as read and how it went (error kind, None: it ran): inspect shows them under the turn.
-        self.turn_calls.append([{"name": c.name, "arguments": c.arguments, "error": kind}
-                                for c, (_, kind) in zip(calls, results)])
+        self.turn_calls.append(
+            [
+                {"name": c.name, "arguments": c.arguments, "error": kind}
+                for c, (_, kind) in zip(calls, results)
+            ]
+        )
         turn = assistant_message(action, calls, self.native)
         new = result_messages(calls, [text for text, _ in results], self.native)
         inserted = inserted_text(self.tokenizer, self.messages + [turn], new, self.schemas)
@@ -108,9 +127,11 @@ class ToolEnv:
         self._total = float(scores.total[0])
 
     def info(self) -> dict:
-        info = {**{f"tools/{k}": v for k, v in self.counts.items()},
-                "tools/answered_without_call": self.answer is not None and self.counts["calls"] == 0,
-                "calls": [list(turn) for turn in self.turn_calls]}
+        info = {
+            **{f"tools/{k}": v for k, v in self.counts.items()},
+            "tools/answered_without_call": self.answer is not None and self.counts["calls"] == 0,
+            "calls": [list(turn) for turn in self.turn_calls],
+        }
         if self.unreadable is not None:
             info["tools/unreadable_example"] = self.unreadable[:EXAMPLE_CHARS]
         return info
@@ -134,14 +155,20 @@ def tool_metrics(infos: list[dict]) -> dict:
     count = {k: np.array([info.get(f"tools/{k}", 0) for info in infos], dtype=float) for k in COUNTS}
     attempts = float(count["calls"].sum() + count["misstyled"].sum())
     unreadable = float(count["parse"].sum() + count["misstyled"].sum())
-    failed = float((count["invalid"] + count["raised"] + count["timeout"]).sum())  # read, but did not run well
+    failed = float(
+        (count["invalid"] + count["raised"] + count["timeout"]).sum()
+    )  # read, but did not run well
     out = {
         "tools/calls_per_episode": attempts / len(infos),
         "tools/parse_fail_frac": unreadable / attempts if attempts else None,
         "tools/error_frac": failed / attempts if attempts else None,
-        "tools/answered_without_call_frac": float(np.mean([bool(i.get("tools/answered_without_call")) for i in infos])),
+        "tools/answered_without_call_frac": float(
+            np.mean([bool(i.get("tools/answered_without_call")) for i in infos])
+        ),
     }
-    if any("tools/support_recall" in i for i in infos):  # multihop: an episode cut before reading anything read 0
+    if any(
+        "tools/support_recall" in i for i in infos
+    ):  # multihop: an episode cut before reading anything read 0
         out["tools/support_recall"] = float(np.mean([i.get("tools/support_recall", 0.0) for i in infos]))
     example = next((i["tools/unreadable_example"] for i in infos if i.get("tools/unreadable_example")), None)
     if example is not None:

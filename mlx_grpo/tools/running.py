@@ -43,11 +43,16 @@ def load_tools(path: str | Path) -> dict[str, Callable]:
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - whatever the user's file raises, said in one line
         raise ToolsFileError(f"--tools {path}: importing it raised {type(e).__name__}: {e}") from None
-    tools = {name: fn for name, fn in vars(module).items()
-             if not name.startswith("_") and inspect.isfunction(fn) and fn.__module__ == module.__name__}
+    tools = {
+        name: fn
+        for name, fn in vars(module).items()
+        if not name.startswith("_") and inspect.isfunction(fn) and fn.__module__ == module.__name__
+    }
     if not tools:
-        raise ToolsFileError(f"--tools {path}: it defines no public function (a tool is a function whose name "
-                             "does not start with _)")
+        raise ToolsFileError(
+            f"--tools {path}: it defines no public function (a tool is a function whose name "
+            "does not start with _)"
+        )
     for fn in tools.values():
         try:
             schema_of(fn)
@@ -79,8 +84,9 @@ def _call(fn: Callable, arguments: dict):
     return value
 
 
-def run_calls(calls: list[ToolCall], tools: dict[str, Callable], timeout: float = DEFAULT_TIMEOUT
-              ) -> list[tuple[str, str | None]]:
+def run_calls(
+    calls: list[ToolCall], tools: dict[str, Callable], timeout: float = DEFAULT_TIMEOUT
+) -> list[tuple[str, str | None]]:
     """(result text, error kind or None) of each call, run concurrently. Error kinds: "parse" (the
     call could not be read), "invalid" (an unknown tool or bad arguments), "raised", "timeout"."""
     schemas = schemas_of(tools)
@@ -111,6 +117,7 @@ def run_calls(calls: list[ToolCall], tools: dict[str, Callable], timeout: float 
             if o is outcome:
                 thread.join(max(0.0, deadline - time.monotonic()))
         done = outcome.get("result")  # read once: a late finish after this does not change the answer
-        results.append(done if done is not None else (f"Error: {call.name} timed out after {timeout:g} s",
-                                                      "timeout"))
+        results.append(
+            done if done is not None else (f"Error: {call.name} timed out after {timeout:g} s", "timeout")
+        )
     return results

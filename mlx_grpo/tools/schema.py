@@ -20,8 +20,15 @@ import types
 import typing
 from typing import Any, Callable, Literal, Union
 
-_SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array",
-           type(None): "null"}
+_SIMPLE = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    dict: "object",
+    list: "array",
+    type(None): "null",
+}
 
 
 class ToolSchemaError(ValueError):
@@ -53,8 +60,10 @@ def json_type(annotation, where: str) -> dict:
         return schema
     if origin is dict:
         return {"type": "object"}
-    raise ToolSchemaError(f"{where}: annotation {annotation!r} has no JSON type "
-                          "(use str, int, float, bool, list[...], dict, Literal[...] or Optional[...])")
+    raise ToolSchemaError(
+        f"{where}: annotation {annotation!r} has no JSON type "
+        "(use str, int, float, bool, list[...], dict, Literal[...] or Optional[...])"
+    )
 
 
 def docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
@@ -73,8 +82,9 @@ def docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
                 described[current] = entry.group(2).strip()
             elif current and line.strip():
                 described[current] = f"{described[current]} {line.strip()}".strip()
-    head = re.split(r"\n\s*\n|^(?:Args|Arguments|Parameters|Returns|Raises):|^:param", doc, maxsplit=1,
-                    flags=re.M)[0]
+    head = re.split(
+        r"\n\s*\n|^(?:Args|Arguments|Parameters|Returns|Raises):|^:param", doc, maxsplit=1, flags=re.M
+    )[0]
     return " ".join(head.split()), described
 
 
@@ -98,6 +108,11 @@ def schema_of(fn: Callable) -> dict:
         properties[p.name] = schema
         if p.default is inspect.Parameter.empty:
             required.append(p.name)
-    return {"type": "function",
-            "function": {"name": name, "description": description,
-                         "parameters": {"type": "object", "properties": properties, "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }

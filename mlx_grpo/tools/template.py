@@ -39,7 +39,7 @@ from .calls import ToolCall
 FALLBACK_INSTRUCTIONS = (
     "You can call functions to help answer. Their signatures, one JSON object a line:\n<tools>\n{schemas}\n</tools>\n"
     "To call one, write a JSON object with its name and arguments between tags, one call per block:\n"
-    "<tool_call>\n{{\"name\": \"function_name\", \"arguments\": {{\"argument\": \"value\"}}}}\n</tool_call>\n"
+    '<tool_call>\n{{"name": "function_name", "arguments": {{"argument": "value"}}}}\n</tool_call>\n'
     "The results come back as <tool_response> blocks. When you know the answer, give it without a call."
 )
 
@@ -96,17 +96,20 @@ def render(tokenizer, messages: list[dict], schemas: list[dict], add_generation_
         messages = _fallback_messages(messages, schemas)
     try:
         try:
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                 tokenize=False, **kwargs)
+            return tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
+            )
         except TemplateError:
             split = _one_call_per_message(messages)
             if split == messages:
                 raise
-            return tokenizer.apply_chat_template(split, add_generation_prompt=add_generation_prompt,
-                                                 tokenize=False, **kwargs)
+            return tokenizer.apply_chat_template(
+                split, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
+            )
     except TemplateError as e:  # the template's own words, on one line
-        raise ToolTemplateError("the model's chat template cannot render this tool conversation: "
-                                + " ".join(str(e).split())) from None
+        raise ToolTemplateError(
+            "the model's chat template cannot render this tool conversation: " + " ".join(str(e).split())
+        ) from None
 
 
 def call_id(call: ToolCall, index: int) -> str:
@@ -130,16 +133,23 @@ def assistant_message(text: str, calls: list[ToolCall], native: bool) -> dict:
     cut = min((text.find(m) for m in CALL_MARKERS if m in text), default=-1)
     if cut < 0:  # llama3's bare JSON: the call is where its text is
         cut = max(text.find(calls[0].text), 0) if calls[0].text else len(text)
-    return {"role": "assistant", "content": text[:cut].strip(),
-            "tool_calls": [{"type": "function", "id": call_id(c, i),
-                            "function": {"name": c.name, "arguments": c.arguments}} for i, c in readable]}
+    return {
+        "role": "assistant",
+        "content": text[:cut].strip(),
+        "tool_calls": [
+            {"type": "function", "id": call_id(c, i), "function": {"name": c.name, "arguments": c.arguments}}
+            for i, c in readable
+        ],
+    }
 
 
 def result_messages(calls: list[ToolCall], results: list[str], native: bool) -> list[dict]:
     """The tools' results as the messages that follow the model's turn."""
     if native:
-        return [{"role": "tool", "name": c.name or "unknown", "tool_call_id": call_id(c, i), "content": r}
-                for i, (c, r) in enumerate(zip(calls, results))]
+        return [
+            {"role": "tool", "name": c.name or "unknown", "tool_call_id": call_id(c, i), "content": r}
+            for i, (c, r) in enumerate(zip(calls, results))
+        ]
     blocks = "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
     return [{"role": "user", "content": blocks}]
 
@@ -151,7 +161,9 @@ def _end_without_reasoning(before: str, after: str, start: int) -> int | None:
     None when the turn was rewritten in any other way."""
     common = len(os.path.commonprefix([before, after]))
     for close in re.finditer(r"</think>(\s*)", before[start:]):
-        for cut in range(start + close.end(), start + close.start(1) - 1, -1):  # the blank after it kept or not
+        for cut in range(
+            start + close.end(), start + close.start(1) - 1, -1
+        ):  # the blank after it kept or not
             kept = before[cut:]
             for at in range(min(common, start + close.start()), start - 1, -1):
                 if kept and after.startswith(kept, at):
@@ -168,12 +180,14 @@ def inserted_text(tokenizer, history: list[dict], new: list[dict], schemas: list
     before = render(tokenizer, history, schemas, add_generation_prompt=False)
     after = render(tokenizer, history + new, schemas, add_generation_prompt=True)
     if after.startswith(before):
-        return after[len(before):]
+        return after[len(before) :]
     earlier = render(tokenizer, history[:-1], schemas, add_generation_prompt=False)
     if before.startswith(earlier) and after.startswith(earlier):
         end = _end_without_reasoning(before, after, len(earlier))
         if end is not None:
             return after[end:]
-    raise ToolTemplateError("the model's chat template rewrites earlier turns when a message is added (beyond "
-                            "dropping the last turn's <think> block), so an episode's sampled tokens would not be "
-                            "what it is trained on; use a template that keeps earlier turns as they were")
+    raise ToolTemplateError(
+        "the model's chat template rewrites earlier turns when a message is added (beyond "
+        "dropping the last turn's <think> block), so an episode's sampled tokens would not be "
+        "what it is trained on; use a template that keeps earlier turns as they were"
+    )

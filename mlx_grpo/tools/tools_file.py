@@ -19,6 +19,7 @@ def with_tools_file(task: Task, config: TrainConfig) -> Task:
     except ToolsFileError as e:
         raise ConfigError(str(e)) from None
     functions, weights, system_prompt = task.reward_functions, task.reward_weights, task.system_prompt
-    task.make_env = lambda row: ToolEnv(row, tools, None, functions, weights, system_prompt, config.tool_timeout,
-                                        config.tool_style)
+    task.make_env = lambda row: ToolEnv(
+        row, tools, None, functions, weights, system_prompt, config.tool_timeout, config.tool_style
+    )
     return task

@@ -19,9 +19,7 @@ import numpy as np
 SCALE_MODES = ("none", "group", "batch")
 
 
-def group_advantages(
-    rewards, group_size: int, scale: str = "none", eps: float = 1e-4
-) -> np.ndarray:
+def group_advantages(rewards, group_size: int, scale: str = "none", eps: float = 1e-4) -> np.ndarray:
     """Advantages for rewards laid out group by group: [q0 o1..oG, q1 o1..oG, ...]."""
     if scale not in SCALE_MODES:
         raise ValueError(f"scale must be one of {SCALE_MODES}, got {scale!r}")

@@ -73,7 +73,9 @@ class MicroBatch:
     behaviour_logp: mx.array
     advantages: mx.array
     group_size: int  # completions per prompt here: the group's, or fewer when a group is cut into pieces
-    piece_of: int | None = None  # the group this is a piece of (its pieces are consecutive); None: whole groups
+    piece_of: int | None = (
+        None  # the group this is a piece of (its pieces are consecutive); None: whole groups
+    )
     guided: mx.array | None = None  # (P*G,) True on reference answers (--guide); None: none
 
 
@@ -102,8 +104,15 @@ def build_batch(completions: list[Rollout], advantages, group_size: int) -> Roll
         mask[i, :k] = c.mask if getattr(c, "mask", None) is not None else 1.0
     prompts = [completions[g * group_size].prompt_tokens for g in range(n // group_size)]
     guided = np.array([getattr(c, "guided", False) for c in completions], dtype=bool)
-    return RolloutBatch(prompts, tokens, mask, behaviour, np.asarray(advantages, dtype=np.float32), group_size,
-                        guided if guided.any() else None)
+    return RolloutBatch(
+        prompts,
+        tokens,
+        mask,
+        behaviour,
+        np.asarray(advantages, dtype=np.float32),
+        group_size,
+        guided if guided.any() else None,
+    )
 
 
 def groups_with_signal(batch: RolloutBatch, silent: bool = False) -> RolloutBatch:
@@ -115,11 +124,19 @@ def groups_with_signal(batch: RolloutBatch, silent: bool = False) -> RolloutBatc
     groups, when every completion of a prompt is right or every one is wrong).
     """
     g = batch.group_size
-    keep = [i for i in range(len(batch.prompts)) if np.any(batch.advantages[i * g:(i + 1) * g] != 0) != silent]
+    keep = [
+        i for i in range(len(batch.prompts)) if np.any(batch.advantages[i * g : (i + 1) * g] != 0) != silent
+    ]
     rows = np.concatenate([np.arange(i * g, (i + 1) * g) for i in keep]) if keep else np.zeros(0, dtype=int)
-    return RolloutBatch([batch.prompts[i] for i in keep], batch.completions[rows], batch.mask[rows],
-                        batch.behaviour_logp[rows], batch.advantages[rows], g,
-                        None if batch.guided is None else batch.guided[rows])
+    return RolloutBatch(
+        [batch.prompts[i] for i in keep],
+        batch.completions[rows],
+        batch.mask[rows],
+        batch.behaviour_logp[rows],
+        batch.advantages[rows],
+        g,
+        None if batch.guided is None else batch.guided[rows],
+    )
 
 
 def carries_signal(batch: RolloutBatch) -> bool:
@@ -183,8 +200,12 @@ def batch_shape(batch: RolloutBatch, size: int, max_tokens: int, by_length: bool
     token is masked (every completion cut, with mask_truncated) is dropped there and is none of its terms."""
     ends = _row_ends(batch.mask)
     micro = sum(1 for *_, rows in _spans(batch, size, by_length) if ends[rows].any())
-    return BatchShape(num_sequences=len(batch.advantages), num_tokens=int(batch.mask.sum()),
-                      num_micro_batches=micro, max_tokens=max_tokens)
+    return BatchShape(
+        num_sequences=len(batch.advantages),
+        num_tokens=int(batch.mask.sum()),
+        num_micro_batches=micro,
+        max_tokens=max_tokens,
+    )
 
 
 def _row_ends(mask: np.ndarray) -> np.ndarray:
@@ -203,7 +224,9 @@ def _spans(batch: RolloutBatch, size: int, by_length: bool = False) -> list[tupl
     g, n = batch.group_size, len(batch.prompts)
     if size >= g:
         per = size // g
-        return [(range(i, min(i + per, n)), g, None, slice(i * g, min(i + per, n) * g)) for i in range(0, n, per)]
+        return [
+            (range(i, min(i + per, n)), g, None, slice(i * g, min(i + per, n) * g)) for i in range(0, n, per)
+        ]
     ends = _row_ends(batch.mask)
     spans = []
     for i in range(n):
@@ -235,13 +258,20 @@ def micro_batches(batch: RolloutBatch, size: int, by_length: bool = False) -> li
         longest = max(len(p) for p in prompts)
         padded = np.zeros((len(prompts), longest), dtype=np.int32)
         for i, p in enumerate(prompts):
-            padded[i, longest - len(p):] = p
-        out.append(MicroBatch(
-            mx.array(padded), mx.array([longest - len(p) for p in prompts]),
-            mx.array(batch.completions[rows, :width]), mx.array(batch.mask[rows, :width]),
-            mx.array(batch.behaviour_logp[rows, :width]), mx.array(batch.advantages[rows]), group_size, piece_of,
-            None if batch.guided is None else mx.array(batch.guided[rows]),
-        ))
+            padded[i, longest - len(p) :] = p
+        out.append(
+            MicroBatch(
+                mx.array(padded),
+                mx.array([longest - len(p) for p in prompts]),
+                mx.array(batch.completions[rows, :width]),
+                mx.array(batch.mask[rows, :width]),
+                mx.array(batch.behaviour_logp[rows, :width]),
+                mx.array(batch.advantages[rows]),
+                group_size,
+                piece_of,
+                None if batch.guided is None else mx.array(batch.guided[rows]),
+            )
+        )
     return out
 
 

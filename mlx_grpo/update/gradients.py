@@ -59,16 +59,19 @@ COMPILE_ON_CPU = True
 _fallback_reported = False  # the compiled update's fallback is reported once a process, with its first reason
 
 
-def micro_batch_gradients(model: nn.Module, parts: list[MicroBatch], refs: list | None, after_prompt: AfterPrompt,
-                          loss_of: LossOf) -> Iterator[tuple[mx.array, dict, dict]]:
+def micro_batch_gradients(
+    model: nn.Module, parts: list[MicroBatch], refs: list | None, after_prompt: AfterPrompt, loss_of: LossOf
+) -> Iterator[tuple[mx.array, dict, dict]]:
     """(loss, stats, gradients) for each micro-batch, evaluated; each cut group adds one (0, {}, prompt's share)."""
     dropout = _dropout_active(model)
     # A compiled trace would hold one dropout mask as a constant: with dropout, run traced.
     compiled = COMPILE_ON_CPU and on_cpu() and not dropout
     # A compiled piece reads these as constants: one still a lazy graph over the weights (behaviour
     # log-probs just computed, say) would reach into the trace's inputs, which compile refuses.
-    mx.eval([[v for v in vars(mb).values() if isinstance(v, mx.array)] for mb in parts],
-            [r for r in refs or [] if r is not None])
+    mx.eval(
+        [[v for v in vars(mb).values() if isinstance(v, mx.array)] for mb in parts],
+        [r for r in refs or [] if r is not None],
+    )
     for run in prompt_runs(parts):
         run_refs = [refs[i] for i in run] if refs else [None] * len(run)
         if len(run) == 1 or dropout:
@@ -79,7 +82,9 @@ def micro_batch_gradients(model: nn.Module, parts: list[MicroBatch], refs: list 
 
 
 def _dropout_active(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.Dropout) and m.training and getattr(m, "_p_1", 1.0) < 1 for m in model.modules())
+    return any(
+        isinstance(m, nn.Dropout) and m.training and getattr(m, "_p_1", 1.0) < 1 for m in model.modules()
+    )
 
 
 def _evaluated(model: nn.Module, fn: Callable, compiled: bool, *args) -> tuple:
@@ -118,8 +123,11 @@ def _report_fallback(error: Exception) -> None:
     """Say once, at warning level, that the update runs traced and why: it is correct but slower."""
     global _fallback_reported
     if not _fallback_reported:
-        warnings.warn(f"compiling the update's value and gradient failed ({type(error).__name__}: {error}); "
-                      "running it traced (the same gradients, slower)", stacklevel=3)
+        warnings.warn(
+            f"compiling the update's value and gradient failed ({type(error).__name__}: {error}); "
+            "running it traced (the same gradients, slower)",
+            stacklevel=3,
+        )
         _fallback_reported = True  # after the warning: where warnings are errors (the suite), each one raises
 
 
@@ -143,7 +151,7 @@ def _flat_state(state) -> list[mx.array]:
 
 def _state_of(flat: list[mx.array]):
     layers = (len(flat) - 1) // 2
-    return flat[:layers], flat[layers:2 * layers], flat[-1]
+    return flat[:layers], flat[layers : 2 * layers], flat[-1]
 
 
 def lowest_trained_layer(model: nn.Module) -> int:
@@ -175,28 +183,37 @@ def _with_varying(state: list[mx.array], varying: list[int], values: list[mx.arr
     return flat
 
 
-def _pieces(model, pieces: list[MicroBatch], refs: list, after_prompt: AfterPrompt, loss_of: LossOf,
-            compiled: bool):
+def _pieces(
+    model, pieces: list[MicroBatch], refs: list, after_prompt: AfterPrompt, loss_of: LossOf, compiled: bool
+):
     first = pieces[0]
     state = _flat_state(prompt_pass(model, first.prompts, first.left_padding))
     mx.eval(state)
     varying = _varying(len(state), lowest_trained_layer(model))
     state_grads = None
     for mb, ref in zip(pieces, refs):
+
         def value_and_grad(varying_state, mb=mb, ref=ref):
             def piece_loss(params, varying_state):
                 model.update(params)
-                logp, entropy = after_prompt(model, _state_of(_with_varying(state, varying, varying_state)), mb)
+                logp, entropy = after_prompt(
+                    model, _state_of(_with_varying(state, varying, varying_state)), mb
+                )
                 return loss_of(logp, entropy, mb, ref)
 
             params = model.trainable_parameters()
             (loss, stats), (grads, grads_of_state) = mx.value_and_grad(piece_loss, argnums=(0, 1))(
-                params, varying_state)
+                params, varying_state
+            )
             model.update(params)  # the weights themselves, not the traced copies
             return loss, stats, grads, grads_of_state
 
-        loss, stats, grads, grads_of_state = _evaluated(model, value_and_grad, compiled, [state[i] for i in varying])
-        state_grads = grads_of_state if state_grads is None else [a + b for a, b in zip(state_grads, grads_of_state)]
+        loss, stats, grads, grads_of_state = _evaluated(
+            model, value_and_grad, compiled, [state[i] for i in varying]
+        )
+        state_grads = (
+            grads_of_state if state_grads is None else [a + b for a, b in zip(state_grads, grads_of_state)]
+        )
         mx.eval(state_grads)
         yield loss, stats, grads
 

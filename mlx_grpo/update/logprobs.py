@@ -131,6 +131,7 @@ def _through_frozen_head(project, hidden, targets, temperature, chunk_size):
     again) or keep (positions x vocabulary) tensors. A forward-only caller must not come here:
     it would pay for J and never use it.
     """
+
     def chunk(hidden, targets):
         return _frozen_head_chunk(project, hidden, targets, temperature)
 
@@ -154,13 +155,23 @@ def _frozen_head_chunk(project, hidden, targets, temperature):
 
 def _by_chunks(per_chunk, hidden, targets, chunk_size):
     """per_chunk(hidden, targets) -> (log-probs, entropy), `chunk_size` positions at a time, joined."""
-    parts = [per_chunk(hidden[:, s:s + chunk_size], targets[:, s:s + chunk_size])
-             for s in range(0, hidden.shape[1], chunk_size)]
+    parts = [
+        per_chunk(hidden[:, s : s + chunk_size], targets[:, s : s + chunk_size])
+        for s in range(0, hidden.shape[1], chunk_size)
+    ]
     return mx.concatenate([p[0] for p in parts], axis=1), mx.concatenate([p[1] for p in parts], axis=1)
 
 
-def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False, differentiated=False,
-             with_entropy=True):
+def _project(
+    head,
+    hidden,
+    targets,
+    temperature,
+    chunk_size,
+    entropy_grad=False,
+    differentiated=False,
+    with_entropy=True,
+):
     """Log-probs of `targets` from hidden states, `chunk_size` positions at a time.
 
     A chunk is also kept under _CHUNK_FLOATS logits, whatever the batch: with
@@ -194,7 +205,9 @@ def _project(head, hidden, targets, temperature, chunk_size, entropy_grad=False,
     return _by_chunks(checkpointed, hidden, targets, chunk_size)
 
 
-def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0, chunk_size: int | None = None):
+def token_logprobs(
+    model: nn.Module, tokens: mx.array, temperature: float = 1.0, chunk_size: int | None = None
+):
     """Log-prob (at `temperature`) and entropy of each next token.
 
     tokens: (B, L) int array. Returns two (B, L-1) arrays: position t scores
@@ -207,12 +220,13 @@ def token_logprobs(model: nn.Module, tokens: mx.array, temperature: float = 1.0,
     return _project(head, model.model(inputs), targets, temperature, chunk_size)
 
 
-def continuation_logprobs(model: nn.Module, prompt_tokens: list[int], tokens: list[int],
-                          temperature: float) -> list[float]:
+def continuation_logprobs(
+    model: nn.Module, prompt_tokens: list[int], tokens: list[int], temperature: float
+) -> list[float]:
     """The log-prob (at `temperature`) of each of `tokens` after `prompt_tokens`: the behaviour log-probs a
     sampler would have recorded for a continuation it never sampled."""
     logprobs, _ = token_logprobs(model, mx.array([list(prompt_tokens) + list(tokens)]), temperature)
-    return logprobs[0, len(prompt_tokens) - 1:].tolist()
+    return logprobs[0, len(prompt_tokens) - 1 :].tolist()
 
 
 class SharedPromptCache:
@@ -296,9 +310,18 @@ def _at_positions(score, first, completions, positions, chunk_size):
     return _placed(logp[0], positions, completions.shape), _placed(entropy[0], positions, completions.shape)
 
 
-def logprobs_after_prompt(model: nn.Module, state, left_padding: mx.array, completions: mx.array, group_size: int,
-                          temperature: float = 1.0, chunk_size: int | None = None, entropy_grad: bool = False,
-                          differentiated: bool = False, positions: mx.array | None = None):
+def logprobs_after_prompt(
+    model: nn.Module,
+    state,
+    left_padding: mx.array,
+    completions: mx.array,
+    group_size: int,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    entropy_grad: bool = False,
+    differentiated: bool = False,
+    positions: mx.array | None = None,
+):
     """Log-prob and entropy of every completion token, given its prompt's `prompt_pass` state.
 
     `differentiated`: the caller takes their gradient (`_project`). `positions` (scored_positions of
@@ -319,19 +342,30 @@ def logprobs_after_prompt(model: nn.Module, state, left_padding: mx.array, compl
         rest = forward(completions[:, :-1], cache=cache)
         first = mx.concatenate([first, rest], axis=1)
     if head is not None:
+
         def score(rows, targets, chunk):
             return _project(head, rows, targets, temperature, chunk, entropy_grad, differentiated)
     else:
+
         def score(rows, targets, chunk):
             return _logprobs_and_entropy(rows, targets, temperature, entropy_grad)
+
     if positions is None:
         return score(first, completions, chunk_size)
     return _at_positions(score, first, completions, positions, chunk_size)
 
 
-def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.array, completions: mx.array,
-                        group_size: int, temperature: float = 1.0, chunk_size: int | None = None,
-                        entropy_grad: bool = False, differentiated: bool = False):
+def completion_logprobs(
+    model: nn.Module,
+    prompts: mx.array,
+    left_padding: mx.array,
+    completions: mx.array,
+    group_size: int,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    entropy_grad: bool = False,
+    differentiated: bool = False,
+):
     """Log-prob and entropy of every completion token, each prompt run once.
 
     prompts: (P, Lp) left-padded with `left_padding[i]` pad tokens in row i.
@@ -339,5 +373,14 @@ def completion_logprobs(model: nn.Module, prompts: mx.array, left_padding: mx.ar
     Returns two (P * group_size, K) arrays: [r, j] scores completions[r, j].
     """
     state = prompt_pass(model, prompts, left_padding)
-    return logprobs_after_prompt(model, state, left_padding, completions, group_size, temperature, chunk_size,
-                                 entropy_grad, differentiated)
+    return logprobs_after_prompt(
+        model,
+        state,
+        left_padding,
+        completions,
+        group_size,
+        temperature,
+        chunk_size,
+        entropy_grad,
+        differentiated,
+    )

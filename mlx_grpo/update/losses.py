@@ -49,11 +49,23 @@ import numpy as np
 LOSS_DESCRIPTIONS = {
     "grpo": ("PPO-clip, mean of per-sequence token means", "Shao et al. 2024, arXiv:2402.03300"),
     "bnpo": ("PPO-clip, token mean of each micro-batch", "Xiao et al. 2025, arXiv:2506.02864"),
-    "dr_grpo": ("PPO-clip, token sum / (sequences x max_tokens): no length bias", "Liu et al. 2025, arXiv:2503.20783"),
+    "dr_grpo": (
+        "PPO-clip, token sum / (sequences x max_tokens): no length bias",
+        "Liu et al. 2025, arXiv:2503.20783",
+    ),
     "dapo": ("PPO-clip, token mean of the whole batch", "Yu et al. 2025, arXiv:2503.14476"),
-    "cispo": ("clipped importance-sampling weight, gradients of every token kept", "MiniMax 2025, arXiv:2506.13585"),
-    "gspo": ("one length-normalised ratio per sequence, clipped per sequence", "Zheng et al. 2025, arXiv:2507.18071"),
-    "sapo": ("a smooth sigmoid gate on the ratio instead of a hard clip", "Gao et al. 2025, arXiv:2511.20347"),
+    "cispo": (
+        "clipped importance-sampling weight, gradients of every token kept",
+        "MiniMax 2025, arXiv:2506.13585",
+    ),
+    "gspo": (
+        "one length-normalised ratio per sequence, clipped per sequence",
+        "Zheng et al. 2025, arXiv:2507.18071",
+    ),
+    "sapo": (
+        "a smooth sigmoid gate on the ratio instead of a hard clip",
+        "Gao et al. 2025, arXiv:2511.20347",
+    ),
 }
 LOSS_TYPES = tuple(LOSS_DESCRIPTIONS)
 PPO_CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -129,8 +141,20 @@ def _token_mean_per_sequence(x, mask):
     return (x * mask).sum(axis=1) / mx.maximum(mask.sum(axis=1), 1)
 
 
-def policy_loss(logp, behaviour_logp, advantages, mask, batch: BatchShape, settings: LossSettings, *,
-                ref_logp=None, entropy=None, token_weight=None, guided=None, **overrides):
+def policy_loss(
+    logp,
+    behaviour_logp,
+    advantages,
+    mask,
+    batch: BatchShape,
+    settings: LossSettings,
+    *,
+    ref_logp=None,
+    entropy=None,
+    token_weight=None,
+    guided=None,
+    **overrides,
+):
     """The micro-batch's share of the batch loss, and token statistics (sums).
 
     logp, behaviour_logp, mask: (B, T); advantages: (B,). mask is 1 on the

@@ -35,8 +35,13 @@ def trained_positions(trained: mx.array) -> mx.array:
     return mx.array(np.flatnonzero(flags > 0).astype(np.int32))
 
 
-def target_logprobs(model: nn.Module, tokens: mx.array, positions: mx.array, chunk_size: int | None = None,
-                    differentiated: bool = False) -> mx.array:
+def target_logprobs(
+    model: nn.Module,
+    tokens: mx.array,
+    positions: mx.array,
+    chunk_size: int | None = None,
+    differentiated: bool = False,
+) -> mx.array:
     """(N,) log-probs at temperature 1 of the targets at `positions` (trained_positions): position
     t of row b scores tokens[b, t+1] given tokens[b, :t+1].
 
@@ -51,12 +56,20 @@ def target_logprobs(model: nn.Module, tokens: mx.array, positions: mx.array, chu
         return _logprobs_and_entropy(picked, targets[None], 1.0, with_entropy=False)[0][0]
     hidden = model.model(inputs)
     picked = hidden.reshape(-1, hidden.shape[-1])[positions][None]
-    return _project(head, picked, targets[None], 1.0, chunk_size, differentiated=differentiated,
-                    with_entropy=False)[0][0]
+    return _project(
+        head, picked, targets[None], 1.0, chunk_size, differentiated=differentiated, with_entropy=False
+    )[0][0]
 
 
-def sft_loss(model: nn.Module, tokens: mx.array, trained: mx.array, count, chunk_size: int | None = None,
-             differentiated: bool = True, positions: mx.array | None = None) -> mx.array:
+def sft_loss(
+    model: nn.Module,
+    tokens: mx.array,
+    trained: mx.array,
+    count,
+    chunk_size: int | None = None,
+    differentiated: bool = True,
+    positions: mx.array | None = None,
+) -> mx.array:
     """The micro-batch's share of the batch loss: its trained tokens' cross-entropy over the batch's `count`.
 
     `positions`: trained_positions(trained), when the caller worked them out already."""
@@ -66,8 +79,9 @@ def sft_loss(model: nn.Module, tokens: mx.array, trained: mx.array, count, chunk
     return -target_logprobs(model, tokens, positions, chunk_size, differentiated).sum() / count
 
 
-def sft_gradients(model: nn.Module, tokens: mx.array, trained: mx.array, count,
-                  chunk_size: int | None = None) -> tuple[mx.array, dict]:
+def sft_gradients(
+    model: nn.Module, tokens: mx.array, trained: mx.array, count, chunk_size: int | None = None
+) -> tuple[mx.array, dict]:
     """(loss share, gradients of the trainable weights) of one micro-batch, evaluated.
 
     On a CPU compiled whole, as the GRPO update's pieces are (update/gradients.py): fused, the

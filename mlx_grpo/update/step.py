@@ -48,7 +48,9 @@ def relative_change(before, after) -> float:
     return math.sqrt(diff / norm) if norm > 0 else math.inf if diff > 0 else 0.0
 
 
-def reference_logprobs(model, parts: list[MicroBatch], ref_params, temperature: float, chunk) -> list[mx.array]:
+def reference_logprobs(
+    model, parts: list[MicroBatch], ref_params, temperature: float, chunk
+) -> list[mx.array]:
     """log pi_ref of the completion tokens, per micro-batch: the base model (adapters off) or frozen weights.
 
     In eval mode, whatever the model's mode outside: the reference is a fixed policy, never one
@@ -58,8 +60,15 @@ def reference_logprobs(model, parts: list[MicroBatch], ref_params, temperature: 
         return [logp for logp, _ in _passes(model, parts, temperature, chunk)]
 
 
-def top_entropy_weights(model, parts: list[MicroBatch], others: list[MicroBatch], quantile: float,
-                        temperature: float, chunk, gather: Callable = lambda values: [values]) -> list[mx.array]:
+def top_entropy_weights(
+    model,
+    parts: list[MicroBatch],
+    others: list[MicroBatch],
+    quantile: float,
+    temperature: float,
+    chunk,
+    gather: Callable = lambda values: [values],
+) -> list[mx.array]:
     """Which tokens of `parts` carry the loss (entropy_top_quantile < 1): 1 where a token's entropy is in
     the top `quantile` of the whole step's tokens, else 0.
 
@@ -92,8 +101,16 @@ def _passes(model, parts: list[MicroBatch], temperature: float, chunk):
     for run in prompt_runs(parts):  # the pieces of a group share its prompt pass
         state = prompt_pass(model, parts[run[0]].prompts, parts[run[0]].left_padding)
         for mb in (parts[i] for i in run):
-            logp, entropy = logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
-                                                  temperature, chunk, positions=scored_positions(mb.mask))
+            logp, entropy = logprobs_after_prompt(
+                model,
+                state,
+                mb.left_padding,
+                mb.completions,
+                mb.group_size,
+                temperature,
+                chunk,
+                positions=scored_positions(mb.mask),
+            )
             mx.eval(logp, entropy)
             yield mx.stop_gradient(logp), mx.stop_gradient(entropy)
 
@@ -106,9 +123,19 @@ def _skipped(count: int, nonfinite: int) -> dict:
     return {"skipped_updates": count, "update/skipped": count > 0, "update/nonfinite": nonfinite}
 
 
-def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: list[MicroBatch], ref_logps, chunk,
-           all_sum_tree: Callable = lambda tree: tree, sum_across_ranks: Callable = lambda sums: sums,
-           skip: bool = False, token_weights: list[mx.array] | None = None) -> dict:
+def update(
+    model,
+    optimizer,
+    config: UpdateSettings,
+    sizes: BatchShape,
+    parts: list[MicroBatch],
+    ref_logps,
+    chunk,
+    all_sum_tree: Callable = lambda tree: tree,
+    sum_across_ranks: Callable = lambda sums: sums,
+    skip: bool = False,
+    token_weights: list[mx.array] | None = None,
+) -> dict:
     """`num_iterations` optimizer steps on one rollout batch. Returns averaged statistics.
 
     `sizes` describes the whole batch (normalisation); `parts` may leave out
@@ -121,25 +148,56 @@ def update(model, optimizer, config: UpdateSettings, sizes: BatchShape, parts: l
     step (top_entropy_weights); without them, over `parts`.
     """
     if skip:
-        return {"loss": 0.0, "grad_norm": 0.0, "grad_norm/max": 0.0, "grad_clipped": False, "grad_clipped_frac": 0.0,
-                "clip_fraction": None, "ratio/mean": None, "entropy": None, "update/rel_change": 0.0,
-                **_skipped(config.num_iterations, nonfinite=0)}
+        return {
+            "loss": 0.0,
+            "grad_norm": 0.0,
+            "grad_norm/max": 0.0,
+            "grad_clipped": False,
+            "grad_clipped_frac": 0.0,
+            "clip_fraction": None,
+            "ratio/mean": None,
+            "entropy": None,
+            "update/rel_change": 0.0,
+            **_skipped(config.num_iterations, nonfinite=0),
+        }
     settings = config.loss
+
     def after_prompt(model, state, mb: MicroBatch):
         # Only the tokens in the loss go through the output head. The mask is an evaluated constant
         # (gradients.micro_batch_gradients), so inside a compiled piece their count is a fixed shape.
-        return logprobs_after_prompt(model, state, mb.left_padding, mb.completions, mb.group_size,
-                                     config.temperature, chunk, entropy_grad=config.entropy_coef > 0,
-                                     differentiated=True, positions=scored_positions(mb.mask))
+        return logprobs_after_prompt(
+            model,
+            state,
+            mb.left_padding,
+            mb.completions,
+            mb.group_size,
+            config.temperature,
+            chunk,
+            entropy_grad=config.entropy_coef > 0,
+            differentiated=True,
+            positions=scored_positions(mb.mask),
+        )
 
     if config.entropy_top_quantile < 1 and token_weights is None:
-        token_weights = top_entropy_weights(model, parts, [], config.entropy_top_quantile, config.temperature, chunk)
+        token_weights = top_entropy_weights(
+            model, parts, [], config.entropy_top_quantile, config.temperature, chunk
+        )
     weight_of = {id(mb): w for mb, w in zip(parts, token_weights)} if token_weights is not None else {}
 
     def loss_of(logp, entropy, mb: MicroBatch, ref):
         keep = weight_of.get(id(mb))
-        loss, stats = policy_loss(logp, mb.behaviour_logp, mb.advantages, mb.mask, sizes, settings,
-                                  ref_logp=ref, entropy=entropy, token_weight=keep, guided=mb.guided)
+        loss, stats = policy_loss(
+            logp,
+            mb.behaviour_logp,
+            mb.advantages,
+            mb.mask,
+            sizes,
+            settings,
+            ref_logp=ref,
+            entropy=entropy,
+            token_weight=keep,
+            guided=mb.guided,
+        )
         stats["entropy"] = (mx.stop_gradient(entropy) * mb.mask).sum()
         return loss, stats
 

@@ -7,9 +7,29 @@ reads a row's paragraphs through tool calls and answers; exact match is the rewa
 from .answers import exact_match, final_answer, normalize, support_recall, token_f1
 from .corpus import Corpus
 from .musique import load_musique
-from .training import (READS_DATA, REWARDS, SYSTEM_PROMPT, MultihopEnv, accuracy_reward, episode_factory, load_rows,
-                       recommended_settings, reference_actions)
+from .training import (
+    READS_DATA,
+    REWARDS,
+    SYSTEM_PROMPT,
+    MultihopEnv,
+    accuracy_reward,
+    episode_factory,
+    load_rows,
+    recommended_settings,
+    reference_actions,
+)
 from .world import HOPS, make_row, make_world
 
-__all__ = ["Corpus", "HOPS", "MultihopEnv", "exact_match", "final_answer", "load_musique", "make_row", "make_world",
-           "normalize", "support_recall", "token_f1"]
+__all__ = [
+    "Corpus",
+    "HOPS",
+    "MultihopEnv",
+    "exact_match",
+    "final_answer",
+    "load_musique",
+    "make_row",
+    "make_world",
+    "normalize",
+    "support_recall",
+    "token_f1",
+]

@@ -19,7 +19,7 @@ _ANSWER = re.compile(r"answer\s*:", re.IGNORECASE)
 def final_answer(text: str) -> str:
     """What a completion answers: after its last "Answer:", else all of it."""
     marks = list(_ANSWER.finditer(text))
-    return (text[marks[-1].end():] if marks else text).strip()
+    return (text[marks[-1].end() :] if marks else text).strip()
 
 
 def normalize(text: str) -> str:
@@ -57,6 +57,7 @@ def support_recall(paragraphs: list[dict], retrieved: list[str]) -> float | None
 
 
 # The task's reward functions (the protocol of mlx_grpo/tasks/rewarding.py): one score per completion.
+
 
 def exact_match_reward(prompts, completions, answer, answer_aliases=None, **_) -> list[float]:
     aliases = answer_aliases or [None] * len(completions)

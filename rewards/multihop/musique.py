@@ -26,7 +26,11 @@ def row_problem(row) -> str | None:
     if not isinstance(paragraphs, list) or not paragraphs:
         return "no 'paragraphs' list"
     for p in paragraphs:
-        if not isinstance(p, dict) or not isinstance(p.get("title"), str) or not isinstance(p.get("paragraph_text"), str):
+        if (
+            not isinstance(p, dict)
+            or not isinstance(p.get("title"), str)
+            or not isinstance(p.get("paragraph_text"), str)
+        ):
             return "a paragraph without 'title' and 'paragraph_text' text"
     aliases = row.get("answer_aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
@@ -38,10 +42,20 @@ def row_problem(row) -> str | None:
 
 def task_row(row: dict) -> dict:
     """A MuSiQue row as the task's row: "prompt" is the question; the rest is kept as it is."""
-    return {**row, "prompt": row["question"], "answer_aliases": list(row.get("answer_aliases") or []),
-            "paragraphs": [{"idx": p.get("idx", i), "title": p["title"], "paragraph_text": p["paragraph_text"],
-                            "is_supporting": bool(p.get("is_supporting", False))}
-                           for i, p in enumerate(row["paragraphs"])]}
+    return {
+        **row,
+        "prompt": row["question"],
+        "answer_aliases": list(row.get("answer_aliases") or []),
+        "paragraphs": [
+            {
+                "idx": p.get("idx", i),
+                "title": p["title"],
+                "paragraph_text": p["paragraph_text"],
+                "is_supporting": bool(p.get("is_supporting", False)),
+            }
+            for i, p in enumerate(row["paragraphs"])
+        ],
+    }
 
 
 def _jsonl(path: Path, report: LoadReport):
@@ -53,8 +67,12 @@ def _jsonl(path: Path, report: LoadReport):
             try:
                 record = json.loads(raw.decode("utf-8-sig"))
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                report.skip(number, "not UTF-8" if isinstance(e, UnicodeDecodeError)
-                            else f"malformed JSON at column {e.colno} ({e.msg})")
+                report.skip(
+                    number,
+                    "not UTF-8"
+                    if isinstance(e, UnicodeDecodeError)
+                    else f"malformed JSON at column {e.colno} ({e.msg})",
+                )
                 continue
             yield f"line {number}", record
 
@@ -77,8 +95,9 @@ def _records(spec: str, split: str, report: LoadReport) -> list[tuple[str, objec
     try:
         dataset = datasets.load_dataset(spec)
     except Exception as e:  # offline, unknown name, ...: one clear line
-        raise DataError(f"could not load dataset {spec!r}: {type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        raise DataError(
+            f"could not load dataset {spec!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
     names = [s for s in SPLIT_FILES[split] + (("dev",) if split == "test" else ()) if s in dataset]
     return [(f"row {i}", dict(r)) for i, r in enumerate(dataset[names[0]], start=1)] if names else []
 
@@ -97,6 +116,8 @@ def load_musique(spec: str, split: str, on_bad: str = "skip") -> tuple[list[dict
             rows.append(task_row(raw))
     report.rows = len(rows)
     if split == "train" and not rows:
-        raise DataError(f"{spec}: no usable MuSiQue rows (each needs question, answer and paragraphs)"
-                        + (f" ({report.summary()})" if report.skipped else ""))
+        raise DataError(
+            f"{spec}: no usable MuSiQue rows (each needs question, answer and paragraphs)"
+            + (f" ({report.summary()})" if report.skipped else "")
+        )
     return rows, report.summary()

@@ -10,10 +10,19 @@ TINY_TOOL_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-tools"
 # questions it was pre-trained on ("In which country is COMPANY based?"), short turns (a call or an
 # answer), three turns with room to spare.
 TINY_TOOL_SETTINGS: dict = {
-    "multihop_hops": [2], "multihop_chains": ["city/country"],
-    "max_tokens": 32, "max_turns": 4, "max_episode_tokens": 320,
-    "lr": 2e-4, "steps": 30, "batch_size": 8, "group_size": 8, "warmup_steps": 2, "micro_batch_size": 64,
-    "eval_num_problems": 64, "save_every": 15,
+    "multihop_hops": [2],
+    "multihop_chains": ["city/country"],
+    "max_tokens": 32,
+    "max_turns": 4,
+    "max_episode_tokens": 320,
+    "lr": 2e-4,
+    "steps": 30,
+    "batch_size": 8,
+    "group_size": 8,
+    "warmup_steps": 2,
+    "micro_batch_size": 64,
+    "eval_num_problems": 64,
+    "save_every": 15,
 }
 
 

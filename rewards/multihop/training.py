@@ -25,8 +25,10 @@ from .corpus import Corpus
 from .musique import load_musique
 from .world import CHAIN_NAMES, CHAINS, HOPS, chain_name, make_row
 
-SYSTEM_PROMPT = ("Answer the question by looking facts up with the tools: every name in the encyclopedia is the "
-                 "title of its paragraph. When you know the answer, reply with the answer alone.")
+SYSTEM_PROMPT = (
+    "Answer the question by looking facts up with the tools: every name in the encyclopedia is the "
+    "title of its paragraph. When you know the answer, reply with the answer alone."
+)
 REWARDS = [(exact_match_reward, 1.0), (f1_reward, 0.0), (support_reward, 0.0)]
 accuracy_reward = exact_match_reward
 READS_DATA = True  # --data names MuSiQue rows instead of the synthetic ones
@@ -45,7 +47,9 @@ def parse_chains(chains, hops: list[int]) -> tuple[list[int], list[str] | None]:
     """The hops and chains `multihop_chains` leaves: only lengths that have one of the chains."""
     bad = [c for c in chains or [] if c not in CHAIN_NAMES]
     if bad:
-        raise ConfigError(f"multihop_chains: {bad[0]!r} is not a chain of relations; one of {', '.join(CHAIN_NAMES)}")
+        raise ConfigError(
+            f"multihop_chains: {bad[0]!r} is not a chain of relations; one of {', '.join(CHAIN_NAMES)}"
+        )
     if not chains:
         return hops, None
     kept = [h for h in hops if any(chain_name(steps) in chains for _, steps, _ in CHAINS[h])]
@@ -58,7 +62,9 @@ def parse_chains(chains, hops: list[int]) -> tuple[list[int], list[str] | None]:
 HELD_OUT_PREFIXES = {"validation": "test", "test": "final"}
 
 
-def synthetic_rows(split: str, hops: list[int], n: int, seed: int, chains: list[str] | None = None) -> list[dict]:
+def synthetic_rows(
+    split: str, hops: list[int], n: int, seed: int, chains: list[str] | None = None
+) -> list[dict]:
     """n rows, hops taken in turn; worlds seeded apart by split (and train by the run's seed)."""
     prefix = HELD_OUT_PREFIXES.get(split, f"train/{seed}")
     return [make_row(f"{prefix}/{i}", hops[i % len(hops)], chains) for i in range(n)]
@@ -71,7 +77,9 @@ def load_rows(split: str, config) -> list[dict]:
             print(f"warning: {note}", file=sys.stderr)
         return rows
     n = config.eval_num_problems if split in HELD_OUT_PREFIXES else TRAIN_ROWS
-    hops, chains = parse_chains(config.task_options.multihop_chains, parse_hops(config.task_options.multihop_hops))
+    hops, chains = parse_chains(
+        config.task_options.multihop_chains, parse_hops(config.task_options.multihop_hops)
+    )
     return synthetic_rows(split, hops, n, config.seed, chains)
 
 
@@ -107,8 +115,9 @@ class MultihopEnv(ToolEnv):
     def info(self) -> dict:
         supporting = {p["title"] for p in self.row["paragraphs"] if p.get("is_supporting")}
         recall = len(supporting & set(self.corpus.retrieved)) / len(supporting) if supporting else 0.0
-        solved = self.answer is not None and bool(exact_match(self.answer, self.row["answer"],
-                                                              self.row.get("answer_aliases")))
+        solved = self.answer is not None and bool(
+            exact_match(self.answer, self.row["answer"], self.row.get("answer_aliases"))
+        )
         return {**super().info(), "solved": solved, "tools/support_recall": recall}
 
 
@@ -117,16 +126,23 @@ def reference_actions(row: dict) -> list[str]:
     in the question's order, then answer. Calls are written in the hermes style, the one the tiny tool
     model's template and most chat templates teach; under another style the episode is reported unfinished."""
     titles = {p.get("idx"): p["title"] for p in row.get("paragraphs", [])}
-    hops = [titles[step["paragraph_support_idx"]] for step in row.get("question_decomposition") or []
-            if step.get("paragraph_support_idx") in titles]
-    reads = ["<tool_call>\n" + json.dumps({"name": "read", "arguments": {"title": title}}) + "\n</tool_call>"
-             for title in hops]
+    hops = [
+        titles[step["paragraph_support_idx"]]
+        for step in row.get("question_decomposition") or []
+        if step.get("paragraph_support_idx") in titles
+    ]
+    reads = [
+        "<tool_call>\n" + json.dumps({"name": "read", "arguments": {"title": title}}) + "\n</tool_call>"
+        for title in hops
+    ]
     return [*reads, row["answer"]]
 
 
 def episode_factory(config, functions, weights, system_prompt):
     """make_env for the registry: each row its MultihopEnv, with the run's rewards, tool time limit and call style."""
-    return lambda row: MultihopEnv(row, functions, weights, system_prompt, config.tool_timeout, config.tool_style)
+    return lambda row: MultihopEnv(
+        row, functions, weights, system_prompt, config.tool_timeout, config.tool_style
+    )
 
 
 def recommended_settings(model: str | None) -> dict:

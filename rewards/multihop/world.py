@@ -18,8 +18,32 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-SYLLABLES = ["ka", "lo", "mi", "ra", "ten", "vo", "sa", "ri", "bel", "dor", "fa", "nu", "zel", "pa",
-             "qui", "mor", "ta", "len", "gi", "os", "ver", "ul", "ban", "cy"]
+SYLLABLES = [
+    "ka",
+    "lo",
+    "mi",
+    "ra",
+    "ten",
+    "vo",
+    "sa",
+    "ri",
+    "bel",
+    "dor",
+    "fa",
+    "nu",
+    "zel",
+    "pa",
+    "qui",
+    "mor",
+    "ta",
+    "len",
+    "gi",
+    "os",
+    "ver",
+    "ul",
+    "ban",
+    "cy",
+]
 LANGUAGES = ["Alvish", "Borran", "Cetic", "Dunmari", "Estrel", "Fenwic", "Gorish", "Hallan"]
 RIVERS = ["Amber", "Silver", "Stone", "Willow", "Crane", "Otter", "Heron", "Ash"]
 PROFESSIONS = ["painter", "engineer", "poet", "sailor", "chemist", "architect", "composer", "banker"]
@@ -41,8 +65,10 @@ class Entity:
         if self.kind == "person":
             article = "an" if f["profession"][0] in "aeiou" else "a"
             return f"{t} is {article} {f['profession']}. {t} was born in {f['born_in']}."
-        return (f"{t} is a company founded by {f['founder']} in {f['year']}. Its chief executive is {f['chief']}. "
-                f"It is based in {f['city']}.")
+        return (
+            f"{t} is a company founded by {f['founder']} in {f['year']}. Its chief executive is {f['chief']}. "
+            f"It is based in {f['city']}."
+        )
 
 
 def _name_pool(kind: str, count: int, syllables: int) -> list[str]:
@@ -82,37 +108,85 @@ def make_world(seed) -> dict[str, Entity]:
         for city in names:
             world[city] = Entity(city, "city", {"country": country, "river": rng.choice(RIVERS)})
             cities.append(city)
-    people = [f"{first} {last}" for first, last in zip(rng.sample(FIRST_NAMES, PEOPLE), rng.sample(LAST_NAMES, PEOPLE))]
+    people = [
+        f"{first} {last}"
+        for first, last in zip(rng.sample(FIRST_NAMES, PEOPLE), rng.sample(LAST_NAMES, PEOPLE))
+    ]
     for person in people:
-        world[person] = Entity(person, "person", {"profession": rng.choice(PROFESSIONS),
-                                                  "born_in": rng.choice(cities)})
+        world[person] = Entity(
+            person, "person", {"profession": rng.choice(PROFESSIONS), "born_in": rng.choice(cities)}
+        )
     for company in rng.sample(COMPANY_NAMES, COMPANIES):
         founder, chief = rng.sample(people, 2)
-        world[company] = Entity(company, "company", {"founder": founder, "chief": chief, "year": rng.randint(1820, 1990),
-                                                     "city": rng.choice(cities)})
+        world[company] = Entity(
+            company,
+            "company",
+            {"founder": founder, "chief": chief, "year": rng.randint(1820, 1990), "city": rng.choice(cities)},
+        )
     return world
 
 
 # A chain: (the kind it starts from, [(relation, sub-question with {x} for the entity)], the question).
 CHAINS = {
-    2: [("company", [("founder", "Who founded {x}?"), ("born_in", "Where was {x} born?")],
-         "Where was the founder of {x} born?"),
-        ("company", [("city", "Where is {x} based?"), ("country", "In which country is {x}?")],
-         "In which country is {x} based?"),
-        ("person", [("born_in", "Where was {x} born?"), ("country", "In which country is {x}?")],
-         "In which country was {x} born?")],
-    3: [("company", [("founder", "Who founded {x}?"), ("born_in", "Where was {x} born?"),
-                     ("country", "In which country is {x}?")],
-         "In which country was the founder of {x} born?"),
-        ("company", [("city", "Where is {x} based?"), ("country", "In which country is {x}?"),
-                     ("language", "What language do the people of {x} speak?")],
-         "What language is spoken in the country where {x} is based?")],
-    4: [("company", [("founder", "Who founded {x}?"), ("born_in", "Where was {x} born?"),
-                     ("country", "In which country is {x}?"), ("language", "What language do the people of {x} speak?")],
-         "What language is spoken in the country where the founder of {x} was born?"),
-        ("company", [("chief", "Who is the chief executive of {x}?"), ("born_in", "Where was {x} born?"),
-                     ("country", "In which country is {x}?"), ("capital", "What is the capital of {x}?")],
-         "What is the capital of the country where the chief executive of {x} was born?")],
+    2: [
+        (
+            "company",
+            [("founder", "Who founded {x}?"), ("born_in", "Where was {x} born?")],
+            "Where was the founder of {x} born?",
+        ),
+        (
+            "company",
+            [("city", "Where is {x} based?"), ("country", "In which country is {x}?")],
+            "In which country is {x} based?",
+        ),
+        (
+            "person",
+            [("born_in", "Where was {x} born?"), ("country", "In which country is {x}?")],
+            "In which country was {x} born?",
+        ),
+    ],
+    3: [
+        (
+            "company",
+            [
+                ("founder", "Who founded {x}?"),
+                ("born_in", "Where was {x} born?"),
+                ("country", "In which country is {x}?"),
+            ],
+            "In which country was the founder of {x} born?",
+        ),
+        (
+            "company",
+            [
+                ("city", "Where is {x} based?"),
+                ("country", "In which country is {x}?"),
+                ("language", "What language do the people of {x} speak?"),
+            ],
+            "What language is spoken in the country where {x} is based?",
+        ),
+    ],
+    4: [
+        (
+            "company",
+            [
+                ("founder", "Who founded {x}?"),
+                ("born_in", "Where was {x} born?"),
+                ("country", "In which country is {x}?"),
+                ("language", "What language do the people of {x} speak?"),
+            ],
+            "What language is spoken in the country where the founder of {x} was born?",
+        ),
+        (
+            "company",
+            [
+                ("chief", "Who is the chief executive of {x}?"),
+                ("born_in", "Where was {x} born?"),
+                ("country", "In which country is {x}?"),
+                ("capital", "What is the capital of {x}?"),
+            ],
+            "What is the capital of the country where the chief executive of {x} was born?",
+        ),
+    ],
 }
 HOPS = tuple(CHAINS)
 
@@ -157,16 +231,29 @@ def make_row(seed, hops: int, chains: list[str] | None = None) -> dict:
     current, decomposition = start, []
     for relation, sub_question in steps:
         entity = world[current]
-        decomposition.append({"id": len(decomposition), "question": sub_question.format(
-            x=current if not decomposition else f"#{len(decomposition)}"), "answer": str(entity.facts[relation]),
-            "paragraph_support_idx": titles.index(current)})
+        decomposition.append(
+            {
+                "id": len(decomposition),
+                "question": sub_question.format(x=current if not decomposition else f"#{len(decomposition)}"),
+                "answer": str(entity.facts[relation]),
+                "paragraph_support_idx": titles.index(current),
+            }
+        )
         current = str(entity.facts[relation])
     supporting = {d["paragraph_support_idx"] for d in decomposition}
     text = question.format(x=start)
     return {
-        "id": f"synthetic-{hops}hop-{seed}", "question": text, "prompt": text, "answer": current,
-        "answer_aliases": aliases(world, current), "answerable": True, "hops": hops, "seed": seed,
+        "id": f"synthetic-{hops}hop-{seed}",
+        "question": text,
+        "prompt": text,
+        "answer": current,
+        "answer_aliases": aliases(world, current),
+        "answerable": True,
+        "hops": hops,
+        "seed": seed,
         "question_decomposition": decomposition,
-        "paragraphs": [{"idx": i, "title": t, "paragraph_text": world[t].paragraph(), "is_supporting": i in supporting}
-                       for i, t in enumerate(titles)],
+        "paragraphs": [
+            {"idx": i, "title": t, "paragraph_text": world[t].paragraph(), "is_supporting": i in supporting}
+            for i, t in enumerate(titles)
+        ],
     }

@@ -47,18 +47,75 @@ completion: the stages and what each is worth, the toolchain, runaway output),
 trainer calls).
 """
 
-from .grading import (DEFAULT, INSTALL_HINT, STAGES, TRAINING, Grade, GradeConfig, StageWeights, grade,
-                      is_cut, is_repetitive, require_toolchain, runaway_reason, score, toolchain_path)
+from .grading import (
+    DEFAULT,
+    INSTALL_HINT,
+    STAGES,
+    TRAINING,
+    Grade,
+    GradeConfig,
+    StageWeights,
+    grade,
+    is_cut,
+    is_repetitive,
+    require_toolchain,
+    runaway_reason,
+    score,
+    toolchain_path,
+)
 from .pool import default_workers, grade_many, grades_for
 from .problem_sets import DATA_DIR, load_rows, problems, read_problems, recommended_settings
 from .prompts import SYSTEM_PROMPT, format_prompt, reference_answer, to_row
-from .reward_functions import (REWARDS, accuracy_reward, answer_stages, make_reward, ocaml_compiles, ocaml_passes,
-                               ocaml_reward, ocaml_runaway)
+from .reward_functions import (
+    REWARDS,
+    accuracy_reward,
+    answer_stages,
+    make_reward,
+    ocaml_compiles,
+    ocaml_passes,
+    ocaml_reward,
+    ocaml_runaway,
+)
 from .source import assemble, extract_code, function_name, program, with_preamble
 
-__all__ = ["DATA_DIR", "DEFAULT", "INSTALL_HINT", "REWARDS", "STAGES", "SYSTEM_PROMPT", "TRAINING", "Grade",
-           "GradeConfig", "StageWeights", "accuracy_reward", "answer_stages", "assemble", "default_workers", "extract_code",
-           "format_prompt", "function_name", "grade", "grade_many", "grades_for", "is_cut", "is_repetitive",
-           "load_rows", "make_reward", "ocaml_compiles", "ocaml_passes", "ocaml_reward", "ocaml_runaway",
-           "problems", "program", "read_problems", "recommended_settings", "reference_answer", "require_toolchain",
-           "runaway_reason", "score", "to_row", "toolchain_path", "with_preamble"]
+__all__ = [
+    "DATA_DIR",
+    "DEFAULT",
+    "INSTALL_HINT",
+    "REWARDS",
+    "STAGES",
+    "SYSTEM_PROMPT",
+    "TRAINING",
+    "Grade",
+    "GradeConfig",
+    "StageWeights",
+    "accuracy_reward",
+    "answer_stages",
+    "assemble",
+    "default_workers",
+    "extract_code",
+    "format_prompt",
+    "function_name",
+    "grade",
+    "grade_many",
+    "grades_for",
+    "is_cut",
+    "is_repetitive",
+    "load_rows",
+    "make_reward",
+    "ocaml_compiles",
+    "ocaml_passes",
+    "ocaml_reward",
+    "ocaml_runaway",
+    "problems",
+    "program",
+    "read_problems",
+    "recommended_settings",
+    "reference_answer",
+    "require_toolchain",
+    "runaway_reason",
+    "score",
+    "to_row",
+    "toolchain_path",
+    "with_preamble",
+]

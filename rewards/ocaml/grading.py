@@ -50,12 +50,14 @@ class GradeConfig:
     penalize_repetition: bool = True  # degenerate, repetitive output
     repeated_lines: int = 6  # this many identical consecutive non-blank lines is degenerate
     min_compression: float = 0.12  # zlib ratio of the last 1,000 chars below this is degenerate
-    compile_limits: Limits = field(default_factory=lambda: Limits(cpu_s=10, wall_s=20, memory_mb=1024,
-                                                                   file_mb=64, processes=16))
+    compile_limits: Limits = field(
+        default_factory=lambda: Limits(cpu_s=10, wall_s=20, memory_mb=1024, file_mb=64, processes=16)
+    )
     # Every reference runs in well under 0.1 s: 1 CPU second is plenty, and a batch full
     # of infinite loops stays within the trainer's reward_timeout.
-    run_limits: Limits = field(default_factory=lambda: Limits(cpu_s=1, wall_s=3, memory_mb=1024,
-                                                               file_mb=16, processes=16))
+    run_limits: Limits = field(
+        default_factory=lambda: Limits(cpu_s=1, wall_s=3, memory_mb=1024, file_mb=16, processes=16)
+    )
 
 
 DEFAULT = GradeConfig()
@@ -67,8 +69,10 @@ TRAINING = GradeConfig(penalize_cut=False)
 # Toolchain
 
 
-INSTALL_HINT = ("the OCaml toolchain is missing (`ocaml` and `ocamlc` must be on PATH): install it with "
-                "`apt-get install ocaml-nox` (Debian/Ubuntu) or `brew install ocaml` (macOS)")
+INSTALL_HINT = (
+    "the OCaml toolchain is missing (`ocaml` and `ocamlc` must be on PATH): install it with "
+    "`apt-get install ocaml-nox` (Debian/Ubuntu) or `brew install ocaml` (macOS)"
+)
 
 
 def toolchain_path() -> str | None:
@@ -144,7 +148,7 @@ class Grade:
 def _first_error(text: str, max_lines: int = 6) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     start = next((i for i, line in enumerate(lines) if line.startswith("File ")), 0)
-    return "\n".join(lines[start:start + max_lines])
+    return "\n".join(lines[start : start + max_lines])
 
 
 def _count_passes(stdout: str, marker: str, total: int) -> int:
@@ -166,7 +170,9 @@ def _stage_of_failed_build(box: Sandbox, limits: Limits) -> str:
     return "compile_error"
 
 
-def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reason: str | None = None) -> Grade:
+def grade(
+    completion, problem: dict, config: GradeConfig = DEFAULT, finish_reason: str | None = None
+) -> Grade:
     """Grade one completion against one problem (``signature``, ``tests``, optional ``preamble``)."""
     start = time.monotonic()
     path = require_toolchain()
@@ -188,7 +194,13 @@ def grade(completion, problem: dict, config: GradeConfig = DEFAULT, finish_reaso
             if build.ok:
                 run = box.run(["./main"], config.run_limits)
                 passed = _count_passes(run.stdout, marker, total)
-                stage = ("passed" if passed == total else "constant" if ignores_its_input(source, name) else "tests")
+                stage = (
+                    "passed"
+                    if passed == total
+                    else "constant"
+                    if ignores_its_input(source, name)
+                    else "tests"
+                )
                 if run.timed_out:
                     error = "timed out"
                 elif run.output_capped:

@@ -18,14 +18,22 @@ def default_workers() -> int:
     return max(1, min(8, 2 * (os.cpu_count() or 1)))
 
 
-def grade_many(completions: list, problems: list[dict], config: GradeConfig = DEFAULT,
-               finish_reasons: list | None = None, workers: int | None = None) -> list[Grade]:
+def grade_many(
+    completions: list,
+    problems: list[dict],
+    config: GradeConfig = DEFAULT,
+    finish_reasons: list | None = None,
+    workers: int | None = None,
+) -> list[Grade]:
     """Grade completions[i] against problems[i] on a pool of worker threads, in order."""
     reasons = finish_reasons if finish_reasons is not None else [None] * len(completions)
     require_toolchain()
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
-        return list(pool.map(lambda args: grade(args[0], args[1], config, args[2]),
-                             zip(completions, problems, reasons)))
+        return list(
+            pool.map(
+                lambda args: grade(args[0], args[1], config, args[2]), zip(completions, problems, reasons)
+            )
+        )
 
 
 # Grades of recent completions, so the logging rewards (reward_functions.py) do not grade twice.
@@ -40,12 +48,24 @@ def _problems(n: int, signature, tests, preamble) -> list[dict]:
 
 
 def _key(completion, problem: dict, config: GradeConfig, finish_reason) -> tuple:
-    return (completion_text(completion), problem["signature"], tests_key(problem["tests"]), problem["preamble"],
-            id(config), finish_reason)
+    return (
+        completion_text(completion),
+        problem["signature"],
+        tests_key(problem["tests"]),
+        problem["preamble"],
+        id(config),
+        finish_reason,
+    )
 
 
-def grades_for(completions: list, signature: list, tests: list, preamble: list | None = None,
-               finish_reason: list | None = None, config: GradeConfig = TRAINING) -> list[Grade]:
+def grades_for(
+    completions: list,
+    signature: list,
+    tests: list,
+    preamble: list | None = None,
+    finish_reason: list | None = None,
+    config: GradeConfig = TRAINING,
+) -> list[Grade]:
     """Grades of a batch of completions, graded in parallel once and remembered for a while."""
     problems = _problems(len(completions), signature, tests, preamble)
     reasons = finish_reason if finish_reason is not None else [None] * len(completions)
@@ -54,8 +74,9 @@ def grades_for(completions: list, signature: list, tests: list, preamble: list |
         known = {k: _recent[k] for k in keys if k in _recent}
     todo = [i for i, k in enumerate(keys) if k not in known]
     if todo:
-        fresh = grade_many([completions[i] for i in todo], [problems[i] for i in todo], config,
-                           [reasons[i] for i in todo])
+        fresh = grade_many(
+            [completions[i] for i in todo], [problems[i] for i in todo], config, [reasons[i] for i in todo]
+        )
         with _recent_lock:
             for i, g in zip(todo, fresh):
                 known[keys[i]] = _recent[keys[i]] = g

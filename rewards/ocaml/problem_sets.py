@@ -28,7 +28,11 @@ def problems(split: str) -> list[dict]:
     if split == "train":
         return read_problems(DATA_DIR / "train.jsonl")
     held_out = read_problems(DATA_DIR / "test.jsonl")
-    return held_out[:OCAML_VALIDATION_PROBLEMS] if split == "validation" else held_out[OCAML_VALIDATION_PROBLEMS:]
+    return (
+        held_out[:OCAML_VALIDATION_PROBLEMS]
+        if split == "validation"
+        else held_out[OCAML_VALIDATION_PROBLEMS:]
+    )
 
 
 def load_rows(split: str, config) -> list[dict]:

@@ -22,9 +22,11 @@ def format_prompt(problem: dict, compact: bool = False) -> str:
     definition = f"{preamble}\n\n{problem['signature']}" if preamble else problem["signature"]
     if compact:
         return definition
-    return (f"{problem['prompt'].strip()}\n\nWrite it in OCaml by completing this definition:\n\n"
-            f"```ocaml\n{definition}\n```\n\n"
-            "Answer with the complete definition, starting with `let`, in one ```ocaml code block.")
+    return (
+        f"{problem['prompt'].strip()}\n\nWrite it in OCaml by completing this definition:\n\n"
+        f"```ocaml\n{definition}\n```\n\n"
+        "Answer with the complete definition, starting with `let`, in one ```ocaml code block."
+    )
 
 
 def to_row(record: dict, where: str, compact: bool = False) -> dict:

@@ -38,7 +38,9 @@ def assemble(code: str, signature: str) -> str:
     name = function_name(signature)
     if re.search(rf"\b(?:let|and)\s+(?:rec\s+)?{re.escape(name)}\b", code):
         return code
-    head = signature if re.match(r"\s*let\s+rec\b", signature) else re.sub(r"^\s*let\b", "let rec", signature, 1)
+    head = (
+        signature if re.match(r"\s*let\s+rec\b", signature) else re.sub(r"^\s*let\b", "let rec", signature, 1)
+    )
     return head + "\n" + "\n".join("  " + line for line in code.splitlines())
 
 
@@ -65,7 +67,7 @@ def ignores_its_input(source: str, name: str) -> bool:
     names.discard("_")
     if not names:
         return False
-    body = source[match.end():]
+    body = source[match.end() :]
     return not any(re.search(rf"(?<![\w']){re.escape(n)}(?![\w'])", body) for n in names)
 
 
@@ -90,8 +92,8 @@ def _reexport(preamble: str) -> str:
     (the same type, with its fields and constructors in scope)."""
     out, last = [], 0
     for m in _TYPE_HEAD.finditer(preamble):
-        out.append(preamble[last:m.start()])
-        rest = preamble[m.end():m.end() + 1]
+        out.append(preamble[last : m.start()])
+        rest = preamble[m.end() : m.end() + 1]
         alias = f"{m[2]}Solution.{m[3]}"
         if rest in ("{", "|") or rest.isupper():  # record or variant: keep the definition, checked equal
             out.append(f"{m[1]}{m[2]}{m[3]} = {alias} = ")
@@ -113,13 +115,22 @@ def program(source: str, name: str, preamble: str, tests: list[str] | str, marke
     toplevel.) Each test prints ``marker i`` on a line of its own when it passes; no
     test stops the others. Setup code from a string of tests goes between them as written.
     """
-    lines = ["module Solution = struct", with_preamble(source, preamble), "end", "",
-             _reexport(preamble.strip()), f"let {name} = Solution.{name}", ""]
+    lines = [
+        "module Solution = struct",
+        with_preamble(source, preamble),
+        "end",
+        "",
+        _reexport(preamble.strip()),
+        f"let {name} = Solution.{name}",
+        "",
+    ]
     number = 0
     for item in test_items(tests):
         if isinstance(item, Test):
-            lines.append(f"let () = match ({item.expression}) with {item.pattern} -> "
-                         f"print_string \"\\n{marker} {number}\\n\"; flush stdout | exception _ -> ()")
+            lines.append(
+                f"let () = match ({item.expression}) with {item.pattern} -> "
+                f'print_string "\\n{marker} {number}\\n"; flush stdout | exception _ -> ()'
+            )
             number += 1
         else:
             lines.append(item + "\n;;")

@@ -47,8 +47,10 @@ def test_error(tests) -> str | None:
         return None if _tokens(tests) else "'tests' is a string with no OCaml code in it"
     if isinstance(tests, list) and tests and all(isinstance(t, str) and t.strip() for t in tests):
         return None
-    return ("'tests' must be a non-empty list of OCaml assert expressions or a string of OCaml test "
-            f"code, not {_describe(tests)}")
+    return (
+        "'tests' must be a non-empty list of OCaml assert expressions or a string of OCaml test "
+        f"code, not {_describe(tests)}"
+    )
 
 
 def _describe(value) -> str:
@@ -93,14 +95,18 @@ def tests_key(tests):
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_']*")
 _NUMBER = re.compile(r"[0-9][0-9A-Za-z_]*(?:\.[0-9_]*)?(?:[eEpP][+-]?[0-9_]+)?")
-_CHAR = re.compile(r"'(?:\\(?:[\\'\"ntbr ]|[0-9]{3}|x[0-9A-Fa-f]{2}|o[0-3][0-7]{2}|u\{[0-9A-Fa-f]+\})|[^\\'\n])'")
+_CHAR = re.compile(
+    r"'(?:\\(?:[\\'\"ntbr ]|[0-9]{3}|x[0-9A-Fa-f]{2}|o[0-3][0-7]{2}|u\{[0-9A-Fa-f]+\})|[^\\'\n])'"
+)
 _QUOTED = re.compile(r"\{([a-z_]*)\|")
 _SYMBOLS = re.compile(r"[!$%&*+\-./:<=>?@^|~#,`']+")
 _OPENING = {"(", "[", "[|", "{", "begin", "struct", "sig", "object", "do"}
 _CLOSING = {")", "]", "|]", "}", "end", "done"}
-_KEYWORDS = set("""and as assert begin class constraint do downto else exception external for fun function
+_KEYWORDS = set(
+    """and as assert begin class constraint do downto else exception external for fun function
     functor if in include inherit initializer lazy let match method module mutable new nonrec object of open
-    or private rec sig struct then to try type val virtual when while with""".split())
+    or private rec sig struct then to try type val virtual when while with""".split()
+)
 _PHRASE_START = {"let", "type", "open", "module", "exception", "external", "include", "class"}
 
 
@@ -259,7 +265,7 @@ def _test_body(phrase: list[_Token]) -> tuple[str, int] | None:
     # `let () = ... and () = ...` binds twice: not one expression (an `and` of a
     # `let ... in` inside looks the same; such a phrase is kept as setup too).
     depth = 0
-    for token in phrase[found[1]:]:
+    for token in phrase[found[1] :]:
         depth += (token.text in _OPENING) - (token.text in _CLOSING)
         if depth == 0 and token.text == "and":
             return None
@@ -270,7 +276,7 @@ def _test_body(phrase: list[_Token]) -> tuple[str, int] | None:
 def _split_block(text: str) -> tuple:
     items: list = []
     for phrase in _phrases(_tokens(text)):
-        source = text[phrase[0].start:phrase[-1].end]
+        source = text[phrase[0].start : phrase[-1].end]
         found = _test_body(phrase)
         if found is None:
             items.append(source)
@@ -281,9 +287,9 @@ def _split_block(text: str) -> tuple:
             body = body[:-1]
         pieces = _statements(body)
         if len(pieces) > 1 and all(_is_one_assert(p) for p in pieces):
-            items += [Test(text[p[0].start:p[-1].end], "()") for p in pieces]
+            items += [Test(text[p[0].start : p[-1].end], "()") for p in pieces]
         else:
-            items.append(Test(text[body[0].start:body[-1].end], pattern))
+            items.append(Test(text[body[0].start : body[-1].end], pattern))
     if not items or not isinstance(items[-1], Test):
         items.append(Test("()"))  # reaching the end of the program: see the module's docstring
     return tuple(items)

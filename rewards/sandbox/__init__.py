@@ -47,5 +47,15 @@ from .box import Sandbox, run_once
 from .limits import Capabilities, Limits, Result, capabilities, scrubbed_env
 from .uids import kill_uid, processes_of, remove_files_of
 
-__all__ = ["Capabilities", "Limits", "Result", "Sandbox", "capabilities", "kill_uid", "processes_of",
-           "remove_files_of", "run_once", "scrubbed_env"]
+__all__ = [
+    "Capabilities",
+    "Limits",
+    "Result",
+    "Sandbox",
+    "capabilities",
+    "kill_uid",
+    "processes_of",
+    "remove_files_of",
+    "run_once",
+    "scrubbed_env",
+]

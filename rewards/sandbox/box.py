@@ -40,8 +40,13 @@ def _parent_dir(dropping_uid: bool) -> str | None:
 class Sandbox:
     """A temporary directory in which untrusted programs run under limits; removed on close."""
 
-    def __init__(self, limits: Limits | None = None, path: str | None = None, prefix: str = "sandbox-",
-                 caps: Capabilities | None = None):
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        path: str | None = None,
+        prefix: str = "sandbox-",
+        caps: Capabilities | None = None,
+    ):
         """``path``: PATH for the programs; ``caps``: to use less than the machine allows (tests)."""
         self.limits = limits or Limits()
         self.caps = caps or capabilities()
@@ -70,9 +75,13 @@ class Sandbox:
         self._swept = False
         try:
             proc = subprocess.Popen(
-                _command(argv, limits, self.uid, self.caps), cwd=self.dir,
-                env=scrubbed_env(self.dir, self.path_env), stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                _command(argv, limits, self.uid, self.caps),
+                cwd=self.dir,
+                env=scrubbed_env(self.dir, self.path_env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
             )
         except OSError as e:
             return Result(None, "", f"could not start {argv[0]}: {e}", seconds=time.monotonic() - start)
@@ -88,8 +97,14 @@ class Sandbox:
             if self.uid is not None and not self.caps.namespaces:
                 kill_uid(self.uid)
                 self._swept = True
-        return Result(returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
-                      timed_out, capped, time.monotonic() - start)
+        return Result(
+            returncode,
+            out.decode("utf-8", "replace"),
+            err.decode("utf-8", "replace"),
+            timed_out,
+            capped,
+            time.monotonic() - start,
+        )
 
     def close(self) -> None:
         if self.closed:

@@ -41,11 +41,25 @@ def _command(argv: list[str], limits: Limits, uid: int | None, caps: Capabilitie
     if not caps.util_linux:
         spec = {"argv": argv, "uid": uid, "limits": rl}
         return [sys.executable, "-S", "-I", "-c", _LAUNCHER, json.dumps(spec)]
-    flags = {"RLIMIT_CPU": "cpu", "RLIMIT_AS": "as", "RLIMIT_FSIZE": "fsize", "RLIMIT_CORE": "core",
-             "RLIMIT_NOFILE": "nofile", "RLIMIT_NPROC": "nproc"}
+    flags = {
+        "RLIMIT_CPU": "cpu",
+        "RLIMIT_AS": "as",
+        "RLIMIT_FSIZE": "fsize",
+        "RLIMIT_CORE": "core",
+        "RLIMIT_NOFILE": "nofile",
+        "RLIMIT_NPROC": "nproc",
+    }
     command = ["prlimit", *(f"--{flags[k]}={s}:{h}" for k, (s, h) in rl.items()), "--", *argv]
     if uid is not None:
-        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--", *command]
+        command = [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+            *command,
+        ]
     if caps.namespaces:
         command = [*_namespace_prefix(), "--", *command]
     return command
@@ -84,7 +98,7 @@ def _collect(proc: subprocess.Popen, limits: Limits, start: float) -> tuple[byte
                     sel.unregister(key.fileobj)
                     continue
                 room = limits.output_bytes - sizes[key.fileobj]
-                chunks[key.fileobj].append(data[:max(room, 0)])
+                chunks[key.fileobj].append(data[: max(room, 0)])
                 sizes[key.fileobj] += len(data)
                 if sizes[key.fileobj] > limits.output_bytes:
                     capped = True

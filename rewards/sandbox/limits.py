@@ -98,8 +98,16 @@ class Capabilities:
 
 def _run_quiet(argv: list[str]) -> bool:
     try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=10).returncode == 0
+        return (
+            subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -125,8 +133,10 @@ def capabilities() -> Capabilities:
         drop_uid = _run_quiet(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "true"])
     notes = []
     if not drop_uid:
-        notes.append("programs run as this user (not root, or no CAP_SETUID): files outside the directory "
-                     "are not protected")
+        notes.append(
+            "programs run as this user (not root, or no CAP_SETUID): files outside the directory "
+            "are not protected"
+        )
     if not namespaces:
         notes.append("no network/PID namespaces here: programs can open sockets")
     return Capabilities(sys.platform, drop_uid, namespaces, util_linux, notes)

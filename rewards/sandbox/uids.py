@@ -140,6 +140,7 @@ def _rmtree(path: str) -> None:
 
     Only directories inside ``path`` are ever chmod-ed, never ``path``'s parent.
     """
+
     def fix(func, failed, _exc):
         failed = os.path.abspath(failed)
         if failed == os.path.abspath(path) or not failed.startswith(os.path.abspath(path) + os.sep):

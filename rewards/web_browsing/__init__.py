@@ -12,9 +12,29 @@ It is also the multi-turn task `mlx-grpo train --task web` (training.py).
 from .actions import ACTION_HELP, Action, parse_action
 from .env import REWARD_WEIGHTS, WebEnv
 from .tasks import DIFFICULTIES, FAMILIES, WebTask, generate_tasks, make_task, task_from_row
-# The task protocol of mlx_grpo/tasks/registry.py: `mlx-grpo train --task web`.
-from .training import (READS_DATA, REWARDS, SYSTEM_PROMPT, accuracy_reward, load_rows, make_env,
-                       recommended_settings, reference_actions)
 
-__all__ = ["ACTION_HELP", "Action", "DIFFICULTIES", "FAMILIES", "REWARD_WEIGHTS", "WebEnv", "WebTask",
-           "generate_tasks", "make_task", "parse_action", "task_from_row"]
+# The task protocol of mlx_grpo/tasks/registry.py: `mlx-grpo train --task web`.
+from .training import (
+    READS_DATA,
+    REWARDS,
+    SYSTEM_PROMPT,
+    accuracy_reward,
+    load_rows,
+    make_env,
+    recommended_settings,
+    reference_actions,
+)
+
+__all__ = [
+    "ACTION_HELP",
+    "Action",
+    "DIFFICULTIES",
+    "FAMILIES",
+    "REWARD_WEIGHTS",
+    "WebEnv",
+    "WebTask",
+    "generate_tasks",
+    "make_task",
+    "parse_action",
+    "task_from_row",
+]

@@ -45,7 +45,11 @@ class WebEnv:
 
     def step(self, action) -> tuple[str, bool, dict]:
         if self.done:
-            return "The episode is over.", True, {"valid": False, "error": "episode over", **self._final_info()}
+            return (
+                "The episode is over.",
+                True,
+                {"valid": False, "error": "episode over", **self._final_info()},
+            )
         self.steps += 1
         parsed, error = parse_action(action)
         if parsed is not None:
@@ -54,8 +58,11 @@ class WebEnv:
             self.acted += not error and parsed.name != "answer"
         if error:
             self.invalid += 1
-        if (self.state.answer is not None or self.task.ends_episode(self.state)
-                or self.steps >= self.max_steps):
+        if (
+            self.state.answer is not None
+            or self.task.ends_episode(self.state)
+            or self.steps >= self.max_steps
+        ):
             self.done = True
         text = self._render()
         if error:
@@ -87,8 +94,12 @@ class WebEnv:
 
     def _final_info(self) -> dict:
         score, met = self.task.check(self.state)
-        return {"reward": self.reward(), "reward_parts": self.reward_parts(), "constraints": met,
-                "solved": score >= 1.0}
+        return {
+            "reward": self.reward(),
+            "reward_parts": self.reward_parts(),
+            "constraints": met,
+            "solved": score >= 1.0,
+        }
 
     def _page(self):
         return page(self.world, self.state, self.state.url)
@@ -133,7 +144,9 @@ class WebEnv:
                 return ""
             if element.kind == "button":
                 return self._press(element.target, form)
-            return f"[{element.id}] is a {element.kind}; use {'type' if element.kind == 'field' else 'select'}"
+            return (
+                f"[{element.id}] is a {element.kind}; use {'type' if element.kind == 'field' else 'select'}"
+            )
         if action.name == "type":
             if element.kind != "field":
                 return f"[{element.id}] is a {element.kind}, not a text field"

@@ -92,8 +92,14 @@ class WebTask:
 
     def row(self) -> dict:
         """The dataset row the trainer keeps: enough to rebuild the task."""
-        return {"task_id": self.task_id, "family": self.family, "difficulty": self.difficulty,
-                "seed": self.seed, "kind": self.kind, "instruction": self.instruction}
+        return {
+            "task_id": self.task_id,
+            "family": self.family,
+            "difficulty": self.difficulty,
+            "seed": self.seed,
+            "kind": self.kind,
+            "instruction": self.instruction,
+        }
 
 
 def task_from_row(row: dict) -> WebTask:
@@ -113,36 +119,72 @@ def _fact(world: World, difficulty: int, rng: random.Random):
         country = rng.choice(world.countries)
         city = world.city(country.capital)
         question = f"Which river runs through the capital of {country.name}?"
-        return question, f"wiki/{country.name}", {"answer": city.river}, [("click", city.name), ("answer", city.river)]
+        return (
+            question,
+            f"wiki/{country.name}",
+            {"answer": city.river},
+            [("click", city.name), ("answer", city.river)],
+        )
     if difficulty == 2:
         roll = rng.random()
         if roll < 1 / 3:  # from the home page's list of countries
             country = rng.choice(world.countries)
-            attr, question = rng.choice([("capital", "the capital"), ("population", "the population (in millions)"),
-                                         ("language", "the language"), ("currency", "the currency")])
+            attr, question = rng.choice(
+                [
+                    ("capital", "the capital"),
+                    ("population", "the population (in millions)"),
+                    ("language", "the language"),
+                    ("currency", "the currency"),
+                ]
+            )
             answer = str(getattr(country, attr))
-            return (f"What is {question} of {country.name}?", "wiki", {"answer": answer},
-                    [("click", country.name), ("answer", answer)])
+            return (
+                f"What is {question} of {country.name}?",
+                "wiki",
+                {"answer": answer},
+                [("click", country.name), ("answer", answer)],
+            )
         if roll < 2 / 3:
             city = rng.choice(world.cities)
-            attr, question = rng.choice([("river", f"Which river runs through {city.name}?"),
-                                         ("founded", f"In which year was {city.name} founded?")])
+            attr, question = rng.choice(
+                [
+                    ("river", f"Which river runs through {city.name}?"),
+                    ("founded", f"In which year was {city.name} founded?"),
+                ]
+            )
             answer, title = str(getattr(city, attr)), city.name
         else:
             person = rng.choice(world.people)
-            attr, question = rng.choice([("profession", f"What was the profession of {person.name}?"),
-                                         ("born", f"In which year was {person.name} born?")])
+            attr, question = rng.choice(
+                [
+                    ("profession", f"What was the profession of {person.name}?"),
+                    ("born", f"In which year was {person.name} born?"),
+                ]
+            )
             answer, title = str(getattr(person, attr)), person.name
         return question, "wiki", {"answer": answer}, [("search", title), ("click", title), ("answer", answer)]
     person = rng.choice(world.people)
     city = world.city(person.born_in)
     country = world.country(city.country)
     if rng.random() < 0.5:
-        return (f"In which country was {person.name} born?", "wiki", {"answer": country.name},
-                [("search", person.name), ("click", person.name), ("click", city.name), ("answer", country.name)])
-    return (f"What is the currency of the country where {person.name} was born?", "wiki", {"answer": country.currency},
-            [("search", person.name), ("click", person.name), ("click", city.name), ("click", country.name),
-             ("answer", country.currency)])
+        return (
+            f"In which country was {person.name} born?",
+            "wiki",
+            {"answer": country.name},
+            [("search", person.name), ("click", person.name), ("click", city.name), ("answer", country.name)],
+        )
+    return (
+        f"What is the currency of the country where {person.name} was born?",
+        "wiki",
+        {"answer": country.currency},
+        [
+            ("search", person.name),
+            ("click", person.name),
+            ("click", city.name),
+            ("click", country.name),
+            ("answer", country.currency),
+        ],
+    )
 
 
 def _check_fact(task: WebTask, state: BrowserState) -> dict[str, bool]:
@@ -167,10 +209,16 @@ def _shop(world: World, difficulty: int, rng: random.Random):
             text = f"Buy the cheapest {category} rated at least {stars} stars."
         else:
             p = rng.choice(pool)
-            goal = {"category": category, "color": p.color, "min_rating": min(p.rating, rng.randint(2, 4)),
-                    "budget": p.price + rng.randint(0, 30)}
-            text = (f"Buy a {goal['color']} {category} rated at least {goal['min_rating']} stars "
-                    f"for at most ${goal['budget']}.")
+            goal = {
+                "category": category,
+                "color": p.color,
+                "min_rating": min(p.rating, rng.randint(2, 4)),
+                "budget": p.price + rng.randint(0, 30),
+            }
+            text = (
+                f"Buy a {goal['color']} {category} rated at least {goal['min_rating']} stars "
+                f"for at most ${goal['budget']}."
+            )
         matching = [p for p in pool if _matches(p, goal)]
         if matching:
             best = min(matching, key=lambda p: p.price)
@@ -186,8 +234,12 @@ def _shop(world: World, difficulty: int, rng: random.Random):
 
 
 def _matches(p: sites.Product, goal: dict) -> bool:
-    return (p.category == goal["category"] and p.rating >= goal.get("min_rating", 0)
-            and p.color == goal.get("color", p.color) and p.price <= goal.get("budget", p.price))
+    return (
+        p.category == goal["category"]
+        and p.rating >= goal.get("min_rating", 0)
+        and p.color == goal.get("color", p.color)
+        and p.price <= goal.get("budget", p.price)
+    )
 
 
 def _check_shop(task: WebTask, state: BrowserState) -> dict[str, bool]:
@@ -218,8 +270,13 @@ def _check_shop(task: WebTask, state: BrowserState) -> dict[str, bool]:
 
 def _travel(world: World, difficulty: int, rng: random.Random):
     a, b = rng.sample(world.countries, 2)
-    goal = {"from": a.capital, "to": b.capital, "date": rng.choice(sites.DAYS),
-            "class": rng.choice(sites.CLASSES), "passengers": rng.choice(sites.PASSENGERS)}
+    goal = {
+        "from": a.capital,
+        "to": b.capital,
+        "date": rng.choice(sites.DAYS),
+        "class": rng.choice(sites.CLASSES),
+        "passengers": rng.choice(sites.PASSENGERS),
+    }
     party = f"{goal['passengers']} passenger{'s' if goal['passengers'] != '1' else ''}"
     form = [("type", "From", goal["from"]), ("type", "To", goal["to"])]
     for name, label in (("date", "Date"), ("class", "Class"), ("passengers", "Passengers")):
@@ -227,18 +284,24 @@ def _travel(world: World, difficulty: int, rng: random.Random):
             form.append(("select", label, goal[name]))
     form.append(("click", "Search flights"))
     if difficulty == 1:
-        text = (f"Search for {goal['class']} flights from {goal['from']} to {goal['to']} on {goal['date']} "
-                f"for {party}.")
+        text = (
+            f"Search for {goal['class']} flights from {goal['from']} to {goal['to']} on {goal['date']} "
+            f"for {party}."
+        )
         return text, "travel", goal, form
     flights = sites.flights_for(world, goal["from"], goal["to"], goal["date"], goal["class"])
     goal["flight"] = min(flights, key=lambda f: f["price"])["flight"]
     book = [("click", f"Book {goal['flight']}")]
     if difficulty == 2:
-        text = (f"Book the cheapest {goal['class']} flight from {goal['from']} to {goal['to']} on {goal['date']} "
-                f"for {party}.")
+        text = (
+            f"Book the cheapest {goal['class']} flight from {goal['from']} to {goal['to']} on {goal['date']} "
+            f"for {party}."
+        )
         return text, "travel", goal, [*form, *book]
-    text = (f"Book the cheapest {goal['class']} flight from the capital of {a.name} to the capital of {b.name} "
-            f"on {goal['date']} for {party}.")
+    text = (
+        f"Book the cheapest {goal['class']} flight from the capital of {a.name} to the capital of {b.name} "
+        f"on {goal['date']} for {party}."
+    )
     look_up = [("click", a.name), ("back",), ("click", b.name), ("back",), ("click", "Flights")]
     return text, "wiki", goal, [*look_up, *form, *book]
 
@@ -266,11 +329,21 @@ def _account(world: World, difficulty: int, rng: random.Random):
         "newsletter": "off",
         "language": rng.choice([x for x in sites.SITE_LANGUAGES if x != current["language"]]),
         "email": f"{rng.choice(sites.SYLLABLES)}{rng.choice(sites.SYLLABLES)}{rng.randint(1, 99)}@mail.example",
-        "display_name": "".join(rng.choice(sites.SYLLABLES) for _ in range(2)).capitalize() + rng.choice(["", "x", "a"]),
+        "display_name": "".join(rng.choice(sites.SYLLABLES) for _ in range(2)).capitalize()
+        + rng.choice(["", "x", "a"]),
     }
-    labels = {"newsletter": "Newsletter", "language": "Language", "email": "Email", "display_name": "Display name"}
-    phrases = {"newsletter": "turn the newsletter off", "language": "set the site language to {}",
-               "email": "change your email to {}", "display_name": "change your display name to {}"}
+    labels = {
+        "newsletter": "Newsletter",
+        "language": "Language",
+        "email": "Email",
+        "display_name": "Display name",
+    }
+    phrases = {
+        "newsletter": "turn the newsletter off",
+        "language": "set the site language to {}",
+        "email": "change your email to {}",
+        "display_name": "change your display name to {}",
+    }
 
     def edit(key, value):
         kind = "select" if key in ("newsletter", "language") else "type"
@@ -285,12 +358,28 @@ def _account(world: World, difficulty: int, rng: random.Random):
         keys = sorted(rng.sample(list(changes), 2))
         goal = {k: changes[k] for k in keys}
         text = _sentence(" and ".join(phrases[k].format(changes[k]) for k in keys))
-        return text, "account", goal, [("click", "Settings"), *[edit(k, goal[k]) for k in keys], ("click", "Save")]
+        return (
+            text,
+            "account",
+            goal,
+            [("click", "Settings"), *[edit(k, goal[k]) for k in keys], ("click", "Save")],
+        )
     country = rng.choice(world.countries)
     goal = {"display_name": country.capital}
     text = f"Change your display name to the capital of {country.name}, then save."
-    return text, "wiki", goal, [("click", country.name), ("back",), ("click", "My account"), ("click", "Settings"),
-                                edit("display_name", country.capital), ("click", "Save")]
+    return (
+        text,
+        "wiki",
+        goal,
+        [
+            ("click", country.name),
+            ("back",),
+            ("click", "My account"),
+            ("click", "Settings"),
+            edit("display_name", country.capital),
+            ("click", "Save"),
+        ],
+    )
 
 
 def _sentence(text: str) -> str:
@@ -302,7 +391,8 @@ def _check_account(task: WebTask, state: BrowserState) -> dict[str, bool]:
     # Settings the task did not mention must keep their values.
     original = task.world().account
     met["others_unchanged"] = state.saves > 0 and all(
-        _same(state.account.get(k, ""), v) for k, v in original.items() if k not in task.goal)
+        _same(state.account.get(k, ""), v) for k, v in original.items() if k not in task.goal
+    )
     return met
 
 

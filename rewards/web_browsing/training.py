@@ -53,7 +53,9 @@ def parse_kinds(kinds) -> list[tuple[str, int]]:
 def tasks_of(kinds, n: int, seed: int):
     """About n tasks, spread evenly over the kinds."""
     per = max(1, n // len(kinds))
-    return [t for family, level in kinds for t in generate_tasks(per, seed, difficulty=level, families=[family])]
+    return [
+        t for family, level in kinds for t in generate_tasks(per, seed, difficulty=level, families=[family])
+    ]
 
 
 def read_task_file(path) -> list[dict]:
@@ -62,23 +64,31 @@ def read_task_file(path) -> list[dict]:
         raise ValueError(f"web task file not found: {path}")
     rows = []
     for where, record in jsonl_records(path):
-        missing = [k for k in ("family", "difficulty", "seed") if not isinstance(record, dict) or k not in record]
+        missing = [
+            k for k in ("family", "difficulty", "seed") if not isinstance(record, dict) or k not in record
+        ]
         if missing:
-            raise ValueError(f"{where}: a web task row needs 'family', 'difficulty' and 'seed' "
-                             f"(no {missing[0]!r})")
+            raise ValueError(
+                f"{where}: a web task row needs 'family', 'difficulty' and 'seed' (no {missing[0]!r})"
+            )
         if record["family"] not in FAMILIES:
-            raise ValueError(f"{where}: unknown family {record['family']!r}; choose from "
-                             f"{', '.join(FAMILIES)}")
+            raise ValueError(
+                f"{where}: unknown family {record['family']!r}; choose from {', '.join(FAMILIES)}"
+            )
         if record["difficulty"] not in DIFFICULTIES or isinstance(record["difficulty"], bool):
-            raise ValueError(f"{where}: unknown difficulty {record['difficulty']!r}; choose from "
-                             f"{', '.join(map(str, DIFFICULTIES))}")
+            raise ValueError(
+                f"{where}: unknown difficulty {record['difficulty']!r}; choose from "
+                f"{', '.join(map(str, DIFFICULTIES))}"
+            )
         if not isinstance(record["seed"], int) or isinstance(record["seed"], bool):
             raise ValueError(f"{where}: seed must be a whole number, got {record['seed']!r}")
         try:
             task = make_task(record["family"], record["difficulty"], record["seed"])
         except ValueError as e:  # a world with no possible task of this kind
-            raise ValueError(f"{where}: no {record['family']}/{record['difficulty']} task in the "
-                             f"world of seed {record['seed']} ({e})") from None
+            raise ValueError(
+                f"{where}: no {record['family']}/{record['difficulty']} task in the "
+                f"world of seed {record['seed']} ({e})"
+            ) from None
         rows.append({**task.row(), "prompt": task.instruction})
     if not rows:
         raise ValueError(f"{path}: no web task rows")
@@ -121,8 +131,14 @@ def reference_actions(row: dict) -> list[str]:
 
 def recommended_settings(model: str | None) -> dict:
     """Multi-turn limits for web pages; the tiny web model (when built) for the embedded default."""
-    settings = {"max_tokens": 32, "max_turns": 8, "max_episode_tokens": 1536, "curriculum": "ued",
-                "curriculum_key": "kind", "eval_num_problems": 48}
+    settings = {
+        "max_tokens": 32,
+        "max_turns": 8,
+        "max_episode_tokens": 1536,
+        "curriculum": "ued",
+        "curriculum_key": "kind",
+        "eval_num_problems": 48,
+    }
     from . import tiny_model
 
     if model in (None, "") and tiny_model.tiny_web_model() is not None:
