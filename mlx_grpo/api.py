@@ -43,7 +43,6 @@ from .run.step_update import apply_update, kept_groups, prepare_update
 from .run.trainer import RunResult
 from .sampling.rollout import Completion, SamplingConfig, sample_completions
 from .run import task_setup as run_task_setup
-from .tasks import registry as _tasks
 from .tasks.data import columns_of, encode_prompt
 from .tasks.registry import Task, recommended_settings
 from .tasks.rewarding import Scores, score_completions

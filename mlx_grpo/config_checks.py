@@ -138,7 +138,8 @@ def validate(config) -> None:
     need(c.ref_refresh_every >= 0, f"ref_refresh_every must be >= 0, got {c.ref_refresh_every}")
     need(0 < c.ref_refresh_alpha <= 1, f"ref_refresh_alpha must be in (0, 1], got {c.ref_refresh_alpha}")
     need(0 <= c.runaway_penalty <= 1, f"runaway_penalty must be in [0, 1] (1: off), got {c.runaway_penalty}")
-    # Below the task's token budget too (max_tokens, or max_episode_tokens for episodes): registry.check_settings_apply.
+    # Below the task's token budget too (max_tokens, or max_episode_tokens for episodes):
+    # registry.check_settings_apply.
     need(c.overlong_buffer >= 0, f"overlong_buffer must be >= 0, got {c.overlong_buffer}")
     need(c.eval_pass_k >= 0, f"eval_pass_k must be >= 0, got {c.eval_pass_k}")
     need(c.overlong_penalty >= 0, f"overlong_penalty must be >= 0, got {c.overlong_penalty}")

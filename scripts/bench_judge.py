@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
     if argv is None:
-        use_openblas()  # re-executes this script with OpenBLAS preloaded, when there is one (as mlx-grpo does)
+        # re-executes this script with OpenBLAS preloaded, when there is one (as mlx-grpo does)
+        use_openblas()
         keep_freed_memory()  # as the mlx-grpo command does (models/heap.py)
 
     settings = {"task": args.task, "batch_size": args.batch_size, "group_size": args.group_size}

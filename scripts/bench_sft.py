@@ -184,7 +184,6 @@ def run_peer_side(spec: dict) -> dict:
     """mlx_lm.lora's own train_model (the `mlx_lm.lora --train` path, less its reporting services)."""
     import types
 
-    import mlx.core as mx
     import numpy as np
     from mlx_lm import lora
     from mlx_lm.tuner.callbacks import TrainingCallback

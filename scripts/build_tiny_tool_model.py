@@ -326,7 +326,8 @@ def main() -> None:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
 
-    # Rendering needs only the chat template: a first tokenizer renders the corpus the real one is learnt from.
+    # Rendering needs only the chat template: a first tokenizer renders the corpus the real one is learnt
+    # from.
     rows = synthetic_rows(
         "train", [2], args.examples, seed=10_000 + args.seed, chains=CHAINS
     )  # worlds no run trains or tests on

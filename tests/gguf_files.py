@@ -49,7 +49,8 @@ SAMPLE_TEXTS = [
     " ",
     "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n",
 ]
-# Model type -> (mlx-lm's module, llama.cpp's general.architecture, config of a tiny model beyond the common one).
+# Model type -> (mlx-lm's module, llama.cpp's general.architecture, config of a tiny model beyond the common
+# one).
 # The extras make each architecture's peculiarities matter: head sizes other than hidden/heads, a sliding
 # window shorter than the test prompts with a global layer among the local ones, rope on part of each head.
 MODEL_TYPES = {

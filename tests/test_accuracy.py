@@ -5,7 +5,6 @@ import ast
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 
 from mlx_grpo.tasks.accuracy import RIGHT, accuracy_of, accuracy_values, right, solved
 from mlx_grpo.tasks.rewarding import score_completions

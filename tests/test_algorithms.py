@@ -162,7 +162,8 @@ OPTION_SETS = {
     "cispo-refresh": dict(
         loss="cispo", epsilon_high=0.28, beta=0.05, ref_refresh_every=1, ref_refresh_alpha=0.5
     ),
-    # Stops at common letters, so that some completions end and others are cut (and masked) whatever the draws.
+    # Stops at common letters, so that some completions end and others are cut (and masked) whatever the
+    # draws.
     "gspo-entropy": dict(
         loss="gspo",
         entropy_coef=0.01,

@@ -60,7 +60,8 @@ def test_a_coretype_already_set_is_never_changed(monkeypatch):
 
 def test_openblas_names_its_version_and_kernels():
     library = _system_openblas() or pytest.skip("Debian's OpenBLAS is not installed")
-    ask = f"from mlx_grpo import blas; print(*blas.openblas_identity({library!r}))"  # its own process: its threads
+    # its own process: its threads
+    ask = f"from mlx_grpo import blas; print(*blas.openblas_identity({library!r}))"
     version, core = subprocess.run(
         [sys.executable, "-c", ask], capture_output=True, text=True, check=True
     ).stdout.split()

@@ -320,7 +320,7 @@ def test_the_settings_line_shows_a_system_prompt_with_brackets_as_written(tiny_m
     """A system prompt's "[n]" or "search[query]" is text, not rich markup (it vanished from the line)."""
     from typer.testing import CliRunner
 
-    from mlx_grpo.cli import _web_kinds, app
+    from mlx_grpo.cli import app
 
     result = CliRunner().invoke(
         app,

@@ -109,7 +109,8 @@ def test_ids_and_text_as_sentencepiece(trained):
     tokenizer = build_tokenizer(meta)
     for text in TEXTS:
         if "<start_of_turn>" in text or "\n\n" in text:
-            continue  # sentencepiece matches user-defined pieces inside its own merges; llama.cpp cuts them first
+            # sentencepiece matches user-defined pieces inside its own merges; llama.cpp cuts them first
+            continue
         assert tokenizer.encode(text).ids == processor.encode(text), text
         assert tokenizer.decode(tokenizer.encode(text).ids) == processor.decode(processor.encode(text)), text
 

@@ -28,7 +28,8 @@ def test_the_ocaml_run_fires_at_step_8_with_the_numbers_worked_out():
     events = _events(_rows([p / 32 for p in PASSED], REWARDS))
     assert len(events) == 1
     # by hand: steps 1-4: (15+14+5+2)/128 = 0.281; steps 5-8: (0+2+0+0)/128 = 0.016 <= 0.25 x 0.281 = 0.070.
-    # Step 8 is the first with two windows of 4 that do not overlap, and already the recent mean is low enough.
+    # Step 8 is the first with two windows of 4 that do not overlap, and already the recent mean is low
+    # enough.
     # Rewards: (0.51+0.46+0.21+0.14)/4 = 0.33, (0.13+0.41+0.23+0.08)/4 = 0.2125
     assert events[0]["step"] == 8
     assert events[0]["evidence"] == (

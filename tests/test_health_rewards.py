@@ -139,7 +139,6 @@ def test_a_healthy_arith_run_fires_neither(tmp_path):
 def test_shaping_is_a_checked_setting(tmp_path):
     from mlx_grpo import make_config
     from mlx_grpo.config import ConfigError
-    from mlx_grpo.run.trainer import train
 
     with pytest.raises(ConfigError, match="shaping must be one of always, gated, scaled"):
         make_config(shaping="sometimes")

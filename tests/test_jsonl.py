@@ -23,7 +23,7 @@ def test_records_skip_blank_lines_and_say_where_each_came_from(tmp_path):
 
 def test_a_malformed_line_is_named_by_its_number(tmp_path):
     path = write(tmp_path, ['{"a": 1}', "", '{"a": '])
-    with pytest.raises(ValueError, match=rf"rows\.jsonl:3: malformed JSON"):
+    with pytest.raises(ValueError, match=r"rows\.jsonl:3: malformed JSON"):
         list(jsonl_records(path))
 
 

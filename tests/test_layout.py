@@ -469,7 +469,8 @@ def test_each_name_said_not_to_be_a_setting_would_be_taken_for_one():
 HISTORY_WORDS = re.compile(r"\bissues? #?\d+|\bsessions?\b|\b20\d\d-\d\d-\d\d\b|\brecipe v\d", re.IGNORECASE)
 HISTORY_FOLDERS = ("mlx_grpo", "rewards", "configs")
 PROSE_SUFFIXES = (".py", ".yaml", ".yml", ".txt", ".md")
-# (file, phrase): a line holding the phrase uses the word in another sense. POSIX: a process group in a session.
+# (file, phrase): a line holding the phrase uses the word in another sense. POSIX: a process group in a
+# session.
 NOT_HISTORY = {("rewards/sandbox/__init__.py", "its own session and process group")}
 
 

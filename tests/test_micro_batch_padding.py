@@ -72,7 +72,8 @@ def test_pieces_of_similar_length_pad_less():
     assert _lengths(in_order) == [[2, 6], [1, 5]] and _lengths(by_length) == [[1, 2], [5, 6]]
     assert padded_fraction(in_order) == pytest.approx(8 / 22)
     assert padded_fraction(by_length) == pytest.approx(2 / 16)
-    # Each row's advantage and behaviour log-probs travel with it (advantage i+1 on the row of length lengths[i]).
+    # Each row's advantage and behaviour log-probs travel with it (advantage i+1 on the row of length
+    # lengths[i]).
     assert [np.array(p.advantages).tolist() for p in by_length] == [[3.0, 1.0], [4.0, 2.0]]
     np.testing.assert_array_equal(np.array(by_length[1].behaviour_logp), batch.behaviour_logp[[3, 1], :6])
     assert [p.piece_of for p in by_length] == [0, 0]
@@ -194,7 +195,8 @@ def test_lowest_trained_layer(tmp_path):
         assert lowest_trained_layer(model) == lowest
     model, _ = load_policy(path)
     prepare_for_training(model, "lora", {"rank": 2, "num_layers": 1})
-    model.model.embed_tokens.unfreeze()  # a trained weight below every layer: none of their states is constant
+    # a trained weight below every layer: none of their states is constant
+    model.model.embed_tokens.unfreeze()
     assert lowest_trained_layer(model) == 0
 
 

@@ -102,7 +102,8 @@ HAND_MADE = {  # for sum_list, best first
     "correct": "let sum_list (xs : int list) : int =\n  List.fold_left ( + ) 0 xs",
     "partial": "let sum_list (xs : int list) : int =\n  List.fold_left (fun a x -> if x > 0 then a + x else a) 0 xs",
     "wrong": "let sum_list (xs : int list) : int =\n  List.length xs + 42",
-    "does_not_compile": "let sum_list xs = List.fold_left ( +. ) 0. xs",  # its own type clashes with the tests
+    # its own type clashes with the tests
+    "does_not_compile": "let sum_list xs = List.fold_left ( +. ) 0. xs",
     "type_error": 'let sum_list (xs : int list) : int =\n  List.fold_left ( + ) "0" xs',
     "syntax_error": "let sum_list (xs : int list) : int =\n  List.fold_left ( + ) 0 xs +",
 }
@@ -540,7 +541,8 @@ def test_own_problems_through_data(tmp_path):
     single.write_text("".join(json.dumps(r) + "\n" for r in records))
     config = type("C", (), {"data": str(single), "model": "some/model", "eval_num_problems": 200})()
     train, test = ocaml.load_rows("train", config), ocaml.load_rows("test", config)
-    # One file is all train rows: the registry carves its held-out splits by each prompt's hash (tasks/splits.py).
+    # One file is all train rows: the registry carves its held-out splits by each prompt's hash
+    # (tasks/splits.py).
     assert [r["id"] for r in train] == [f"p{i}" for i in range(20)] and test == []
     folder = tmp_path / "folder"
     folder.mkdir()

@@ -27,10 +27,12 @@ TINY = [
     "1",
 ]
 
-# The tiny preset: hidden 64, 2 layers, 4 heads of 16, 2 KV heads (width 32), intermediate 128, vocabulary 512.
+# The tiny preset: hidden 64, 2 layers, 4 heads of 16, 2 KV heads (width 32), intermediate 128, vocabulary
+# 512.
 # A layer's linears: q and o 64x64, k and v 64x32, gate, up and down 64x128.
 LAYER_WEIGHTS = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128  # 36,864
-# The body runs the completions' first 5 of 6 tokens (the prompt's last position scores the first): 4 x 5 rows.
+# The body runs the completions' first 5 of 6 tokens (the prompt's last position scores the first): 4 x 5
+# rows.
 BODY_ROWS = 4 * 5
 DENSE = 2 * 2 * BODY_ROWS * LAYER_WEIGHTS * 2  # forward x W^T and backward dY W, 2 layers: 5,898,240
 # LoRA rank 8 on each of the 7 linears: in + out summed is 128 + 96 + 96 + 128 + 3 * 192 = 1,024.

@@ -37,7 +37,8 @@ def test_the_reference_pass_runs_without_dropout_and_leaves_the_mode_alone(tiny_
     second = np.array(reference_logprobs(model, parts, ref, 1.0, None)[0])
     assert model.training  # the update that follows still trains with dropout
     np.testing.assert_array_equal(first, second)
-    # the same numbers as a plain forward pass over prompt + completion with the reference's weights, in eval mode
+    # the same numbers as a plain forward pass over prompt + completion with the reference's weights, in eval
+    # mode
     model.eval()
     with weights_swapped(model, ref):
         for i, c in enumerate(completions):

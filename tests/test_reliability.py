@@ -49,7 +49,8 @@ RUN = [
     "2",
 ]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
-# For runs whose weights are not compared: skip the CLI's re-execution with OpenBLAS (blas.py), a second start-up.
+# For runs whose weights are not compared: skip the CLI's re-execution with OpenBLAS (blas.py), a second
+# start-up.
 QUICK_ENV = {**ENV, "MLX_GRPO_OPENBLAS": "0"}
 
 # Runs the CLI in a process that SIGKILLs itself inside its first checkpoint write:

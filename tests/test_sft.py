@@ -127,7 +127,8 @@ def test_every_assistant_turn_is_trained_and_nothing_else(tiny):
     assert "u1" in read and "u2" in read and "S" in read and "a1" not in read
 
 
-# The non-tools part of Qwen2.5's template: a default system block when the conversation has no system message.
+# The non-tools part of Qwen2.5's template: a default system block when the conversation has no system
+# message.
 QWEN25_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
     "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."

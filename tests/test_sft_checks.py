@@ -91,7 +91,8 @@ def test_sft_s_check_leaves_out_the_rows_train_s_screen_leaves_out(tiny_model_pa
     warnings = next(data["warnings"] for kind, data in events if kind == "start")
     assert any("arith evaluation data" in w and "2 bad row(s)" in w for w in warnings), warnings
 
-    # The warm start's checks, which train reports as its base's and starting accuracy, are over the same rows.
+    # The warm start's checks, which train reports as its base's and starting accuracy, are over the same
+    # rows.
     stage = run_warm_start(
         _config(
             tiny_model_path, max_prompt_tokens=400, warm_start_steps=1, steps=1, output=str(tmp_path / "warm")

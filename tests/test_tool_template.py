@@ -17,7 +17,8 @@ from mlx_grpo.tools.template import (
 )
 
 # A small tools-aware template written for this test, in the shape Qwen2.5's takes:
-# schemas in the system turn, calls as <tool_call> JSON (arguments through tojson), results as <tool_response>.
+# schemas in the system turn, calls as <tool_call> JSON (arguments through tojson), results as
+# <tool_response>.
 TOOLS_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
     "{%- for m in messages %}"

@@ -35,7 +35,8 @@ def templates_dir() -> Path | None:
 
 
 # (file name pattern, family, the style chosen from the template, which turns the template rewrites once a
-# message follows: None (none), "plain" (a turn without reasoning gets an empty <think> block only while last),
+# message follows: None (none), "plain" (a turn without reasoning gets an empty <think> block only while
+# last),
 # "reasoning" (a turn's <think> block is dropped once it is not last)). First match wins.
 FAMILIES = [
     (r"hermes-[23]", "Hermes", "hermes", None),

@@ -151,7 +151,8 @@ def test_run_folder_loads_in_mlx_lm(tmp_path, custom_run, tiny_model_path):
     )
     ours.load_weights(list(mx.load(str(run.run_dir / "adapters.safetensors")).items()), strict=False)
     x = mx.array([[5, 6, 7, 8, 9]])
-    # atol 1e-5: our SwiGLU uses the polynomial exp (cpu_math.py), mlx-lm its own; both are float32-exact to ~1e-7 relative
+    # atol 1e-5: our SwiGLU uses the polynomial exp (cpu_math.py), mlx-lm its own; both are float32-exact to
+    # ~1e-7 relative
     np.testing.assert_allclose(np.array(model(x)), np.array(ours(x)), atol=1e-5)
     assert not np.allclose(np.array(model(x)), np.array(load(str(tiny_model_path))[0](x)))
 

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 EVAL_N = 16
-# A warm-start lr that moves the accuracy in 4 steps and leaves GRPO groups with some wrong answers to learn from.
+# A warm-start lr that moves the accuracy in 4 steps and leaves GRPO groups with some wrong answers to learn
+# from.
 SETTINGS = {
     "task": "arith",
     "steps": 2,

@@ -67,7 +67,8 @@ class Settings:
     # The settings the task is guarded with as a run guards it (guard below): reward_timeout, on_bad_data,
     # max_prompt_tokens, max_tokens. None: their defaults.
     run_config: TrainConfig | None = None
-    # A run that trained on its quantized weights (keep_quantized) is checked on them; eval answers on the same.
+    # A run that trained on its quantized weights (keep_quantized) is checked on them; eval answers on the
+    # same.
     keep_quantized: bool = TrainConfig.keep_quantized
 
 
@@ -110,7 +111,8 @@ class Answer:
     tokens: list[int]  # sampled ids; an episode's model and environment tokens after its first prompt
     length: int  # tokens the model wrote
     finish_reason: str  # "stop" / "length"; an episode's "done", "max_turns", "max_tokens", "env_error"
-    truncated: bool  # cut at its token budget (the rollout's `truncated`: max_tokens, an episode's max_episode_tokens)
+    # cut at its token budget (the rollout's `truncated`: max_tokens, an episode's max_episode_tokens)
+    truncated: bool
 
     @classmethod
     def of(cls, rollout: Rollout) -> "Answer":

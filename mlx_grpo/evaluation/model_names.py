@@ -39,7 +39,8 @@ _TASK_KEYS = (
     "tool_style",
     *JUDGE_KEYS,
 )
-# Settings that guard the task as the run guarded it (run/setup.py's guard_task): the same rows, the same time limit.
+# Settings that guard the task as the run guarded it (run/setup.py's guard_task): the same rows, the same time
+# limit.
 _GUARD_KEYS = ("reward_timeout", "on_bad_data", "max_prompt_tokens")
 
 

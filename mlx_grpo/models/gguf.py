@@ -32,11 +32,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from .gguf_arch import (
-    ARCHITECTURES,
-    hf_name,
-    hf_rows_to_llama_cpp,
     hf_weights,  # noqa: F401 (public here too)
-    llama_cpp_rows_to_hf,
     model_config,
 )
 from .gguf_file import TENSOR_TYPES, GGUFError, GGUFHeader, read_header, tensor_bytes

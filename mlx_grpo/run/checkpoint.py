@@ -33,8 +33,6 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from ..files import (
     CheckpointError,
-    atomic_save_safetensors,
-    atomic_write_json,
     atomic_write_text,
     fsync_dir,
     fsync_file,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mlx.core as mx
 import numpy as np
 
 from ..config import TrainConfig

@@ -38,7 +38,8 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from ..models.heads import output_head
 
 _LENGTH_MULTIPLE = 64
-# Attention reads the buffer up to the step's slot rounded up to this: fewer wasted slots, more compiled steps.
+# Attention reads the buffer up to the step's slot rounded up to this: fewer wasted slots, more compiled
+# steps.
 _ATTENTION_MULTIPLE = 64
 
 

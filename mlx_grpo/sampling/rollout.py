@@ -159,7 +159,8 @@ def draw_tokens(logits: mx.array, keys: mx.array, sampling: SamplingConfig) -> t
         ):  # those are the log-probs wanted: read the taken ones, no second normaliser
             return tokens, mx.take_along_axis(normalised, tokens[:, None], axis=-1).squeeze(-1)
         return tokens, tempered_logprobs(logits, tokens, sampling.temperature)
-    # No filter: the draw's own log-normaliser is the log-prob's (one pass of exp over the vocabulary, not two).
+    # No filter: the draw's own log-normaliser is the log-prob's (one pass of exp over the vocabulary, not
+    # two).
     scaled = logits if sampling.temperature == 1.0 else logits / sampling.temperature
     tokens, normaliser = gumbel_max(scaled, keys)
     return tokens, mx.take_along_axis(scaled, tokens[:, None], axis=-1).squeeze(-1) - normaliser

@@ -143,7 +143,8 @@ class FixedTurns:
     def play(
         self, turn, episodes, chunks, contexts, sampling: SamplingConfig
     ) -> tuple[list[Completion], dict]:
-        # Batch row b plays episodes[order[b]]; after the first turn, longest chunk first (turn_cache.prefill).
+        # Batch row b plays episodes[order[b]]; after the first turn, longest chunk first
+        # (turn_cache.prefill).
         order = list(range(len(episodes)))
         if self.pieces is not None:
             order.sort(key=lambda i: -len(chunks[i]))

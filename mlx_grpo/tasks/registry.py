@@ -63,12 +63,15 @@ class Task:
     # A multi-turn task: row -> Environment (environment.py), which scores the episode; None: single-turn.
     make_env: Callable | None = None
     curriculum: Curriculum | None = None  # adaptive task selection (curriculum.py), when on
-    # Without a chat template: the plain-text frame of each prompt ("{prompt}" marks it), and where answers end.
+    # Without a chat template: the plain-text frame of each prompt ("{prompt}" marks it), and where answers
+    # end.
     prompt_format: str | None = None
     stop: list[str] = field(default_factory=list)
-    # row -> a known-good answer to the prompt, or None (gsm8k: the worked solution); --guide puts it into groups.
+    # row -> a known-good answer to the prompt, or None (gsm8k: the worked solution); --guide puts it into
+    # groups.
     reference_answer: Callable | None = None
-    # row -> a scripted episode's actions, the model's turns in order, or None (web: the planned clicks); sft learns them.
+    # row -> a scripted episode's actions, the model's turns in order, or None (web: the planned clicks); sft
+    # learns them.
     reference_actions: Callable | None = None
     # Test rows (tasks/splits.py): `compare`/`eval --split test`; a run never checks itself on them.
     test_rows: list[dict] = field(default_factory=list)

@@ -58,7 +58,8 @@ def parse_chains(chains, hops: list[int]) -> tuple[list[int], list[str] | None]:
     return kept, list(chains)
 
 
-# The held-out splits' worlds ("test/i", "final/i"), seeded apart from each other and from train's "train/SEED/i".
+# The held-out splits' worlds ("test/i", "final/i"), seeded apart from each other and from train's
+# "train/SEED/i".
 HELD_OUT_PREFIXES = {"validation": "test", "test": "final"}
 
 
