@@ -137,7 +137,10 @@ def _write_prompt(rng: random.Random, template: str, numbers: list[int]) -> str:
     if template == "fewer":
         a, b = numbers
         other = rng.choice([n for n in NAMES if n[0] != name])[0]
-        return f"{name} has {a} {item}. {other} has {b} fewer {item} than {name}. How many {item} does {other} have?"
+        return (
+            f"{name} has {a} {item}. {other} has {b} fewer {item} than {name}. "
+            f"How many {item} does {other} have?"
+        )
     raise ValueError(f"unknown template {template!r}")
 
 

@@ -47,9 +47,10 @@ SYSTEM_PROMPT: str | None = (
 # solutions in GSM8K's own form instead of instructions; its answer ends at the
 # blank line before it would start the next question.
 BASE_PROMPT_FORMAT = (
-    "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-    "How many clips did Natalia sell altogether in April and May?\n"
-    "Answer: Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether in April and May.\n"
+    "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+    "in May. How many clips did Natalia sell altogether in April and May?\n"
+    "Answer: Natalia sold 48/2 = 24 clips in May.\n"
+    "Natalia sold 48+24 = 72 clips altogether in April and May.\n"
     "#### 72\n\n"
     "Question: Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
     "How much did she earn?\n"
@@ -65,7 +66,8 @@ HUB_DATASET = ("openai/gsm8k", "main")
 
 
 def correctness_reward(prompts, completions, answer, finish_reason=None, **kwargs) -> list[float]:
-    """1.0 where the completion's final answer equals the gold number, else 0.0 (a cut one: see is_correct)."""
+    """1.0 where the completion's final answer equals the gold number, else 0.0 (a cut one: see
+    is_correct)."""
     reasons = finish_reason or [None] * len(completions)
     return [
         1.0 if is_correct(c, a, finish_reason=f) else 0.0 for c, a, f in zip(completions, answer, reasons)

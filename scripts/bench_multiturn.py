@@ -160,8 +160,10 @@ def table(result: dict) -> str:
         "peak_over_kv",
     )
     lines = [
-        f"{result['mode']}: {result['rollout_s']} s (prefill {result['prefill_s']}, decode {result['decode_s']}), "
-        f"prefilled {result['tokens_prefilled']} = {result['prefilled_over_new']}x the prompt and observation "
+        f"{result['mode']}: {result['rollout_s']} s "
+        f"(prefill {result['prefill_s']}, decode {result['decode_s']}), "
+        f"prefilled {result['tokens_prefilled']} = {result['prefilled_over_new']}x "
+        "the prompt and observation "
         f"tokens, peak {result['rollout_peak_over_kv']}x the most keys and values a turn needs, "
         f"max RSS {result['max_rss_gb']} GB, blas {result['blas']}",
         markdown_table(list(cols), [[t[c] for c in cols] for t in result["turns"]]),

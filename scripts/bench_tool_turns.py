@@ -224,7 +224,8 @@ def multi_turn(model, tokenizer, args) -> tuple[dict, list[list[int]]]:
 
 
 def single_turn(model, tokenizer, prompts: list[list[int]], max_tokens: int, args) -> dict:
-    """sample_completions on the first prompts, P x G rows of max_tokens (no end token unless --stop-on-eos)."""
+    """sample_completions on the first prompts, P x G rows of max_tokens (no end token unless
+    --stop-on-eos)."""
     from mlx_grpo.sampling import fixed_decode
     from mlx_grpo.sampling.rollout import SamplingConfig, sample_completions
 
@@ -331,7 +332,8 @@ def line(r: dict) -> str:
         else f"max_tokens {r['max_tokens']}, prefill {r['prefill_s']} s, decode {r['decode_s']} s"
     )
     return (
-        f"round {r['round']} {r['mode']}: {r['rows']} rows, {r['model_tokens']} model tokens in {r['seconds']} s "
+        f"round {r['round']} {r['mode']}: {r['rows']} rows, "
+        f"{r['model_tokens']} model tokens in {r['seconds']} s "
         f"= {r['tokens_per_s']} tok/s ({extra}; load {r['load_before']})"
     )
 

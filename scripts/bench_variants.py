@@ -62,7 +62,8 @@ def without_shared_prefill():
 
 
 def with_generator_decode():
-    """Rollouts through mlx-lm's BatchGenerator (growing caches, nothing compiled), as models without plain caches do."""
+    """Rollouts through mlx-lm's BatchGenerator (growing caches, nothing compiled), as models without
+    plain caches do."""
     from mlx_grpo.sampling import fixed_decode
 
     return replaced(fixed_decode, "supports_fixed_decode", lambda model, length=None: False)
@@ -76,7 +77,8 @@ def without_merged_adapters():
 
 
 def with_merged_adapters_any_size():
-    """LoRA merged into the weights while sampling at any model size (the product merges below MERGE_LIMIT_BYTES)."""
+    """LoRA merged into the weights while sampling at any model size (the product merges below
+    MERGE_LIMIT_BYTES)."""
     from mlx_grpo.models import adapters
 
     return replaced(adapters, "MERGE_LIMIT_BYTES", float("inf"))

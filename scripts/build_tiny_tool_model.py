@@ -231,7 +231,8 @@ def without_space_merges(tokenizer):
 # needs to find the name to copy.
 TOOL_TEMPLATE = (
     "{%- if tools -%}{{ '<|im_start|>system\\nTools:' }}"
-    "{%- for tool in tools %} {{ tool.function.name }}({{ tool.function.parameters.properties | list | join(', ') }})"
+    "{%- for tool in tools %} {{ tool.function.name }}"
+    "({{ tool.function.parameters.properties | list | join(', ') }})"
     "{%- endfor %}{{ '.' }}"
     "{%- if messages[0].role == 'system' and messages[0].content %} {{ messages[0].content }}{%- endif %}"
     "{{ '<|im_end|>\\n' }}{%- endif -%}"
@@ -243,7 +244,8 @@ TOOL_TEMPLATE = (
     "{%- elif message.role == 'assistant' and message.tool_calls -%}"
     "{{ '<|im_start|>assistant\\n' + (message.content or '') }}"
     "{%- for call in message.tool_calls -%}"
-    "{{ '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' + (call.function.arguments | tojson) + '}\\n</tool_call>' }}"
+    '{{ \'<tool_call>\\n{"name": "\' + call.function.name + \'", "arguments": \' '
+    "+ (call.function.arguments | tojson) + '}\\n</tool_call>' }}"
     "{%- endfor -%}{{ '<|im_end|>\\n' }}"
     "{%- else -%}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif -%}"
     "{%- endfor -%}"

@@ -218,7 +218,8 @@ def main() -> None:
     examples = [sft_example(tokenizer, episode_texts(t, rng)) for t in tasks]
     mean_len = sum(len(ids) for ids, _ in examples) / len(examples)
     print(
-        f"model: {base.count_parameters(model):,} parameters; data: {len(examples)} episodes, {mean_len:.0f} tokens each"
+        f"model: {base.count_parameters(model):,} parameters; "
+        f"data: {len(examples)} episodes, {mean_len:.0f} tokens each"
     )
 
     train_start = time.time()

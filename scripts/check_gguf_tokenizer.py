@@ -158,7 +158,8 @@ def check(path: Path, n: int, seed: int) -> bool:
         decodes += "\ufffd" not in reference and ours.decode(expected, skip_special_tokens=False) != reference
     line = (
         f"{path.name} ({meta.get('tokenizer.ggml.model')}, {meta.get('tokenizer.ggml.pre')}): "
-        f"same ids as llama.cpp on {len(texts) - len(differ)}/{len(texts)} texts, decoding differs on {decodes}"
+        f"same ids as llama.cpp on {len(texts) - len(differ)}/{len(texts)} texts, "
+        f"decoding differs on {decodes}"
     )
     pairs = path.with_name(path.name + ".inp"), path.with_name(path.name + ".out")
     hf_differ = 0

@@ -1,6 +1,6 @@
 """Our rollout against MLX's own bare decode loop, at the same model and width, on whatever backend runs it.
 
-    python scripts/decode_ceiling.py                                   # random Qwen2.5-0.5B shape, widths 1 8 32
+    python scripts/decode_ceiling.py                          # random Qwen2.5-0.5B shape, widths 1 8 32
     python scripts/decode_ceiling.py --model FILE.gguf --widths 1 8 32 64 --tokens 64
 
 The bare loop is what mlx-lm does at its simplest: the model on a prompt cache,

@@ -8,7 +8,8 @@ and its own worker; so the worker's CPU time is about half the matmul time, and 
 time beyond the worker's is the work outside matmuls, on one core.
 
     python scripts/profile_cores.py --json cores.json -- --task ocaml --model FILE.gguf --steps 1 \\
-        --batch-size 4 --group-size 8 --max-tokens 384 --temperature 0.8 --seed 0 --lora-rank 16 --lora-layers -1
+        --batch-size 4 --group-size 8 --max-tokens 384 --temperature 0.8 --seed 0 --lora-rank 16 \\
+        --lora-layers -1
 """
 
 from __future__ import annotations

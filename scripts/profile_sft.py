@@ -65,8 +65,8 @@ def step_flops(shape: dict, batch_shapes: list[list[int]], adapters: list[tuple[
     """Matmul FLOPs of one step over micro-batches of (rows, width) tokens; `adapters` (layer, in, rank, out).
 
     A micro-batch runs P = rows x (width - 1) positions, each seeing n/2 keys on average (n = width - 1).
-    forward  = 2 P (every layer's dense weights + the head's V h) + 2 P layers 2 h n/2  (bench_workload.forward_flops)
-               + 2 P r (in + out) for each LoRA adapter
+    forward  = 2 P (every layer's dense weights + the head's V h) + 2 P layers 2 h n/2
+               (bench_workload.forward_flops) + 2 P r (in + out) for each LoRA adapter
     backward = the same dense, head and attention terms over the layers from the lowest adapted one up
                only (the weights are frozen: dY W for the input gradient, no weight gradient; below the
                lowest adapter nothing needs one), attention twice (dS, dV, dQ, dK: four matmuls to the
@@ -114,7 +114,8 @@ def sgemm_rates(shape: dict, rows: int, seconds: float) -> list[dict]:
 
 
 def timed_steps(count: int, build, forward, forward_backward, optimizer_update) -> dict:
-    """Seconds of each phase at each step 1..count: every phase evaluates what it makes before its clock stops."""
+    """Seconds of each phase at each step 1..count: every phase evaluates what it makes before its clock
+    stops."""
     import mlx.core as mx
 
     times = {name: [] for name in MEASURED if name != "step"}
@@ -192,7 +193,8 @@ def sft_phases(run, count: int) -> tuple[dict, list]:
 
 
 def peer_phases(model, optimizer, dataset, training_args, count: int) -> tuple[dict, list]:
-    """mlx_lm.lora's step in pieces, built as mlx_lm.tuner.trainer.train builds it: (seconds, batch shapes)."""
+    """mlx_lm.lora's step in pieces, built as mlx_lm.tuner.trainer.train builds it: (seconds, batch
+    shapes)."""
     from functools import partial
 
     import mlx.core as mx

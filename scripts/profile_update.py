@@ -1,6 +1,6 @@
 """Take one GRPO update apart: where its seconds go, against the machine's float32 matmul rate.
 
-    python scripts/profile_update.py                         # random Qwen2.5-0.5B shape, 1 prompt x 8 x 64 tokens
+    python scripts/profile_update.py               # random Qwen2.5-0.5B shape, 1 prompt x 8 x 64 tokens
     python scripts/profile_update.py --model FILE.gguf --dequantize --repeats 3 --json profile.json
 
 The batch is synthetic: --prompts prompts of --prompt-tokens random tokens, --group-size
@@ -151,8 +151,8 @@ def adapted_linears(model):
 
 
 def matmul_flops(layers, rows: list[int], lowest: int = 0) -> tuple[float, float]:
-    """(dense, LoRA) FLOPs over micro-batches of `rows` body positions. Dense: x W^T in every layer and dY W in
-    the layers from `lowest` up (the backward stops below the lowest trained layer), 2 m in out each;
+    """(dense, LoRA) FLOPs over micro-batches of `rows` body positions. Dense: x W^T in every layer and
+    dY W in the layers from `lowest` up (the backward stops below the lowest trained layer), 2 m in out each;
     LoRA: six rank-r matmuls an adapted linear, three of 2 m r in and three of 2 m r out."""
     dense = sum(
         (2.0 + 2.0 * (j >= lowest)) * m * w.shape[0] * w.shape[1]

@@ -1,5 +1,5 @@
-"""Write docs/settings.md and docs/commands.md from the code: TrainConfig's fields (mlx_grpo/config.py) and the
-other commands' options.
+"""Write docs/settings.md and docs/commands.md from the code: TrainConfig's fields (mlx_grpo/config.py)
+and the other commands' options.
 
 Every train setting is a field of the TrainConfig dataclass, with its default
 and its help text (the field's metadata, config.field_help), grouped under the
@@ -53,7 +53,8 @@ def _row(name: str, helps: dict[str, str]) -> str:
 
 
 def train_settings() -> list[str]:
-    """One table per section of TrainConfig, in the order of the class; a group's settings where the group is."""
+    """One table per section of TrainConfig, in the order of the class; a group's settings where the
+    group is."""
     helps, lines = field_help(), []
     for line in inspect.getsource(TrainConfig).splitlines():
         section, field = _SECTION.match(line), _FIELD.match(line)
@@ -80,12 +81,14 @@ def _names(names) -> str:
 
 # What each command that reads settings does with them, under its options (train's page is settings.md).
 _READING = {
-    "sft": "sft's settings are the flags above. A setting it does not read, typed as a flag, is refused, naming "
-    "the commands that read it (`sft does not read group_size (train reads it)`); in a `--config` file "
+    "sft": "sft's settings are the flags above. A setting it does not read, typed as a flag, "
+    "is refused, naming the commands that read it (`sft does not read group_size (train reads it)`); "
+    "in a `--config` file "
     "(a train recipe serves sft too: `sft --config configs/ocaml.yaml`) it is left out, and sft names "
     "the ones it leaves out.",
-    "eval": "From a run's `config.yaml` or a `--config` file, {command} reads {names}; the file's other settings "
-    "are left out (a training recipe serves {command} too). A setting typed as a flag that {command} "
+    "eval": "From a run's `config.yaml` or a `--config` file, {command} reads {names}; "
+    "the file's other settings are left out (a training recipe serves {command} too). "
+    "A setting typed as a flag that {command} "
     "does not read is refused, naming the commands that read it.",
 }
 _READING["compare"] = _READING["eval"]
@@ -135,7 +138,8 @@ def render() -> str:
     ]
     tail = [
         "",
-        "The other commands' options (`eval`, `compare`, `sft`, `inspect`, ...) are in [commands.md](commands.md).",
+        "The other commands' options (`eval`, `compare`, `sft`, `inspect`, ...) "
+        "are in [commands.md](commands.md).",
     ]
     return "\n".join(head + train_settings() + tail) + "\n"
 

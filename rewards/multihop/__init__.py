@@ -32,4 +32,13 @@ __all__ = [
     "normalize",
     "support_recall",
     "token_f1",
+    # The task protocol of mlx_grpo/tasks/registry.py: `mlx-grpo train --task multihop`.
+    "READS_DATA",
+    "REWARDS",
+    "SYSTEM_PROMPT",
+    "accuracy_reward",
+    "episode_factory",
+    "load_rows",
+    "recommended_settings",
+    "reference_actions",
 ]

@@ -140,7 +140,8 @@ def reference_actions(row: dict) -> list[str]:
 
 
 def episode_factory(config, functions, weights, system_prompt):
-    """make_env for the registry: each row its MultihopEnv, with the run's rewards, tool time limit and call style."""
+    """make_env for the registry: each row its MultihopEnv, with the run's rewards, tool time limit and
+    call style."""
     return lambda row: MultihopEnv(
         row, functions, weights, system_prompt, config.tool_timeout, config.tool_style
     )

@@ -66,7 +66,8 @@ class Entity:
             article = "an" if f["profession"][0] in "aeiou" else "a"
             return f"{t} is {article} {f['profession']}. {t} was born in {f['born_in']}."
         return (
-            f"{t} is a company founded by {f['founder']} in {f['year']}. Its chief executive is {f['chief']}. "
+            f"{t} is a company founded by {f['founder']} in {f['year']}. "
+            f"Its chief executive is {f['chief']}. "
             f"It is based in {f['city']}."
         )
 

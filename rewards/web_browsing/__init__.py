@@ -37,4 +37,13 @@ __all__ = [
     "make_task",
     "parse_action",
     "task_from_row",
+    # The task protocol of mlx_grpo/tasks/registry.py: `mlx-grpo train --task web`.
+    "READS_DATA",
+    "REWARDS",
+    "SYSTEM_PROMPT",
+    "accuracy_reward",
+    "load_rows",
+    "make_env",
+    "recommended_settings",
+    "reference_actions",
 ]

@@ -396,7 +396,8 @@ def _travel(world: World, state: BrowserState, rest: str) -> Page | None:
             "travel/booked",
             "Booking confirmed",
             [
-                f"Flight {b['flight']} from {b['from']} to {b['to']} on {b['date']}, {b['class']}, {b['passengers']} passenger(s).",
+                f"Flight {b['flight']} from {b['from']} to {b['to']} on {b['date']}, {b['class']}, "
+                f"{b['passengers']} passenger(s).",
                 link("Flights home", "travel"),
             ],
         )

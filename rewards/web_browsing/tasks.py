@@ -328,7 +328,9 @@ def _account(world: World, difficulty: int, rng: random.Random):
     changes = {
         "newsletter": "off",
         "language": rng.choice([x for x in sites.SITE_LANGUAGES if x != current["language"]]),
-        "email": f"{rng.choice(sites.SYLLABLES)}{rng.choice(sites.SYLLABLES)}{rng.randint(1, 99)}@mail.example",
+        "email": (
+            f"{rng.choice(sites.SYLLABLES)}{rng.choice(sites.SYLLABLES)}{rng.randint(1, 99)}@mail.example"
+        ),
         "display_name": "".join(rng.choice(sites.SYLLABLES) for _ in range(2)).capitalize()
         + rng.choice(["", "x", "a"]),
     }
