@@ -202,7 +202,8 @@ def gguf_name(name: str, model_type: str = "llama") -> str:
 
 def gguf_tensors(weights: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray]:
     """Hugging Face tensors as llama.cpp's converter stores them: its names, llama's Q/K rows permuted
-    (Mistral's too: it is converted as llama), Gemma's norm weights plus one (Gemma's RMSNorm scales by 1 + w)."""
+    (Mistral's too: it is converted as llama), Gemma's norm weights plus one (Gemma's RMSNorm scales by 1 +
+    w)."""
     model_type = config["model_type"]
     out = {}
     for name, w in weights.items():

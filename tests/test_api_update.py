@@ -138,7 +138,8 @@ def test_train_step_and_trainer_update_shape_the_same_raw_rewards_the_same_way(m
 
 def test_a_group_the_run_filters_out_is_left_out_of_the_update():
     """gated shaping and dynamic_sampling as train's step applies them: the second group's main reward is
-    flat, so its side reward is gated away, the group is flat and dropped; the update is the first group's alone."""
+    flat, so its side reward is gated away, the group is flat and dropped; the update is the first group's
+    alone."""
     settings = dict(
         batch_size=2,
         group_size=4,

@@ -1,4 +1,5 @@
-"""scripts/bench_blas.py: each BLAS in a process of its own, every shape measured, the kernels named as they ran."""
+"""scripts/bench_blas.py: each BLAS in a process of its own, every shape measured, the kernels named as they
+ran."""
 
 import importlib.util
 import json

@@ -17,7 +17,10 @@ def test_stdout_is_the_json_alone_the_file_the_same_text_and_the_table_on_stderr
     path = tmp_path / "out.json"
     benchlib.emit_result(RESULT, str(path), "| a | b |\n| 1 | 2 |")
     printed = capsys.readouterr()
-    text = '{\n  "step_s": 1.5,\n  "runs": [\n    {\n      "mode": "after",\n      "tokens": 3\n    }\n  ],\n  "name": "tiny"\n}'
+    text = (
+        '{\n  "step_s": 1.5,\n  "runs": [\n    {\n      "mode": "after",\n'
+        '      "tokens": 3\n    }\n  ],\n  "name": "tiny"\n}'
+    )
     assert printed.out == text + "\n" and path.read_text() == text + "\n"
     assert printed.err == "| a | b |\n| 1 | 2 |\n"
 

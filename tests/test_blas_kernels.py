@@ -1,4 +1,5 @@
-"""OpenBLAS's kernels follow the CPU: a fallback older than AVX2 is replaced, once, after a matmul check (blas.py)."""
+"""OpenBLAS's kernels follow the CPU: a fallback older than AVX2 is replaced, once, after a matmul check
+(blas.py)."""
 
 from __future__ import annotations
 

@@ -134,7 +134,8 @@ def test_gsm8k_chat_scorer_accepts_the_forms_a_chat_model_writes():
 
 @pytest.fixture(scope="module")
 def run_with_a_prompt(tmp_path_factory):
-    """A one-step run of the embedded model with a system prompt of its own (lr 1e-9: the adapters barely move).
+    """A one-step run of the embedded model with a system prompt of its own (lr 1e-9: the adapters barely
+    move).
 
     The embedded model, not a random one: a random model's answers hardly depend on its prompt.
     """

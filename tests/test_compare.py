@@ -80,8 +80,8 @@ def test_sampled_self_comparison_uses_the_same_seeds(tiny_model_path):
 
 @needs_embedded
 def test_eval_matches_the_trainers_accuracy_and_pass_at_k(tmp_path):
-    """The single-model report agrees with evaluate_accuracy (a run's check: the validation split); pass@1 is the
-    mean accuracy."""
+    """The single-model report agrees with evaluate_accuracy (a run's check: the validation split); pass@1 is
+    the mean accuracy."""
     task, settings = _task_and_settings(None, n=40, max_tokens=48, split="validation")
     report = cmp.evaluate(cmp.ModelSpec(None), task, settings)
     model, tokenizer = load_policy(None)

@@ -127,7 +127,8 @@ def test_flag_parse_errors_are_one_line_from_the_command(args, fragment):
 
 
 def test_reward_weights_for_a_tasks_own_rewards(tmp_path):
-    """--reward-weights without --reward weighs the task's own rewards (multihop: 1,0,0.2 turns on support)."""
+    """--reward-weights without --reward weighs the task's own rewards (multihop: 1,0,0.2 turns on
+    support)."""
     from mlx_grpo.run.task_setup import load_task
 
     settings = {"task": "multihop", "eval_num_problems": 2, "output": str(tmp_path / "run")}

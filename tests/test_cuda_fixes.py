@@ -17,7 +17,8 @@ from mlx_grpo.tasks.data import encode_prompt
 
 
 def numpy_rope(x, positions, dims, base):
-    """Non-traditional RoPE: the two halves of the first `dims` features rotate by position x base^(-2i/dims)."""
+    """Non-traditional RoPE: the two halves of the first `dims` features rotate by position x
+    base^(-2i/dims)."""
     half = dims // 2
     angles = positions[:, None, None, None] * base ** (-np.arange(half) * 2.0 / dims)
     x1, x2 = x[..., :half], x[..., half:dims]

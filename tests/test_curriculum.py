@@ -1,4 +1,5 @@
-"""UED curriculum: favours groups solved about half the time, explores, is seeded, and round-trips its state."""
+"""UED curriculum: favours groups solved about half the time, explores, is seeded, and round-trips its
+state."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
-"""A single-turn decode says where it is: completions done, tokens/s, the most time left (sampling/progress.py)."""
+"""A single-turn decode says where it is: completions done, tokens/s, the most time left
+(sampling/progress.py)."""
 
 import re
 

@@ -118,8 +118,8 @@ def test_documented_file_exists(doc, path):
 
 
 def test_the_settings_reference_is_generated_from_the_code():
-    """docs/settings.md and docs/commands.md are scripts/settings_doc.py's rendering of TrainConfig and the CLI, so
-    they cannot drift."""
+    """docs/settings.md and docs/commands.md are scripts/settings_doc.py's rendering of TrainConfig and the
+    CLI, so they cannot drift."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("settings_doc", ROOT / "scripts" / "settings_doc.py")

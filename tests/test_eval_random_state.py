@@ -1,6 +1,6 @@
-"""eval and compare's answers (compare.generate) and the held-out pass@k (heldout.evaluate_pass_at_k) draw with
-keys of their own seed: MLX's global random state is neither read nor moved, so a notebook's draws after them
-are the ones it seeded for, and the same seed gives the same answers whatever that state was."""
+"""eval and compare's answers (compare.generate) and the held-out pass@k (heldout.evaluate_pass_at_k) draw
+with keys of their own seed: MLX's global random state is neither read nor moved, so a notebook's draws after
+them are the ones it seeded for, and the same seed gives the same answers whatever that state was."""
 
 import mlx.core as mx
 

@@ -22,12 +22,12 @@ from mlx_lm.utils import load as mlx_lm_load
 
 gguf = pytest.importorskip("gguf")
 
-from gguf_files import (
+from gguf_files import (  # noqa: E402
     MODEL_TYPES,
     SAMPLE_TEXTS,
     build_hf_model,
     gguf_name,
-    llama_cpp_order,  # noqa: E402
+    llama_cpp_order,
     numpy_weights,
     train_bpe,
     write_gguf,
@@ -386,7 +386,8 @@ def test_export_needs_an_output(tmp_path):
 
 @pytest.mark.parametrize("outtype,expect", [("q4_k_m", {"Q4_K", "Q6_K"}), ("q6_k", {"Q6_K"})])
 def test_k_quant_export_through_llama_cpp_and_back(tmp_path, bpe, outtype, expect):
-    """Rows of 256 (hidden 256) so that llama.cpp writes K blocks; the file reads back in llama.cpp and here."""
+    """Rows of 256 (hidden 256) so that llama.cpp writes K blocks; the file reads back in llama.cpp and
+    here."""
     llama_cpp = pytest.importorskip("llama_cpp")
     config = build_hf_model(tmp_path / "hf", "qwen2", len(bpe["tokens"]), hidden=256, intermediate=512)
     base = str(write_gguf(tmp_path / "base.gguf", config, numpy_weights(tmp_path / "hf"), bpe))

@@ -1,4 +1,5 @@
-"""GGUF import: tiny llama, mistral, qwen2, qwen3, gemma3 and phi3 files written here with llama.cpp's `gguf` writer.
+"""GGUF import: tiny llama, mistral, qwen2, qwen3, gemma3 and phi3 files written here with llama.cpp's `gguf`
+writer.
 
 An imported file must give the logits of the Hugging Face model it was written
 from (exactly up to float rounding for F32, F16 and the quantized types, whose
@@ -162,7 +163,8 @@ def test_gemma3_conventions_are_undone(tmp_path, bpe):
 
 
 def test_gemma3_27b_attention_scale_is_llama_cpps():
-    """llama.cpp scales gemma3 queries by 1/sqrt(head_dim), except at 62 layers (27B): 1/sqrt(hidden/heads)."""
+    """llama.cpp scales gemma3 queries by 1/sqrt(head_dim), except at 62 layers (27B):
+    1/sqrt(hidden/heads)."""
     from mlx_grpo.models.gguf_arch import model_config
     from mlx_grpo.models.gguf_file import GGUFHeader, TensorInfo
 

@@ -1,4 +1,5 @@
-"""SentencePiece vocabularies in GGUF files (Gemma, Llama 2, Mistral), tokenized as SentencePiece and llama.cpp do.
+"""SentencePiece vocabularies in GGUF files (Gemma, Llama 2, Mistral), tokenized as SentencePiece and
+llama.cpp do.
 
 Oracles: the `sentencepiece` library itself, on a BPE model it trains here
 in a second (so CI always has one), and llama.cpp (llama-cpp-python, the

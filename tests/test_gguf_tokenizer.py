@@ -23,22 +23,22 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from gguf_files import (
+from gguf_files import (  # noqa: E402
     SAMPLE_TEXTS,
     build_hf_model,
     numpy_weights,
     reference_encode,
-    train_bpe,  # noqa: E402
+    train_bpe,
     write_gguf,
 )
 from gguf_vocab import write_vocab_file  # noqa: E402
 
 from mlx_grpo.models.gguf import GGUFError  # noqa: E402
 from mlx_grpo.models.gguf_file import read_header  # noqa: E402
-from mlx_grpo.models.gguf_tokenizer import (
+from mlx_grpo.models.gguf_tokenizer import (  # noqa: E402
     _PROBE,
     PRE_TOKENIZER_ALIASES,
-    PRE_TOKENIZERS,  # noqa: E402
+    PRE_TOKENIZERS,
     _pre_tokenizer,
     build_tokenizer,
 )
@@ -209,12 +209,12 @@ def byte_chars() -> list[str]:
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python not installed")
 @pytest.mark.parametrize("pre", list(PRE_TOKENIZERS))
 def test_characters_of_every_kind_are_split_as_llama_cpp_splits_them(tmp_path, pre):
-    """Whether a character shares a piece with a letter before it, a space before it, a letter after it,
-    for every 61st code point below U+30000 and every space. A vocabulary of the 256 bytes whose only merges join 'a'
-    (or the space) with each byte, or each byte with 'a', shows it: the merged token appears exactly when
-    the two are in one piece. Only characters that Python's Unicode tables know: llama.cpp's tables are
-    newer (Unicode 16) than those of the regular expressions in `tokenizers`, so a character added since
-    is a letter to one and unassigned to the other."""
+    """Whether a character shares a piece with a letter before it, a space before it, a letter after it, for
+    every 61st code point below U+30000 and every space. A vocabulary of the 256 bytes whose only merges join
+    'a' (or the space) with each byte, or each byte with 'a', shows it: the merged token appears exactly when
+    the two are in one piece. Only characters that Python's Unicode tables know: llama.cpp's tables are newer
+    (Unicode 16) than those of the regular expressions in `tokenizers`, so a character added since is a letter
+    to one and unassigned to the other."""
     import unicodedata
 
     chars = byte_chars()

@@ -310,7 +310,8 @@ def test_a_base_models_reference_follows_its_frame_and_ends_at_the_stop_string(
 @needs_ocaml
 def test_ocaml_references_are_fenced_solutions_that_pass_every_test():
     """--guide on OCaml trains on the train split's reference solutions, so each must be written as the system
-    prompt asks (one ```ocaml block) and pass every one of its problem's tests through the task's own reward."""
+    prompt asks (one ```ocaml block) and pass every one of its problem's tests through the task's own
+    reward."""
     from rewards import ocaml
 
     task = load_task(make_config(task="ocaml"))

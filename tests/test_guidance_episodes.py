@@ -1,5 +1,5 @@
-"""--guide on a multi-turn task (run/guidance.py, run/guided_episodes.py): a scripted episode replaces the last
-member of each group with no solved episode."""
+"""--guide on a multi-turn task (run/guidance.py, run/guided_episodes.py): a scripted episode replaces the
+last member of each group with no solved episode."""
 
 import json
 from dataclasses import replace

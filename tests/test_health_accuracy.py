@@ -33,9 +33,9 @@ def test_the_ocaml_run_fires_at_step_8_with_the_numbers_worked_out():
     # Rewards: (0.51+0.46+0.21+0.14)/4 = 0.33, (0.13+0.41+0.23+0.08)/4 = 0.2125
     assert events[0]["step"] == 8
     assert events[0]["evidence"] == (
-        "the share of right answers in training (reward/ocaml_passes/mean) fell from 0.28 (steps 1-4) to 0.02 "
-        "(steps 5-8) while the mean reward went 0.33 -> 0.21: the reward may be paying for something other than "
-        "the task (a hack)"
+        "the share of right answers in training (reward/ocaml_passes/mean) fell from 0.28 (steps 1-4) "
+        "to 0.02 (steps 5-8) while the mean reward went 0.33 -> 0.21: the reward may be paying for "
+        "something other than the task (a hack)"
     )
     assert "docs/health.md" in events[0]["suggestion"]
 

@@ -104,7 +104,8 @@ def test_the_gsm8k_run_pattern_fires_both_rules():
 
 
 def test_a_crafted_side_reward_takes_over():
-    """Main reward flat in every group (never right), a 0.05-weight side reward varying: it fires on its share."""
+    """Main reward flat in every group (never right), a 0.05-weight side reward varying: it fires on its
+    share."""
     rng = np.random.default_rng(1)
     rows = [
         {
@@ -153,7 +154,8 @@ def test_shaping_is_a_checked_setting(tmp_path):
 
 @pytest.mark.parametrize("shaping", ["gated", "scaled"])
 def test_the_trainer_trains_on_the_shaped_rewards(tmp_path, shaping):
-    """arith with its format reward at weight 0.1: each completion's trained reward, checked from its parts."""
+    """arith with its format reward at weight 0.1: each completion's trained reward, checked from its
+    parts."""
     from mlx_grpo import make_config
     from mlx_grpo.run.trainer import train
 
@@ -199,7 +201,8 @@ def test_the_crafted_side_reward_of_the_shaping_measurement():
 
 
 def test_a_step_without_completions_has_no_shares_and_no_warning():
-    """A multi-turn step whose parts are empty logs no share (the mean of an empty array would warn and be NaN)."""
+    """A multi-turn step whose parts are empty logs no share (the mean of an empty array would warn and be
+    NaN)."""
     import warnings
 
     with warnings.catch_warnings():

@@ -16,7 +16,10 @@ TOOL_RULE_NAMES = {rule[0] for rule in TOOL_RULES}
 def tool_steps(n, calls, parse_fail=0.05, closed_book=0.1, seed=0, **extra):
     """n steps of a tool run; calls, parse_fail and closed_book are numbers or functions of the step."""
     rng = np.random.default_rng(seed)
-    value = lambda v, s: v(s) if callable(v) else v
+
+    def value(v, s):
+        return v(s) if callable(v) else v
+
     rows = []
     for s in range(1, n + 1):
         c = value(calls, s)
@@ -184,7 +187,8 @@ def test_tool_metrics_of_real_episodes_by_hand(tiny_model_path):
 
 
 def test_the_suggested_tool_style_setting_reaches_the_episodes(tmp_path):
-    """no_tool_calls_parse suggests --tool-style: it is checked, and --tools and multihop episodes read with it."""
+    """no_tool_calls_parse suggests --tool-style: it is checked, and --tools and multihop episodes read with
+    it."""
     from mlx_grpo.config import ConfigError, build_config
     from mlx_grpo.config_checks import TOOL_STYLES
     from mlx_grpo.run.task_setup import load_task

@@ -310,7 +310,8 @@ EMPTY = ("list", "dict", "set", "tuple")
 
 def _given_elsewhere(default: ast.expr, definers: set[str]) -> bool:
     """Whether a default defines no value of its own: None or an empty container (nothing given), or read from
-    the setting's definition (TrainConfig.max_turns, field(default_factory=SamplingSettings), an alias of it)."""
+    the setting's definition (TrainConfig.max_turns, field(default_factory=SamplingSettings), an alias of
+    it)."""
     if isinstance(default, ast.Constant) and default.value is None:
         return True
     if isinstance(default, ast.Dict):
@@ -331,8 +332,8 @@ def _setting_copies(package: str = "mlx_grpo", not_settings=NOT_SETTINGS) -> lis
 
 
 def _copies_found(package: str, not_settings: dict) -> list[tuple[str, str, str]]:
-    """Second definitions of a setting's default outside its own (a group's field in setting_groups.py, a field of
-    config.py's TrainConfig), whose value can drift from the setting's:
+    """Second definitions of a setting's default outside its own (a group's field in setting_groups.py, a
+    field of config.py's TrainConfig), whose value can drift from the setting's:
 
     - a dataclass field named as a setting (a group's or TrainConfig's own) with a default of its own;
     - a getattr(x, "setting", default) with a default of its own;
@@ -434,13 +435,15 @@ def test_the_setting_copy_finder_finds_a_planted_copy(tmp_path, monkeypatch):
     )  # given by its caller: fine
     (package / "carrier.py").write_text(  # a run's settings carried along: copied, and read from TrainConfig
         "from .config import TrainConfig\n"
-        "@dataclass\nclass R:\n    max_turns: int = 8\n    seed: int = TrainConfig.seed\n    max_tokens: int = None\n"
+        "@dataclass\nclass R:\n    max_turns: int = 8\n    seed: int = TrainConfig.seed\n"
+        "    max_tokens: int = None\n"
     )
     (package / "functions.py").write_text(
         "from .sampler import Alias\n"
         "def f(prompts, max_tokens=64):\n    return getattr(prompts, 'max_turns', 4)\n"
         "class K:\n    def g(self, *, max_tokens: int = 256, seed=3):\n        pass\n"  # seed: not a group's
-        "def h(max_tokens=Alias.max_tokens):\n    return getattr(h, 'other', 1), getattr(h, 'max_turns', None)\n"
+        "def h(max_tokens=Alias.max_tokens):\n    return getattr(h, 'other', 1), "
+        "getattr(h, 'max_turns', None)\n"
         "def i(a, max_tokens=None, b=[], *, c=lambda max_tokens=(): 0):\n    pass\n"
     )
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
@@ -458,7 +461,8 @@ def test_each_setting_has_its_default_in_one_place():
 
 
 def test_each_name_said_not_to_be_a_setting_would_be_taken_for_one():
-    """NOT_SETTINGS lists only what the finder would report without it: an entry whose code went away goes too."""
+    """NOT_SETTINGS lists only what the finder would report without it: an entry whose code went away goes
+    too."""
     unlisted = {(where, name) for where, name, _ in _copies_found("mlx_grpo", {})}
     assert set(NOT_SETTINGS) <= unlisted, set(NOT_SETTINGS) - unlisted
 

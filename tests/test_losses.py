@@ -117,7 +117,8 @@ def random_inputs(seed, n=16, t=9):
 
 
 def mlx_loss(logp, old, adv, mask, loss_type, micro=2, **kw):
-    """Sum of the micro-batch losses, as the trainer accumulates them; the summed clip count; d loss / d logp."""
+    """Sum of the micro-batch losses, as the trainer accumulates them; the summed clip count; d loss / d
+    logp."""
     n = len(adv)
     shape = BatchShape(
         num_sequences=n,
@@ -223,7 +224,8 @@ def test_delta_caps_the_ratio_of_negative_advantage_tokens():
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_shaped_reference_tokens_match_luffys_formula(loss_type):
-    """guide_shaping: a reference row's tokens take -A * p / (p + gamma), unclipped; the other rows are untouched."""
+    """guide_shaping: a reference row's tokens take -A * p / (p + gamma), unclipped; the other rows are
+    untouched."""
     logp, old, _, adv, mask, _ = random_inputs(seed=31)
     guided = np.zeros(len(adv), dtype=bool)
     guided[[3, 7, 12]] = True

@@ -82,7 +82,8 @@ def test_pieces_of_similar_length_pad_less():
 
 
 def _loss_and_gradients(model, parts, sizes: BatchShape, loss_type: str):
-    """The summed loss and gradients of one update's micro-batches, as update/step.py's update() takes them."""
+    """The summed loss and gradients of one update's micro-batches, as update/step.py's update() takes
+    them."""
     settings = update_settings(TrainConfig.from_flat({"loss": loss_type})).loss  # the defaults otherwise
 
     def after_prompt(model, state, mb):

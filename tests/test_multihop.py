@@ -261,8 +261,9 @@ def test_eval_on_multihop_reports_turns_and_tool_use(tmp_path, tiny_model_path):
 
 
 def test_grpo_teaches_the_tiny_tool_model_to_read_both_hops(tmp_path):
-    """The tiny tool model (scripts/build_tiny_tool_model.py) on city/country: read the company, read its city,
-    answer the country. A short run of `mlx-grpo train --task multihop`'s own recipe raises the reward."""
+    """The tiny tool model (scripts/build_tiny_tool_model.py) on city/country: read the company, read its
+    city, answer the country. A short run of `mlx-grpo train --task multihop`'s own recipe raises the
+    reward."""
     import numpy as np
 
     from mlx_grpo.run.trainer import train

@@ -336,7 +336,8 @@ LEARNING_RUN = {"steps": 8, "eval_num_problems": 16}
 
 
 def test_eval_of_a_multi_turn_task_shows_its_turns_and_takes_the_width(tiny_model_path):
-    """`eval --task web`: a line per turn (turn, episodes playing, tok/s); --decode-concurrency caps the batch."""
+    """`eval --task web`: a line per turn (turn, episodes playing, tok/s); --decode-concurrency caps the
+    batch."""
     import re
 
     from typer.testing import CliRunner

@@ -33,7 +33,10 @@ def fenced(code: str) -> str:
 
 def test_code_extraction_and_joining():
     sig = "let rev_list (xs : int list) : int list ="
-    text = "Try:\n```python\nprint(1)\n```\nthen\n```ocaml\nlet helper x = x\n```\n```ocaml\nlet rec rev_list xs = xs\n```"
+    text = (
+        "Try:\n```python\nprint(1)\n```\nthen\n"
+        "```ocaml\nlet helper x = x\n```\n```ocaml\nlet rec rev_list xs = xs\n```"
+    )
     assert ocaml.extract_code(text, "rev_list") == "let rec rev_list xs = xs"
     assert ocaml.extract_code("let rev_list xs = xs\n", "rev_list") == "let rev_list xs = xs"
     assert ocaml.extract_code("```ocaml\nlet f x =\n  x", "f") == "let f x =\n  x"  # cut: no closing fence
@@ -100,7 +103,9 @@ def test_each_test_can_fail():
 
 HAND_MADE = {  # for sum_list, best first
     "correct": "let sum_list (xs : int list) : int =\n  List.fold_left ( + ) 0 xs",
-    "partial": "let sum_list (xs : int list) : int =\n  List.fold_left (fun a x -> if x > 0 then a + x else a) 0 xs",
+    "partial": (
+        "let sum_list (xs : int list) : int =\n  List.fold_left (fun a x -> if x > 0 then a + x else a) 0 xs"
+    ),
     "wrong": "let sum_list (xs : int list) : int =\n  List.length xs + 42",
     # its own type clashes with the tests
     "does_not_compile": "let sum_list xs = List.fold_left ( +. ) 0. xs",
@@ -254,7 +259,8 @@ def test_a_string_of_tests_is_cut_into_top_level_tests():
         assert testcode.count_tests(block) == total, name
     # Comments, strings and characters as OCaml reads them: a quote in a comment, "*)" in a string.
     tricky = (
-        '(* sum_list \'"\' *) let () = assert (sum_list [] = 0)\n(* "*)" *)let () = assert (sum_list [1] = 1)\n'
+        "(* sum_list '\"' *) let () = assert (sum_list [] = 0)\n"
+        '(* "*)" *)let () = assert (sum_list [1] = 1)\n'
         "let s = {|a\"b;|}\nlet () = assert ({x|;|x} = \";\"); assert (';' <> '\\'')"
     )
     assert [i.expression if isinstance(i, testcode.Test) else i for i in testcode.test_items(tricky)] == [
@@ -405,8 +411,12 @@ HOSTILE = {
     "let sum_list (xs : int list) : int = 0",
     "stack_overflow": "let rec sum_list (xs : int list) : int = 1 + sum_list (0 :: xs)",
     # OCaml needs the Unix library for these, which the grader does not link:
-    "fork_bomb": "let rec bomb () = ignore (Unix.fork ()); bomb ()\nlet sum_list (xs : int list) : int = bomb (); 0",
-    "socket": "let sum_list (xs : int list) : int =\n  ignore (Unix.socket Unix.PF_INET Unix.SOCK_STREAM 0); 0",
+    "fork_bomb": (
+        "let rec bomb () = ignore (Unix.fork ()); bomb ()\nlet sum_list (xs : int list) : int = bomb (); 0"
+    ),
+    "socket": (
+        "let sum_list (xs : int list) : int =\n  ignore (Unix.socket Unix.PF_INET Unix.SOCK_STREAM 0); 0"
+    ),
 }
 
 

@@ -1,4 +1,5 @@
-"""A program that returns a constant earns nothing for the tests it passes by luck (rewards/ocaml, stage "constant")."""
+"""A program that returns a constant earns nothing for the tests it passes by luck (rewards/ocaml, stage
+"constant")."""
 
 import json
 from pathlib import Path
@@ -20,7 +21,8 @@ DATA = Path(ocaml.__file__).resolve().parents[1] / "ocaml_data"
         ("let all_satisfy (p : 'a -> bool) (xs : 'a list) : bool = true", "all_satisfy", True),
         ('let rev_s (s : string) : string = "Hello, World!"', "rev_s", True),
         (
-            "let fib (n : int) : int =\n  let rec go a b k = if k = 0 then a else go b (a + b) (k - 1) in\n  go 0 1 n",
+            "let fib (n : int) : int =\n  let rec go a b k = if k = 0 then a else go b (a + b) (k - 1) in\n"
+            "  go 0 1 n",
             "fib",
             False,
         ),
@@ -53,8 +55,8 @@ def test_no_reference_solution_is_taken_for_a_constant():
 
 @needs_ocaml
 def test_constants_score_nothing_and_honest_attempts_keep_their_credit():
-    """Answers Qwen2.5-Coder-0.5B gave after 18 steps on lr 2e-5 would score 0.3-0.65
-    for the tests a constant passes; they score 0. A non-constant wrong answer keeps its partial credit, a right one 1."""
+    """Answers Qwen2.5-Coder-0.5B gave after 18 steps on lr 2e-5 would score 0.3-0.65 for the tests a constant
+    passes; they score 0. A non-constant wrong answer keeps its partial credit, a right one 1."""
     fib = {
         "signature": "let fib (n : int) : int =",
         "preamble": "",
@@ -67,7 +69,10 @@ def test_constants_score_nothing_and_honest_attempts_keep_their_credit():
     }
     constant = "```ocaml\nlet fib (n : int) : int = 0\n```"
     wrong = "```ocaml\nlet fib (n : int) : int = n\n```"  # passes fib 0 and fib 1
-    right = "```ocaml\nlet fib (n : int) : int =\n  let rec go a b k = if k = 0 then a else go b (a + b) (k - 1) in\n  go 0 1 n\n```"
+    right = (
+        "```ocaml\nlet fib (n : int) : int =\n"
+        "  let rec go a b k = if k = 0 then a else go b (a + b) (k - 1) in\n  go 0 1 n\n```"
+    )
     grades = ocaml.grade_many([constant, wrong, right], [fib] * 3)
     assert [g.stage for g in grades] == ["constant", "tests", "passed"]
     assert [g.score for g in grades] == [0.0, pytest.approx(0.3 + 0.7 * 2 / 4), 1.0]

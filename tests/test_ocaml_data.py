@@ -81,7 +81,8 @@ def parse_signature(signature: str) -> tuple[list[tuple[str, str]], str]:
 
 
 def parse_types(preamble: str) -> dict[str, tuple[str, list]]:
-    """The preamble's types: name -> ("record", [(field, type)]) or ("variant", [(constructor, type or None)])."""
+    """The preamble's types: name -> ("record", [(field, type)]) or ("variant", [(constructor, type or
+    None)])."""
     types = {}
     for definition in re.split(r"\btype\b|\band\b", preamble)[1:]:
         head, _, body = definition.partition("=")
@@ -106,7 +107,8 @@ SCALARS = {
 
 
 def constants(type_: str, types: dict) -> list[str]:
-    """OCaml constants of ``type_``, the simplest first; [] when there are none (a type variable, a function)."""
+    """OCaml constants of ``type_``, the simplest first; [] when there are none (a type variable, a
+    function)."""
     type_ = _unwrap(type_)
     if _split_top(type_, "->")[1:]:
         return []

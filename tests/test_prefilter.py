@@ -1,4 +1,5 @@
-"""--prefilter K (run/prefilter.py): the base model's pass rate on each training prompt, cached; keep 0 < rate < 1."""
+"""--prefilter K (run/prefilter.py): the base model's pass rate on each training prompt, cached; keep 0 < rate
+< 1."""
 
 import json
 

@@ -1,4 +1,5 @@
-"""scripts/profile_forward.py times one decoder layer's pieces; its matmul FLOPs are worked out by hand here."""
+"""scripts/profile_forward.py times one decoder layer's pieces; its matmul FLOPs are worked out by hand
+here."""
 
 import importlib.util
 import json

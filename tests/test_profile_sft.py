@@ -1,4 +1,5 @@
-"""scripts/profile_sft.py takes both SFT trainers' steps apart on a tiny workload: every phase timed, FLOPs by hand."""
+"""scripts/profile_sft.py takes both SFT trainers' steps apart on a tiny workload: every phase timed, FLOPs by
+hand."""
 
 import importlib.util
 import json

@@ -1,4 +1,5 @@
-"""scripts/profile_update.py takes a tiny update apart: every part timed, the FLOP counts as worked by hand."""
+"""scripts/profile_update.py takes a tiny update apart: every part timed, the FLOP counts as worked by
+hand."""
 
 import importlib.util
 import json
@@ -95,11 +96,12 @@ def test_every_part_is_timed_and_counted(capsys, tmp_path, micro_batch, shapes):
 
 
 def test_adapters_on_the_top_layer_count_its_backward_alone(capsys):
-    """--lora-layers 1 of the tiny preset's 2: the forward runs both layers, the backward the top one and the head.
-    Dense: x W^T in 2 layers and dY W in 1, 2 m in out each: 6 x 20 x 36,864 = 4,423,680. LoRA: the top layer's
-    7 linears alone, half of LORA. Update: the forward (UPDATE / 2 = 6,281,472) plus a backward of one layer
-    and the head: a token's weights 36,864 + 32,768 = 69,632, attention 128 x context; the prompt once
-    (5 tokens, context 2.5), 4 completions (6 tokens, context 8): 2 x (5 x 69,952 + 24 x 70,656) = 4,091,008."""
+    """--lora-layers 1 of the tiny preset's 2: the forward runs both layers, the backward the top one and the
+    head. Dense: x W^T in 2 layers and dY W in 1, 2 m in out each: 6 x 20 x 36,864 = 4,423,680. LoRA: the top
+    layer's 7 linears alone, half of LORA. Update: the forward (UPDATE / 2 = 6,281,472) plus a backward of one
+    layer and the head: a token's weights 36,864 + 32,768 = 69,632, attention 128 x context; the prompt once
+    (5 tokens, context 2.5), 4 completions (6 tokens, context 8): 2 x (5 x 69,952 + 24 x 70,656) =
+    4,091,008."""
     out = profile_update.main([*TINY, "--lora-layers", "1"])
     capsys.readouterr()
     parts = out["parts"]

@@ -1,6 +1,7 @@
 """Quantized bases (QLoRA): adapters train on a frozen 4-bit model, or on its float32 copy on the CPU.
 
-The tests of the float32 copy take the `cpu_device` fixture: a GPU backend keeps the 4-bit weights on purpose."""
+The tests of the float32 copy take the `cpu_device` fixture: a GPU backend keeps the 4-bit weights on
+purpose."""
 
 import mlx.core as mx
 import mlx.nn as nn

@@ -1,4 +1,5 @@
-"""The real-model recipes (configs/smollm2*.yaml) load and build; SmolLM2 itself only where it is installed."""
+"""The real-model recipes (configs/smollm2*.yaml) load and build; SmolLM2 itself only where it is
+installed."""
 
 from pathlib import Path
 

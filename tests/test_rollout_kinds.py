@@ -67,7 +67,8 @@ def test_each_kind_samples_from_the_prompt_it_shows(tiny_model_path):
 
 
 def test_sampling_is_given_its_settings_not_the_config():
-    """sampling/ takes RolloutSettings (run/step_rollouts.rollout_settings fills it), never the whole TrainConfig."""
+    """sampling/ takes RolloutSettings (run/step_rollouts.rollout_settings fills it), never the whole
+    TrainConfig."""
     importers = sorted(
         str(p.relative_to(PACKAGE))
         for p in (PACKAGE / "sampling").rglob("*.py")

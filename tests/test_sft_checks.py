@@ -30,8 +30,8 @@ def _config(tiny_model_path, **values):
 
 
 def _patch_load_task(monkeypatch, change, modules=(sft_setup_module,)):
-    """Each module's task loader (sft's base_task, train's load_task) gives the task with `change(task)` applied
-    (before any guard)."""
+    """Each module's task loader (sft's base_task, train's load_task) gives the task with `change(task)`
+    applied (before any guard)."""
     for module in modules:
         name = "base_task" if hasattr(module, "base_task") else "load_task"
         real = getattr(module, name)

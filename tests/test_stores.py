@@ -1,4 +1,5 @@
-"""Models named by their store: Ollama's manifests and blobs, LM Studio's folders (built here in a temp dir)."""
+"""Models named by their store: Ollama's manifests and blobs, LM Studio's folders (built here in a temp
+dir)."""
 
 import json
 
@@ -117,7 +118,8 @@ def test_lmstudio_names(tmp_path, monkeypatch, model_file):
 
 
 def test_a_store_name_is_read_for_its_chat_template(tmp_path, monkeypatch, model_file):
-    """Settings are chosen from the file a name stands for: a template-less file in a store is a base model."""
+    """Settings are chosen from the file a name stands for: a template-less file in a store is a base
+    model."""
     from mlx_grpo.models.model_info import has_chat_template
     from mlx_grpo.tasks.registry import is_base_model, recommended_settings
 

@@ -36,8 +36,8 @@ def _numpy_logprobs(logits, targets, temperature):
 
 
 def _autodiff_logprobs_and_entropy(logits, targets, temperature, entropy_grad=False, with_entropy=True):
-    """The log-probs and entropies as plain MLX autodiff computes them: gather, log-normaliser, their gradients
-    (a scatter of the cotangent into zeros, and the softmax's)."""
+    """The log-probs and entropies as plain MLX autodiff computes them: gather, log-normaliser, their
+    gradients (a scatter of the cotangent into zeros, and the softmax's)."""
     if logits.dtype in (mx.float16, mx.bfloat16):
         logits = logits.astype(mx.float32)
     z = logits / temperature
@@ -205,8 +205,9 @@ def _model_grads(model, loss):
 def test_the_head_through_a_trainable_or_frozen_tied_head_is_autodiff_s(
     tiny_model_path, quantized, cpu_device, monkeypatch
 ):
-    """The tied embedding as the head, float or 4-bit: log-probs against NumPy on the head's own weights, and the
-    frozen head's forward-pass gradient and a trainable head's backward (whole and chunked) against autodiff."""
+    """The tied embedding as the head, float or 4-bit: log-probs against NumPy on the head's own weights, and
+    the frozen head's forward-pass gradient and a trainable head's backward (whole and chunked) against
+    autodiff."""
     model, _ = load_policy(str(tiny_model_path))
     if quantized:
         nn.quantize(model, group_size=32, bits=4)
@@ -296,8 +297,8 @@ def test_the_grpo_update_has_the_autodiff_head_s_loss_and_gradient(
 
 
 def test_sft_s_loss_and_gradient_are_autodiff_s(tiny_model_path, cpu_device, monkeypatch):
-    """sft's loss (no entropy worked out) through a trainable tied head: the autodiff head's loss and gradients,
-    and the loss is NumPy's cross-entropy of the model's own logits."""
+    """sft's loss (no entropy worked out) through a trainable tied head: the autodiff head's loss and
+    gradients, and the loss is NumPy's cross-entropy of the model's own logits."""
     model, _ = load_policy(str(tiny_model_path))
     prepare_for_training(model, "full")
     rng = np.random.default_rng(5)

@@ -1,4 +1,5 @@
-"""time_limit_minutes: a run stops starting steps in time for its final evaluation, then saves and evaluates."""
+"""time_limit_minutes: a run stops starting steps in time for its final evaluation, then saves and
+evaluates."""
 
 import json
 

@@ -197,7 +197,8 @@ def test_train_and_eval_with_tools_from_the_command_line(tmp_path, tiny_model_pa
 
 
 def test_a_template_whose_calls_no_style_reads_is_one_line_from_the_command(tmp_path, tiny_model_path):
-    """A model whose template teaches <function=...> XML calls (Qwen3-Coder's kind) stops before any rollout."""
+    """A model whose template teaches <function=...> XML calls (Qwen3-Coder's kind) stops before any
+    rollout."""
     import json
     import shutil
 

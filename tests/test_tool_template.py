@@ -1,4 +1,5 @@
-"""Tools through the model's template or the fallback; what is inserted between turns is a clean difference."""
+"""Tools through the model's template or the fallback; what is inserted between turns is a clean
+difference."""
 
 import json
 
@@ -20,9 +21,11 @@ from mlx_grpo.tools.template import (
 # schemas in the system turn, calls as <tool_call> JSON (arguments through tojson), results as
 # <tool_response>.
 TOOLS_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
+    "{%- if tools %}<|im_start|>system\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}"
+    "<|im_end|>\n{% endif %}"
     "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- if m.role == 'tool' %}<|im_start|>user\n"
+    "<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
     "{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{{ m.content }}"
     '{%- for c in m.tool_calls %}\n<tool_call>\n{"name": "{{ c.function.name }}", "arguments": '
     "{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
@@ -113,7 +116,8 @@ MISTRAL_TEMPLATE = (
     '{%- elif m.role == \'tool\' %}[TOOL_RESULTS]{"call_id": "{{ m.tool_call_id }}", "content": '
     "{{ m.content | tojson }}}[/TOOL_RESULTS]"
     "{%- elif m.tool_calls %}{{ m.content }}[TOOL_CALLS][{% for c in m.tool_calls %}"
-    "{% if c.id is not defined or c.id | length != 9 %}{{ raise_exception('a call needs an id of 9') }}{% endif %}"
+    "{% if c.id is not defined or c.id | length != 9 %}{{ raise_exception('a call needs an id of 9') }}"
+    "{% endif %}"
     '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}, "id": '
     '"{{ c.id }}"}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}'
     "{%- else %}{{ m.content }}{{ eos_token }}{% endif %}{%- endfor %}"
@@ -130,10 +134,12 @@ QWEN3_TEMPLATE = (
     "{% set reasoning = m.content.split('</think>')[0].split('<think>')[-1].strip('\n') "
     "if '</think>' in m.content else '' %}<|im_start|>assistant\n"
     "{% if loop.last %}<think>\n{{ reasoning }}\n</think>\n\n{% endif %}{{ answer }}"
-    "{%- for c in m.tool_calls or [] %}{% if answer or not loop.first %}{{ '\\n' }}{% endif %}<tool_call>\n{\"name\": "
+    "{%- for c in m.tool_calls or [] %}{% if answer or not loop.first %}{{ '\\n' }}{% endif %}"
+    '<tool_call>\n{"name": '
     '"{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}'
     "<|im_end|>\n"
-    "{%- elif m.role == 'tool' %}{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user"
+    "{%- elif m.role == 'tool' %}{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+    "<|im_start|>user"
     "{% endif %}{{ '\\n' }}<tool_response>\n{{ m.content }}\n</tool_response>"
     "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
     "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}"
@@ -224,11 +230,13 @@ def test_a_template_that_writes_results_inside_the_models_turn_is_refused(tokeni
     <think> block and a tail of it ("<|tool_response>") must not pass for a dropped reasoning block."""
     tokenizer.chat_template = (
         "{%- set ns = namespace(content='') %}{%- for m in messages %}"
-        "{%- if m.role == 'assistant' %}<|turn>model\n{% for c in m.tool_calls %}<|tool_call>{{ c.function.name }}"
+        "{%- if m.role == 'assistant' %}<|turn>model\n{% for c in m.tool_calls %}"
+        "<|tool_call>{{ c.function.name }}"
         "{{ c.function.arguments | tojson }}<tool_call|>{% endfor %}{% set ns.content = m.content %}"
         "{% if loop.last %}{{ m.content }}<|tool_response>{% endif %}"
         "{%- elif m.role == 'tool' %}<|tool_response>{{ m.content }}<tool_response|>"
-        "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ ns.content }}<turn|>{{ '\\n' }}{% endif %}"
+        "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}"
+        "{{ ns.content }}<turn|>{{ '\\n' }}{% endif %}"
         "{%- else %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>{{ '\\n' }}{% endif %}{% endfor %}"
         "{%- if add_generation_prompt %}<|turn>model\n{% endif %}{# tools #}"
     )

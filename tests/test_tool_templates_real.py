@@ -61,7 +61,8 @@ def _templates() -> list:
             pytest.param(
                 None,
                 marks=pytest.mark.skip(
-                    reason=f"no real chat templates of a supported family in {folder}: set MLX_GRPO_TEMPLATES_DIR, or run "
+                    reason=f"no real chat templates of a supported family in {folder}: "
+                    "set MLX_GRPO_TEMPLATES_DIR, or run "
                     "python scripts/get_chat_templates.py"
                 ),
             )

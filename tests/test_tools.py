@@ -86,7 +86,8 @@ def test_schema_reads_param_docstrings_and_refuses_types_without_json():
 
 def test_hermes_calls_several_broken_and_cut():
     text = (
-        'I will search.\n<tool_call>\n{"name": "search", "arguments": {"query": "Oslo", "k": 2}}\n</tool_call>\n'
+        'I will search.\n<tool_call>\n{"name": "search", "arguments": {"query": "Oslo", "k": 2}}\n'
+        "</tool_call>\n"
         '<tool_call>{"name": "search", "arguments": {"query": "Bergen"</tool_call>\n'
         '<tool_call>{"name": "read", "arguments": "{\\"title\\": \\"Oslo\\"}"}</tool_call>'
         '<tool_call>{"name": "read", "arguments": {"title": "X"}}'

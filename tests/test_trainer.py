@@ -152,7 +152,8 @@ def test_pieces_of_groups_train_exactly_like_whole_groups(tiny_model_path):
 
 
 def _gradients_of(model, parts, refs, sizes, config):
-    """(loss, stats, gradients) of each micro-batch as gradients.micro_batch_gradients gives them, as floats."""
+    """(loss, stats, gradients) of each micro-batch as gradients.micro_batch_gradients gives them, as
+    floats."""
     from mlx_grpo.update import gradients
 
     settings = update_settings(config)
@@ -185,7 +186,8 @@ def _assert_same_gradients(expected, got):
 
 
 def test_compiled_gradients_equal_traced_ones(tiny_model_path, cpu_device, monkeypatch):
-    """On a CPU each piece's value-and-gradient is compiled whole (gradients.py); the numbers are the traced ones.
+    """On a CPU each piece's value-and-gradient is compiled whole (gradients.py); the numbers are the traced
+    ones.
 
     bnpo's token count is both a statistic and the loss's divisor (MLX's compile fails on such an output
     unless the statistics leave as one array). Two pieces of the same shape (rows of equal length) each get
@@ -226,7 +228,8 @@ def test_compiled_gradients_equal_traced_ones(tiny_model_path, cpu_device, monke
 
 
 def test_a_failed_compile_leaves_the_weights_whole_and_runs_traced(tiny_model_path, cpu_device, monkeypatch):
-    """A trace that fails midway leaves placeholders in the model; the weights come back, the piece runs traced."""
+    """A trace that fails midway leaves placeholders in the model; the weights come back, the piece runs
+    traced."""
     from mlx_grpo.update import gradients
 
     rng = np.random.default_rng(6)

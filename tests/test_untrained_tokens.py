@@ -1,4 +1,5 @@
-"""Tokens whose output-head row many others share are found, and demonstrations spell them in ordinary tokens."""
+"""Tokens whose output-head row many others share are found, and demonstrations spell them in ordinary
+tokens."""
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -36,7 +37,8 @@ class _Model(nn.Module):
 
 
 def _head(tokenizer, shared: list[int]) -> np.ndarray:
-    """Random distinct rows, except that `shared` and ten ordinary tokens all hold one row (as a scale differs)."""
+    """Random distinct rows, except that `shared` and ten ordinary tokens all hold one row (as a scale
+    differs)."""
     rng = np.random.default_rng(0)
     rows = rng.normal(size=(len(tokenizer), WIDTH)).astype(np.float32)
     drifted = rng.normal(size=WIDTH).astype(np.float32)

@@ -328,7 +328,8 @@ def test_warm_start_web_kinds_chooses_the_stage_s_demonstrations_only(tmp_path):
 
 @pytest.mark.parametrize("stage_kinds, reused", [([], True), (["fact/1"], False)])
 def test_a_stage_on_other_kinds_is_not_the_run_s_check(tmp_path, stage_kinds, reused):
-    """The stage's checks before and after are on its own kinds' tasks: the run reuses them only when those are its own."""
+    """The stage's checks before and after are on its own kinds' tasks: the run reuses them only when those
+    are its own."""
     folder = tmp_path / "run" / ws.WARM_START_DIR
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(

@@ -236,7 +236,8 @@ def test_fuzzed_actions_never_crash_any_page():
 
 
 def test_the_placeholders_are_invalid_and_answering_at_once_earns_no_format():
-    """`answer[text]` copied from the action list is invalid, so it earns no format reward on the first page."""
+    """`answer[text]` copied from the action list is invalid, so it earns no format reward on the first
+    page."""
     task = make_task("fact", 1, seed=0)
     for placeholder in ("answer[text]", "answer[ Text ]", "search[query]"):
         env = WebEnv(task)
