@@ -1,4 +1,4 @@
-"""Web browsing on a simulated, fully offline web (see sites.py, tasks.py, env.py).
+"""Web browsing on a simulated, fully offline web (see world.py, sites.py, tasks.py, env.py).
 
 Public API:
 

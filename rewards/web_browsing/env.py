@@ -22,7 +22,8 @@ The reward has named parts, logged separately (see REWARD_WEIGHTS):
 from __future__ import annotations
 
 from .actions import ACTION_HELP, Action, format_action, parse_action
-from .sites import BrowserState, form_defaults, page, press
+from .sites import form_defaults, page, press
+from .world import BrowserState
 
 REWARD_WEIGHTS = {"success": 1.0, "format": 0.1, "efficiency": 0.2, "invalid": 1.0}
 INVALID_PENALTY, INVALID_FLOOR = 0.1, 0.5

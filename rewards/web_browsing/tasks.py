@@ -29,7 +29,8 @@ import random
 from dataclasses import dataclass, field
 
 from . import sites
-from .sites import BrowserState, World, build_world
+from . import world as web_world
+from .world import BrowserState, World, build_world
 
 FAMILIES = ("fact", "shop", "travel", "account")
 DIFFICULTIES = (1, 2, 3)
@@ -233,7 +234,7 @@ def _shop(world: World, difficulty: int, rng: random.Random):
     raise ValueError("no possible shop task in this world")
 
 
-def _matches(p: sites.Product, goal: dict) -> bool:
+def _matches(p: web_world.Product, goal: dict) -> bool:
     return (
         p.category == goal["category"]
         and p.rating >= goal.get("min_rating", 0)
@@ -273,9 +274,9 @@ def _travel(world: World, difficulty: int, rng: random.Random):
     goal = {
         "from": a.capital,
         "to": b.capital,
-        "date": rng.choice(sites.DAYS),
-        "class": rng.choice(sites.CLASSES),
-        "passengers": rng.choice(sites.PASSENGERS),
+        "date": rng.choice(web_world.DAYS),
+        "class": rng.choice(web_world.CLASSES),
+        "passengers": rng.choice(web_world.PASSENGERS),
     }
     party = f"{goal['passengers']} passenger{'s' if goal['passengers'] != '1' else ''}"
     form = [("type", "From", goal["from"]), ("type", "To", goal["to"])]
@@ -289,7 +290,7 @@ def _travel(world: World, difficulty: int, rng: random.Random):
             f"for {party}."
         )
         return text, "travel", goal, form
-    flights = sites.flights_for(world, goal["from"], goal["to"], goal["date"], goal["class"])
+    flights = web_world.flights_for(world, goal["from"], goal["to"], goal["date"], goal["class"])
     goal["flight"] = min(flights, key=lambda f: f["price"])["flight"]
     book = [("click", f"Book {goal['flight']}")]
     if difficulty == 2:
@@ -327,11 +328,12 @@ def _account(world: World, difficulty: int, rng: random.Random):
     current = world.account
     changes = {
         "newsletter": "off",
-        "language": rng.choice([x for x in sites.SITE_LANGUAGES if x != current["language"]]),
+        "language": rng.choice([x for x in web_world.SITE_LANGUAGES if x != current["language"]]),
         "email": (
-            f"{rng.choice(sites.SYLLABLES)}{rng.choice(sites.SYLLABLES)}{rng.randint(1, 99)}@mail.example"
+            f"{rng.choice(web_world.SYLLABLES)}{rng.choice(web_world.SYLLABLES)}"
+            f"{rng.randint(1, 99)}@mail.example"
         ),
-        "display_name": "".join(rng.choice(sites.SYLLABLES) for _ in range(2)).capitalize()
+        "display_name": "".join(rng.choice(web_world.SYLLABLES) for _ in range(2)).capitalize()
         + rng.choice(["", "x", "a"]),
     }
     labels = {
