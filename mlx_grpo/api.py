@@ -15,7 +15,7 @@ Step by step (a `Trainer` holds the policy, task, optimizer and history in memor
     row = trainer.task.train_rows[0]
     group = trainer.sample(row["prompt"])         # G completions of one prompt
     scores = trainer.score(row, group)            # their rewards
-    trainer.update([row], group, scores)          # one optimizer step on that group, rewards shaped as train's
+    trainer.update([row], group, scores)          # one optimizer step on the group, shaped as train's
     trainer.step()                                # or one whole GRPO step: sample, score, update
     trainer.metrics()                             # a DataFrame with pandas, else a list of dicts
     trainer.plot()                                # a matplotlib figure (inline in a notebook)
@@ -178,7 +178,7 @@ def score_group(task: Task, row: dict, completions: list[Completion]) -> Scores:
     >>> row = task.train_rows[0]
     >>> group = sample_group(model, tokenizer, row["prompt"], 4, system_prompt=task.system_prompt)
     >>> scores = score_group(task, row, group)
-    >>> len(scores.total), len(scores.parts) == len(task.reward_functions)   # one value per completion and part
+    >>> len(scores.total), len(scores.parts) == len(task.reward_functions)  # a value per completion and part
     (4, True)
     """
     n = len(completions)

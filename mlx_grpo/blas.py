@@ -103,7 +103,8 @@ def system_openblas_path() -> str | None:
 
 
 def pip_mkl_path() -> str | None:
-    """`libmkl_rt.so.N` as the `mkl` wheel installs it (into the environment's or the user's lib/), or None."""
+    """`libmkl_rt.so.N` as the `mkl` wheel installs it (into the environment's or the user's lib/), or
+    None."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return None  # Intel's wheels are x86-64 only
     roots = [sysconfig.get_path("data"), sysconfig.get_path("data", f"{os.name}_user")]
@@ -208,7 +209,8 @@ def loaded_blas() -> str:
 
 _OFF = ("0", "off", "no", "false")
 _FIX = (
-    "Fix: apt-get install libopenblas0-pthread (Debian/Ubuntu), or pip install 'mlx-grpo[fastblas]' (x86-64), "
+    "Fix: apt-get install libopenblas0-pthread (Debian/Ubuntu), or pip install 'mlx-grpo[fastblas]' "
+    "(x86-64), "
     "or set MLX_GRPO_OPENBLAS to a BLAS library such as OpenBLAS's libblas.so.3"
 )
 
@@ -224,7 +226,10 @@ def slow_blas_notice() -> str | None:
         return None
     slow = "MLX's matmuls run on the mlx wheel's reference BLAS (one core, unblocked: 3-10x slower)"
     if choice and choice.lower() not in ("1", "on", "yes", "true") and not Path(choice).is_file():
-        return f"warning: {ENV}={choice} is not a file, so {slow}. Point it at OpenBLAS's libblas.so.3, or unset it."
+        return (
+            f"warning: {ENV}={choice} is not a file, so {slow}. "
+            "Point it at OpenBLAS's libblas.so.3, or unset it."
+        )
     return f"warning: no OpenBLAS or MKL found, so {slow}. {_FIX}."
 
 
@@ -254,7 +259,8 @@ def use_openblas() -> None:
         if rejected:
             version, theirs, ours = rejected.split("|")
             print(
-                f"OpenBLAS {version}: its {ours} kernels disagreed with NumPy on a matmul check here, so it runs "
+                f"OpenBLAS {version}: its {ours} kernels disagreed with NumPy on a matmul check here, so it "
+                "runs "
                 f"its own choice, {theirs} (slower). Set {CORETYPE} to choose other kernels.",
                 file=sys.stderr,
                 flush=True,
@@ -296,7 +302,8 @@ def _check_chosen_kernels(library: str) -> None:
     error = matmul_error()
     if error < 1e-4:
         print(
-            f"OpenBLAS {version}: {ours} kernels for this CPU, not the {theirs} kernels it chose (it predates "
+            f"OpenBLAS {version}: {ours} kernels for this CPU, not the {theirs} kernels it chose (it "
+            "predates "
             f"the CPU); a matmul check agrees with NumPy. Set {CORETYPE} to choose yourself.",
             file=sys.stderr,
             flush=True,

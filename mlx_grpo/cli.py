@@ -6,9 +6,8 @@ end with one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import inspect
+import inspect  # noqa: F401 (tests read the commands' signatures as cli.inspect.signature)
 import sys
-import typing
 from pathlib import Path
 from typing import List, Optional
 
@@ -16,21 +15,17 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .config import (
-    _HINTS,
-    FIELDS,
-    JUDGE_KEYS,
-    READS,
-    ConfigError,
-    build_config,
-    field_help,
-    file_settings_not_read,
-    not_read,
+from .cli_options import (
+    MODEL_HELP,
+    _SettingsCommand,
+    _train_signature,
+    _UsageError,
+    _web_kinds,
+    _with_evaluation_options,
 )
-from .models.aliases import alias_names
+from .config import JUDGE_KEYS, ConfigError, build_config, file_settings_not_read
 from .models.gguf_file import GGUFError
 from .tasks.data import DataError
-from .update.losses import LOSS_DESCRIPTIONS
 
 app = typer.Typer(
     add_completion=False,
@@ -38,42 +33,6 @@ app = typer.Typer(
     help="GRPO-style reinforcement-learning fine-tuning of language models with MLX.",
 )
 err = Console(stderr=True)
-MODEL_HELP = f"a model folder, a .gguf file, a Hugging Face id, or a packaged model: {alias_names()}"
-
-
-# Typer's usage errors (unknown flag, bad value): the base class of its BadParameter,
-# wherever this typer version keeps click.
-_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
-
-
-def _setting_of(option: str | None) -> str | None:
-    """The setting an unknown flag names (--group-size, --no-guide), or None."""
-    name = (option or "").lstrip("-").replace("-", "_")
-    if name.startswith("no_") and _HINTS.get(name[3:]) is bool:
-        name = name[3:]
-    return name if name in FIELDS else None
-
-
-def _flag_refusal(command: str, name: str) -> str:
-    """Why `command` has no flag for the setting `name`: it does not read it, or (eval, compare) it reads it
-    from a config file only."""
-    if name in READS.get(command, ()):
-        return f"{command} takes {name} from --config FILE or a run's config.yaml, not as a flag"
-    return not_read(command, name)
-
-
-class _SettingsCommand(typer.core.TyperCommand):
-    """A command whose unknown flag, when it names a setting, is refused with the commands that read it
-    ("sft does not read group_size (train reads it)") rather than as an unknown option."""
-
-    def parse_args(self, ctx, args):
-        try:
-            return super().parse_args(ctx, args)
-        except _UsageError as e:
-            name = _setting_of(getattr(e, "option_name", None))
-            if name is None:
-                raise
-            raise _UsageError(_flag_refusal(self.name, name), ctx) from None
 
 
 def fail(message: str) -> None:
@@ -85,52 +44,6 @@ def fail(message: str) -> None:
 @app.callback()
 def _root():
     """GRPO-style reinforcement-learning fine-tuning of language models with MLX."""
-
-
-def _option_type(name: str):
-    """The CLI type of a setting: lists are repeatable flags, everything else optional."""
-    hint = _HINTS[name]
-    if name == "reward":
-        return Optional[List[str]]
-    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
-    if typing.get_origin(base) is list:
-        return Optional[str]  # comma-separated, e.g. --reward-weights 1,0.2
-    return Optional[base]
-
-
-def _train_signature(command: str) -> inspect.Signature:
-    """One flag per setting `command` reads (config.READS: train's are all of TrainConfig's), help text
-    from the field's metadata.
-
-    Every flag defaults to None, meaning "not typed": only typed flags override
-    the config file and the task's settings.
-    """
-    helps = field_help()
-    helps["model"] = (
-        f"{MODEL_HELP}, or a run folder: its base model with its adapters, trained on "
-        "(default: the embedded tiny model)"
-    )
-    helps["loss"] = "; ".join(
-        f"{name}: {what} ({paper})" for name, (what, paper) in LOSS_DESCRIPTIONS.items()
-    )
-    params = [
-        inspect.Parameter(
-            "config",
-            inspect.Parameter.KEYWORD_ONLY,
-            annotation=Optional[Path],
-            default=typer.Option(None, help="YAML file of settings; typed flags override it."),
-        )
-    ]
-    for name in (name for name in FIELDS if name in READS[command]):
-        params.append(
-            inspect.Parameter(
-                name,
-                inspect.Parameter.KEYWORD_ONLY,
-                annotation=_option_type(name),
-                default=typer.Option(None, help=helps.get(name, "")),
-            )
-        )
-    return inspect.Signature(params)
 
 
 def _run_training(flags: dict, command: str) -> None:
@@ -198,102 +111,6 @@ def sft(**flags):
 
 sft.__signature__ = _train_signature("sft")
 app.command()(sft)
-
-
-# Options that `compare` and `eval` share, declared once (see mlx_grpo/evaluation/compare.py).
-_EVALUATION_OPTIONS = {
-    "task": (
-        Optional[str],
-        typer.Option(None, help="task to evaluate on; default: the run's task (arith without a run)"),
-    ),
-    "split": (str, typer.Option("test", help="test, validation (what recipes are chosen on) or train")),
-    "n": (
-        Optional[int],
-        typer.Option(
-            None,
-            help="number of prompts (the first N of the split); default: the run's eval_num_problems (200)",
-        ),
-    ),
-    "samples": (int, typer.Option(1, help="completions per prompt (K); K > 1 also reports pass@k")),
-    "temperature": (
-        Optional[float],
-        typer.Option(
-            None,
-            help="sampling temperature; default: 0 (greedy) for one sample, the run's temperature for more",
-        ),
-    ),
-    "max_tokens": (Optional[int], typer.Option(None, help="completion length limit; default: the run's")),
-    "decode_concurrency": (
-        Optional[int],
-        typer.Option(
-            None,
-            help="sequences decoded at once (default: the run's, 256); fewer when memory would not hold them",
-        ),
-    ),
-    "seed": (int, typer.Option(0, help="sampler seed (the same for both models in compare)")),
-    "config": (
-        Optional[Path],
-        typer.Option(
-            None,
-            help="a training config YAML: its task, sampling and guard "
-            "settings (task, multihop_hops, max_turns, max_tokens, "
-            "reward_timeout, ...) are used as a run folder's are; typed "
-            "flags override it",
-        ),
-    ),
-    "data": (Optional[str], typer.Option(None, help="prompts (as for train --data)")),
-    "web_kinds": (
-        Optional[str],
-        typer.Option(
-            None,
-            help="web task: the kinds to score, comma-separated (fact/1,shop/2); "
-            '"all" for all 12; default: the run\'s web_kinds',
-        ),
-    ),
-    "reward_file": (Optional[Path], typer.Option(None, help="Python file defining reward functions")),
-    "reward": (Optional[List[str]], typer.Option(None, help="reward function name(s)")),
-    "judge": (
-        Optional[str],
-        typer.Option(
-            None, help="a model that grades the answers too (as for train --judge); default: the run's judge"
-        ),
-    ),
-    "judge_rubric": (Optional[str], typer.Option(None, help="the judge's rubric file or built-in name")),
-    "judge_weight": (Optional[float], typer.Option(None, help="the judge's weight in the total reward")),
-    "system_prompt": (
-        Optional[str],
-        typer.Option(
-            None,
-            help='system prompt (as for train; "" for none); '
-            "default: the run's, else the task's for this model",
-        ),
-    ),
-    "cache": (
-        bool,
-        typer.Option(
-            True,
-            "--cache/--no-cache",
-            help="reuse a model's answers from an earlier eval or compare with the same model "
-            "files, prompts and settings (kept in the cache folder's answers/)",
-        ),
-    ),
-}
-
-
-def _with_evaluation_options(command):
-    """Add the shared options to a command's own: typer reads the signature."""
-    own = [p for p in inspect.signature(command).parameters.values() if p.kind is not p.VAR_KEYWORD]
-    shared = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=hint, default=option)
-        for name, (hint, option) in _EVALUATION_OPTIONS.items()
-    ]
-    command.__signature__ = inspect.Signature(own + shared)
-    return command
-
-
-def _web_kinds(typed: str | None) -> str | list | None:
-    """--web-kinds as typed; "all" is the empty list that means every kind (a run's own list would stand)."""
-    return [] if typed is not None and typed.strip().lower() == "all" else typed
 
 
 def _evaluation(options: dict, run_dir, model):
@@ -446,8 +263,8 @@ def inspect_command(
         "trained (loads both models)",
     ),
 ):
-    """Summarise a run from its files: settings, first/last/best metrics, health events, checkpoints; and for a
-    multi-turn run one episode turn by turn, masked spans marked (--step N --index K picks the one)."""
+    """Summarise a run from its files: settings, first/last/best metrics, health events, checkpoints; and
+    for a multi-turn run one episode turn by turn, masked spans marked (--step N --index K picks the one)."""
     from .evaluation.compare import CompareError
     from .evaluation.first_tokens import first_token_lines
     from .evaluation.first_tokens import first_tokens as first_tokens_of

@@ -35,6 +35,9 @@ from .setting_groups import (
     SamplingSettings,
     TaskOptions,
     WarmStartSettings,
+    flat_fields,
+    flat_settings,
+    grouped_settings,
     setting,
 )
 
@@ -257,30 +260,13 @@ class TrainConfig:
 
     def flat(self) -> dict:
         """Every setting by its flat name (a flag, a YAML key): what config.yaml holds."""
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name in GROUPS:
-                out.update({GROUPS[f.name][1] + k: v for k, v in dataclasses.asdict(value).items()})
-            else:
-                out[f.name] = value
-        return out
+        return flat_settings(self)
 
     @classmethod
     def from_flat(cls, values: dict) -> "TrainConfig":
         """A config from settings by their flat names, each group's (health_window, beta, ...) put in
         its group (GROUP_KEYS); what is not given keeps its default. Not validated (build_config is)."""
-        own = {k: v for k, v in values.items() if k not in GROUP_KEYS}
-        groups = {
-            group: kind(
-                **{
-                    GROUP_KEYS[k][1]: v
-                    for k, v in values.items()
-                    if k in GROUP_KEYS and GROUP_KEYS[k][0] == group
-                }
-            )
-            for group, (kind, _) in GROUPS.items()
-        }
+        own, groups = grouped_settings(values)
         return cls(**own, **groups)
 
 
@@ -292,24 +278,9 @@ def with_settings(config: TrainConfig, **flat) -> TrainConfig:
     return TrainConfig.from_flat({**config.flat(), **check_keys(flat, "with_settings")})
 
 
-def _flat_fields() -> dict[str, dataclasses.Field]:
-    """Every setting by its flat name, in TrainConfig's order, a group's settings where the group is."""
-    out = {}
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in GROUPS:
-            kind, prefix = GROUPS[f.name]
-            out.update({prefix + g.name: g for g in dataclasses.fields(kind)})
-        else:
-            out[f.name] = f
-    return out
-
-
-FIELDS = _flat_fields()
-JUDGE_KEYS = (
-    "judge",
-    "judge_rubric",
-    "judge_weight",
-)  # the judge's settings: train, eval and compare read them
+FIELDS = flat_fields(TrainConfig)  # every setting by its flat name, in TrainConfig's order
+# the judge's settings: train, eval and compare read them
+JUDGE_KEYS = ("judge", "judge_rubric", "judge_weight")
 _HINTS = {
     **typing.get_type_hints(TrainConfig),
     **{flat: typing.get_type_hints(GROUPS[group][0])[name] for flat, (group, name) in GROUP_KEYS.items()},

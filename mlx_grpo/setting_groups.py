@@ -10,7 +10,8 @@ A user sees each setting by its flat name: a flag (--temperature, --health-windo
 (a YAML file may also give a group as a mapping, `health: {window: 4}`), a row of docs/settings.md,
 a line of a run's config.yaml. GROUPS maps a group to its dataclass and the prefix of its flat
 names (health_, or none); GROUP_KEYS, made from it, routes each flat name to its group, and
-config.py's from_flat, flat and FIELDS use it. COMMAND_READS says which settings each command reads.
+flat_settings, grouped_settings and flat_fields (config.py's flat, from_flat and FIELDS) use it.
+COMMAND_READS says which settings each command reads.
 """
 
 from __future__ import annotations
@@ -135,8 +136,9 @@ class HealthSettings:
 
 @dataclass
 class WarmStartSettings:
-    """A supervised warm start inside `train` (docs/sft.md): sft's stage on demonstrations first, in RUN/warm_start,
-    then GRPO continues from it. Each is the flat setting warm_start_<name>; run/warm_start.py reads the group."""
+    """A supervised warm start inside `train` (docs/sft.md): sft's stage on demonstrations first, in
+    RUN/warm_start, then GRPO continues from it. Each is the flat setting warm_start_<name>;
+    run/warm_start.py reads the group."""
 
     steps: int = setting(
         0, "supervised steps on demonstrations before GRPO, in RUN/warm_start (0: no warm start)"
@@ -174,6 +176,49 @@ GROUP_KEYS = {
     for group, (kind, prefix) in GROUPS.items()
     for f in dataclasses.fields(kind)
 }
+
+
+def flat_settings(config) -> dict:
+    """Every setting of a config (TrainConfig) by its flat name, a group's settings where the group is."""
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in GROUPS:
+            out.update({GROUPS[f.name][1] + k: v for k, v in dataclasses.asdict(value).items()})
+        else:
+            out[f.name] = value
+    return out
+
+
+def grouped_settings(values: dict) -> tuple[dict, dict]:
+    """(own, groups) of settings by their flat names: those that are no group's as given, and each group
+    (TrainConfig field -> a new group object) with its given settings (GROUP_KEYS), the others at default."""
+    own = {k: v for k, v in values.items() if k not in GROUP_KEYS}
+    groups = {
+        group: kind(
+            **{
+                GROUP_KEYS[k][1]: v
+                for k, v in values.items()
+                if k in GROUP_KEYS and GROUP_KEYS[k][0] == group
+            }
+        )
+        for group, (kind, _) in GROUPS.items()
+    }
+    return own, groups
+
+
+def flat_fields(config_class) -> dict[str, dataclasses.Field]:
+    """Every setting by its flat name, in the config class's (TrainConfig's) order, a group's settings where
+    the group is."""
+    out = {}
+    for f in dataclasses.fields(config_class):
+        if f.name in GROUPS:
+            kind, prefix = GROUPS[f.name]
+            out.update({prefix + g.name: g for g in dataclasses.fields(kind)})
+        else:
+            out[f.name] = f
+    return out
+
 
 # The settings each command reads, by flat name or by group (a group's name: all its settings;
 # EVERY_SETTING: all of them). Typed as a flag, a setting a command does not read is refused in one line

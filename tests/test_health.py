@@ -19,7 +19,8 @@ from mlx_grpo.setting_groups import HealthSettings
 from mlx_grpo.update import step as update_step
 from mlx_grpo.run.display import TrainDisplay, metrics_table, trend
 from mlx_grpo.files import training_rows
-from mlx_grpo.run.health import RULES, HealthMonitor, Thresholds, fitted_trend
+from mlx_grpo.run.health import RULES, HealthMonitor, Thresholds
+from mlx_grpo.run.health_checks import fitted_trend
 from mlx_grpo.update.step import relative_change
 
 STEPS = 60

@@ -93,7 +93,7 @@ EPISODE_CODE = (
     "mlx_grpo.tools",
 )
 # What the scores, episode metrics and report read of an episode (multiturn.episode_scores and
-# episode_metrics, accuracy.solved, compare.Answer.of). Its prompt tokens and log-probs are left out:
+# episode_metrics, accuracy.solved, model_result.Answer.of). Its prompt tokens and log-probs are left out:
 # nothing after the rollout reads them, and the log-probs alone would double the file.
 EPISODE_FIELDS = (
     "prompt_index",

@@ -12,7 +12,8 @@ one sample a prompt, Wilcoxon signed-rank otherwise), and the prompts won,
 lost and tied. See stats.py. How the report is shown and written down is
 compare_report.py.
 
-What a model name means (a run folder, an adapter folder, a model) is model_names.py.
+What a model name means (a run folder, an adapter folder, a model) is model_names.py; what is kept of
+each answer and of a model's scores (Answer, ModelResult) is model_result.py.
 """
 
 from __future__ import annotations
@@ -24,23 +25,20 @@ from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
-import numpy as np
 
 from ..config import TrainConfig
-from ..models.loading import EMBEDDED_MODEL, GGUFError, ModelNotInstalled, StoreError, load_policy
+from ..models.loading import GGUFError, ModelNotInstalled, StoreError, load_policy
 from ..models.screen_info import read_tokenizer
 from ..run.setup import guard_task
 from ..sampling.kinds import rollouts_for
 from ..sampling.rollout import SamplingConfig
-from ..stats import CONFIDENCE, PairedResult, compare_paired, mean_pass_at_k, paired_parts
-from ..tasks.accuracy import right
+from ..stats import CONFIDENCE, PairedResult, compare_paired, paired_parts
 from ..tasks.registry import Task
-from ..tasks.rewarding import part_means
-from ..update.batch import Rollout
 from . import answer_cache
 from .answer_stages import answer_stages, stage_shares
 from .held_out import check_held_out
 from .model_names import CompareError, ModelSpec, default_base, resolve_model, task_config  # noqa: F401 (the compare API)
+from .model_result import Answer, ModelResult
 
 SPLITS = ("test", "validation", "train")  # what each holds: tasks/splits.py
 
@@ -103,27 +101,6 @@ def guard(task: Task, settings: Settings, specs: list[ModelSpec]) -> None:
         guard_task(task, config, tokenizer, context)
 
 
-@dataclass
-class Answer:
-    """One completion, or for a multi-turn task one episode, of a model."""
-
-    text: str  # the completion; an episode's transcript (turns and observations)
-    tokens: list[int]  # sampled ids; an episode's model and environment tokens after its first prompt
-    length: int  # tokens the model wrote
-    finish_reason: str  # "stop" / "length"; an episode's "done", "max_turns", "max_tokens", "env_error"
-    # cut at its token budget (the rollout's `truncated`: max_tokens, an episode's max_episode_tokens)
-    truncated: bool
-
-    @classmethod
-    def of(cls, rollout: Rollout) -> "Answer":
-        """A completion's or an episode's answer: both are update/batch.py's Rollout."""
-        return cls(
-            rollout.text, rollout.tokens, rollout.model_tokens, rollout.finish_reason, rollout.truncated
-        )
-
-    of_completion = of_episode = of  # the names it had when they differed
-
-
 def generate(
     model,
     tokenizer,
@@ -166,74 +143,6 @@ def generate(
         if on_progress is not None:
             on_progress(min(start + per_chunk, len(rows)))
     return answers, rollouts, seconds
-
-
-@dataclass
-class ModelResult:
-    """One model's answers and scores. Arrays are per answer, grouped by prompt."""
-
-    name: str
-    spec: ModelSpec
-    answers: list[Answer]
-    rewards: np.ndarray  # (N*K,) weighted totals
-    parts: dict[str, list]  # reward name -> N*K values (None: not applicable)
-    accuracy: np.ndarray | None  # (N*K,) 1.0 where the answer is right (tasks/accuracy.py), else 0.0
-    errors: dict[str, int]
-    error_examples: dict[str, str]
-    seconds: float  # decoding only
-    samples: int
-    episode: dict = field(
-        default_factory=dict
-    )  # a multi-turn task's episode and tool metrics (multiturn.episode_metrics)
-    cached: Path | None = None  # where the answers were read from, when they were not decoded now
-    cached_by: str | None = None  # which code made those answers: "mlx-grpo 0.1.0 (decode format 1)"
-    stages: list[str] | None = (
-        None  # the grading stage each answer reached (answer_stages.py), where the task has one
-    )
-    stage_shares: dict[str, float] = field(default_factory=dict)
-
-    def per_prompt(self, values: np.ndarray) -> np.ndarray:
-        return values.reshape(-1, self.samples).mean(axis=1)
-
-    def summary(self) -> dict:
-        lengths = np.array([a.length for a in self.answers])
-        out = {
-            "name": self.name,
-            "model": self.spec.model or EMBEDDED_MODEL,
-            "adapter": self.spec.adapter,
-            "accuracy": float(self.accuracy.mean()) if self.accuracy is not None else None,
-            "reward": float(self.rewards.mean()),
-            "reward_std": float(self.rewards.std()),
-            "reward_parts": part_means(self.parts),
-            "reward_errors": self.errors,
-            "mean_length": float(lengths.mean()),
-            "truncated_frac": float(np.mean([a.truncated for a in self.answers])),
-            "generated_tokens": int(lengths.sum()),
-            "seconds": self.seconds,
-            "tokens_per_s": float(lengths.sum() / max(self.seconds, 1e-9)),
-        }
-        if self.episode:
-            out["episode"] = dict(self.episode)
-        if self.stage_shares:
-            out["stages"] = dict(self.stage_shares)
-        if self.cached:
-            out["answers_from_cache"] = str(self.cached)
-            out["answers_made_by"] = self.cached_by
-        if self.samples > 1 and self.accuracy is not None:
-            successes = right(self.accuracy).reshape(-1, self.samples).sum(axis=1)
-            out["pass_at_k"] = {
-                str(k): mean_pass_at_k(successes, self.samples, k) for k in pass_ks(self.samples)
-            }
-            out["best_of_n_reward"] = float(self.rewards.reshape(-1, self.samples).max(axis=1).mean())
-        return out
-
-
-def pass_ks(samples: int) -> list[int]:
-    """1, 2, 4, ... up to K, and K itself."""
-    ks = [1]
-    while ks[-1] * 2 < samples:
-        ks.append(ks[-1] * 2)
-    return ks + [samples] if samples > 1 else ks
 
 
 def score(task: Task, rows: list[dict], answers: list, samples: int) -> tuple:
@@ -279,7 +188,8 @@ def generate_or_reuse(
 
 
 def kept_answers(kept: list[dict], episodes: bool) -> tuple[list, list] | None:
-    """(answers, rollouts) read back from a cache file's entries; None when an entry is not one (decode again)."""
+    """(answers, rollouts) read back from a cache file's entries; None when an entry is not one (decode
+    again)."""
     try:
         if episodes:
             played = [answer_cache.episode_of(a) for a in kept]

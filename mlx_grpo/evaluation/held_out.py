@@ -34,7 +34,8 @@ def stages(run_dir: Path | None) -> list[Path]:
 
 
 def check_held_out(specs: list[ModelSpec], rows: list[dict], split: str) -> list[str]:
-    """Warnings for stages that cannot be checked; CompareError when a scored row is a stage's training row."""
+    """Warnings for stages that cannot be checked; CompareError when a scored row is a stage's training
+    row."""
     if split == "train":
         return []
     keys = [row_key(r) for r in rows]
@@ -51,8 +52,10 @@ def check_held_out(specs: list[ModelSpec], rows: list[dict], split: str) -> list
             overlap = sum(k in trained for k in keys)
             if overlap:
                 raise CompareError(
-                    f"{overlap} of the {len(rows)} {split} rows were training rows of {stage} (its {TRAINED_ROWS}): "
-                    "score it on the data and task it was trained with, whose held-out rows it never saw, or on "
+                    f"{overlap} of the {len(rows)} {split} rows were training rows of {stage} (its "
+                    f"{TRAINED_ROWS}): "
+                    "score it on the data and task it was trained with, whose held-out rows it never saw, or "
+                    "on "
                     "other data"
                 )
     return list(dict.fromkeys(warnings))

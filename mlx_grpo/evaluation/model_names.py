@@ -126,7 +126,8 @@ def task_config(
 
 
 def _task_settings(settings: dict) -> dict:
-    """The settings eval and compare read (setting_groups.COMMAND_READS): the task, its sampling and guards."""
+    """The settings eval and compare read (setting_groups.COMMAND_READS): the task, its sampling and
+    guards."""
     return {k: v for k, v in settings.items() if k in READS["eval"]}
 
 

@@ -13,10 +13,10 @@ The same polynomial written with plain multiplies and adds, compiled, takes
 same order). The update keeps MLX's exp for its (rows, positions, vocabulary)
 softmax: there the polynomial's intermediates (the bit trick below is not fused
 with the rest) raise the update's peak memory by several logits-sized arrays.
-Measured in the frozen head's softmax at 0.5B (scripts/profile_update.py): 4-5% off the update for 0.39 GB more peak (3.38 -> 3.77 GB),
-not kept. On the GPU backends exp is
-a hardware instruction, so there these functions are MLX's own ops; the choice
-is made when a function is traced.
+Measured in the frozen head's softmax at 0.5B (scripts/profile_update.py): 4-5%
+off the update for 0.39 GB more peak (3.38 -> 3.77 GB), not kept. On the GPU
+backends exp is a hardware instruction, so there these functions are MLX's own
+ops; the choice is made when a function is traced.
 
 Inputs from -87 down (and -inf) give exp(-87) = 1.6e-38 instead of a smaller
 number or 0; inputs above 88 give exp(88) instead of inf. NaN stays NaN.

@@ -91,7 +91,8 @@ def fuse_in_float32(model: nn.Module) -> nn.Module:
 
 
 def load_fused(base: str | None, adapter: str | None):
-    """(fused float32 model, tokenizer, config.json dict, the base's resolved path) of a base and its adapters."""
+    """(fused float32 model, tokenizer, config.json dict, the base's resolved path) of a base and its
+    adapters."""
     from .loading import load_with_config, resolve_model_path
 
     model, tokenizer, config = load_with_config(base, adapter)
@@ -132,7 +133,8 @@ def gguf_tensor_name(name: str, arch: str = "llama") -> str:
 
 
 def model_settings(model: nn.Module, config: dict) -> dict:
-    """config.json with the defaults mlx-lm's model filled in (what the model computes, e.g. gemma3's window)."""
+    """config.json with the defaults mlx-lm's model filled in (what the model computes, e.g. gemma3's
+    window)."""
     args = getattr(model, "args", None)
     return {**config, **dataclasses.asdict(args)} if dataclasses.is_dataclass(args) else dict(config)
 

@@ -274,7 +274,8 @@ def model_config(header: GGUFHeader) -> dict:
 
 
 def gemma3_attention_scalar(config: dict) -> int:
-    """The query_pre_attn_scalar llama.cpp assumes (it is not in the file): head_dim, but hidden/heads at 62 layers."""
+    """The query_pre_attn_scalar llama.cpp assumes (it is not in the file): head_dim, but hidden/heads at 62
+    layers."""
     if config["num_hidden_layers"] == 62:  # Gemma 3 27B, as llama.cpp tells it apart
         return config["hidden_size"] // config["num_attention_heads"]
     return config["head_dim"]

@@ -167,8 +167,8 @@ def pre_tokenizer_name(metadata: dict) -> str:
         what = (
             f"pre-tokenizer {name!r} is not supported"
             if name is not None
-            else "file names no pre-tokenizer (tokenizer.ggml.pre: an old conversion, which llama.cpp splits as "
-            "'default' with a warning that output degrades; convert it again)"
+            else "file names no pre-tokenizer (tokenizer.ggml.pre: an old conversion, "
+            "which llama.cpp splits as 'default' with a warning that output degrades; convert it again)"
         )
         raise GGUFError(f"GGUF {what} (supported: {known})")
     return name

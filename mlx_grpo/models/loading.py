@@ -60,7 +60,8 @@ def model_fingerprint(model: str | None) -> list:
 
 
 def model_folder(model: str | None) -> str:
-    """What mlx-lm loads for a model name: a GGUF file's converted folder (see gguf.py), else the path or id."""
+    """What mlx-lm loads for a model name: a GGUF file's converted folder (see gguf.py), else the path or
+    id."""
     path = resolve_model_path(model)
     if is_gguf(path) or Path(path).expanduser().is_file():  # a model in one file can only be a GGUF file
         return str(converted_folder(path))
@@ -73,7 +74,8 @@ def model_folder(model: str | None) -> str:
 
 
 def gguf_types_note(model: str | None) -> str | None:
-    """How a GGUF model's tensor types were carried ("GGUF tensors: Q4_K x12: kept 4-bit (exact); ..."), else None."""
+    """How a GGUF model's tensor types were carried ("GGUF tensors: Q4_K x12: kept 4-bit (exact); ..."), else
+    None."""
     path = resolve_model_path(model)
     if not (is_gguf(path) or Path(path).expanduser().is_file()):
         return None

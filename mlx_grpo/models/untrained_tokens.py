@@ -23,13 +23,15 @@ SAME_ROW = 0.999  # cosine of two rows' projections above which they count as on
 
 
 def text_tokens(tokenizer) -> dict[int, str]:
-    """{id: text} of the added tokens written inside text (`<tool_call>`), not the template's special markers."""
+    """{id: text} of the added tokens written inside text (`<tool_call>`), not the template's special
+    markers."""
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
     return {i: token.content for i, token in decoder.items() if not token.special}
 
 
 def indistinct_tokens(model, tokenizer) -> dict[int, str]:
-    """{id: text} of the text tokens (`text_tokens`) whose output-head row at least MIN_TWINS other tokens share.
+    """{id: text} of the text tokens (`text_tokens`) whose output-head row at least MIN_TWINS other tokens
+    share.
 
     The rows are compared through the head itself (quantized, tied or adapted alike), by their
     projections on PROBES random unit directions: one row shared by many tokens projects alike."""

@@ -39,6 +39,10 @@ from ..files import (
     os_reason,
     remove_quietly,
 )
+from ..files import (  # noqa: F401 (run/ and tests write through the checkpoint module: ckpt.atomic_write_json)
+    atomic_save_safetensors,
+    atomic_write_json,
+)
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"

@@ -61,11 +61,13 @@ def rollout_line(state: dict) -> str:
     if state.get("kind") == "decode":
         return (
             f"{state['done']} of {state['rows']} completions done, token {state['position']}/"
-            f"{state['max_tokens']}, {state['tokens_per_s']:.0f} tok/s, at most {_duration(state['at_most_left_s'])} "
+            f"{state['max_tokens']}, {state['tokens_per_s']:.0f} tok/s, at most "
+            f"{_duration(state['at_most_left_s'])} "
             f"left"
         )
     return (
-        f"turn {state['turn']}/{state['max_turns']}, {state['playing']} of {state['episodes']} episodes playing, "
+        f"turn {state['turn']}/{state['max_turns']}, {state['playing']} of {state['episodes']} episodes "
+        "playing, "
         f"{state['finished']} done, {state['tokens_per_s']:.0f} tok/s"
     )
 

@@ -36,8 +36,8 @@ from .guided_episodes import scripted_guides
 
 
 def check_guidance(task) -> None:
-    """A ConfigError unless the task can be guided: an episode task with scripts, or a single-turn task with an
-    accuracy reward and reference answers."""
+    """A ConfigError unless the task can be guided: an episode task with scripts, or a single-turn task with
+    an accuracy reward and reference answers."""
     if rollouts_for(task).plays_episodes:
         if task.reference_actions is None or not any(
             task.reference_actions(r) for r in task.train_rows[:100]
@@ -164,7 +164,8 @@ def without_guided_negatives(advantages, guided, group_size: int) -> np.ndarray:
 
 
 def guided_metrics(task, rollouts: list, parts: dict[str, list], group_size: int) -> dict:
-    """How many groups were guided, and the accuracy of the model's own samples (the demonstrations left out)."""
+    """How many groups were guided, and the accuracy of the model's own samples (the demonstrations left
+    out)."""
     guided = np.array([r.guided for r in rollouts])
     is_right = _right(task, rollouts, parts)
     metrics = {"guide/groups_frac": float(guided.reshape(-1, group_size).any(axis=1).mean())}

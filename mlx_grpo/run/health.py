@@ -4,7 +4,9 @@ Each rule looks at the metrics of the last steps (a window of `health_window`
 steps, or a longer history where it needs one) and returns a line of evidence
 when it fires. The monitor reports a rule once when it starts firing, and again
 only after it has been quiet for a whole window. Every rule carries the seed
-write-up that motivated it; docs/health.md explains each one.
+write-up that motivated it; docs/health.md explains each one. The rules' checks are
+health_checks.py's, health_rewards.py's and health_tools.py's; this module registers them (RULES)
+and runs them (HealthMonitor).
 
 Metric keys are the trainer's (see trainer.train_step); a missing or None value
 is simply not evidence.
@@ -12,16 +14,28 @@ is simply not evidence.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from ..config import TrainConfig
 from ..files import read_run_records, training_rows
 from ..setting_groups import HealthSettings
+from .health_checks import (
+    _number,
+    advantage_blowup,
+    entropy_collapse,
+    grad_at_clip,
+    grad_spike,
+    judge_unreadable,
+    kl_runaway,
+    loss_spike,
+    lr_too_low,
+    reward_collapse,
+    reward_down,
+    truncated,
+    zero_std,
+)
 from .health_rewards import REWARD_RULES
 from .health_tools import TOOL_RULES
 
@@ -73,230 +87,6 @@ class History:
         return self.steps[-1].get("step") if self.steps else None
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def fitted_trend(values: list[float]) -> tuple[float, float]:
-    """Least-squares slope per step and its t-statistic (inf when the fit is exact)."""
-    y = np.asarray(values, dtype=np.float64)
-    x = np.arange(len(y), dtype=np.float64)
-    x -= x.mean()
-    slope = float((x * (y - y.mean())).sum() / (x * x).sum())
-    residual = y - y.mean() - slope * x
-    se = math.sqrt((residual**2).sum() / max(len(y) - 2, 1) / (x * x).sum())
-    t = slope / se if se > 0 else math.copysign(math.inf, slope) if slope else 0.0
-    return slope, t
-
-
-# ---- the rules: each returns a line of evidence when it fires, else None ----
-
-
-def grad_at_clip(h: History) -> str | None:
-    norms = h.values("grad_norm", h.t.health.window)
-    if len(norms) < h.t.health.window:
-        return None
-    limit = h.t.max_grad_norm
-    at = sum(n >= 0.99 * limit for n in norms)
-    if at / len(norms) <= h.t.health.clip_frac:
-        return None
-    return (
-        f"grad norm at or above the clip limit ({limit:g}) on {at} of the last {len(norms)} steps "
-        f"(median {np.median(norms):.3g})"
-    )
-
-
-def grad_spike(h: History) -> str | None:
-    now = h.latest("grad_norm")
-    rows = h.steps[-2 * h.t.health.window - 1 : -1]  # the two windows before this step
-    before = [float(r["grad_norm"]) for r in rows if _number(r.get("grad_norm")) and r["grad_norm"] > 0]
-    if now is None or len(before) < h.t.health.window:
-        return None
-    median = float(np.median(before))
-    if now <= h.t.health.spike_factor * median:
-        return None
-    return (
-        f"grad norm {_big(now)} at step {h.step} is {_big(now / median)}x its running median "
-        f"{median:.3g} (last {len(before)} steps)"
-    )
-
-
-def _big(x: float) -> str:
-    return f"{x:,.0f}" if abs(x) >= 1e4 else f"{x:.3g}"
-
-
-def zero_std(h: History) -> str | None:
-    fracs = h.values("frac_zero_std", h.t.health.window)
-    if len(fracs) < h.t.health.window or np.mean(fracs) <= h.t.health.zero_std:
-        return None
-    reward = h.values("reward/mean", h.t.health.window)
-    at = f" (reward/mean {np.mean(reward):.3g})" if reward else ""
-    return (
-        f"{np.mean(fracs):.0%} of groups had identical rewards over the last {len(fracs)} steps{at}: "
-        f"those groups give no gradient"
-    )
-
-
-def _silent(row: dict) -> bool:
-    """A step that learned nothing: loss 0 and grad 0, or every reward equal."""
-    loss, grad, std, fzs = (row.get(k) for k in ("loss", "grad_norm", "reward/std", "frac_zero_std"))
-    no_update = _number(loss) and _number(grad) and abs(loss) <= 1e-8 and grad <= 1e-8
-    all_equal = (_number(std) and std <= 1e-8) or (_number(fzs) and fzs >= 1.0)
-    return no_update or all_equal
-
-
-def reward_collapse(h: History) -> str | None:
-    n = max(2, h.t.health.window // 2)
-    rows = h.steps[-n:]
-    if len(rows) < n or not all(_silent(r) for r in rows):
-        return None
-    reward = h.latest("reward/mean")
-    best = max(h.values("reward/best_of_n") or [math.nan])
-    level = "" if reward is None else f" (reward/mean {reward:.3g})"
-    if all(
-        _silent(r) for r in h.steps
-    ):  # never a reward spread: nothing was ever learnt, so nothing is solved
-        return (
-            f"every completion in each group has scored alike since the run began{level}: the reward has "
-            f"never told completions apart, so there has been no learning signal (too hard for the model, "
-            f"or a reward that never fires?)"
-        )
-    if reward is not None and reward >= best - 1e-9:
-        return (
-            f"for the last {n} steps every completion in each group scored alike, at the best reward of "
-            f"the run{level}: nothing left to learn from these prompts (solved?)"
-        )
-    return (
-        f"for the last {n} steps every completion in each group scored alike{level}, "
-        f"or loss and grad norm were 0: no learning signal"
-    )
-
-
-def reward_down(h: History) -> str | None:
-    n = 2 * h.t.health.window
-    rewards = h.values("reward/mean", n)
-    spread = h.values("reward/std", n)
-    if len(rewards) < n or not spread or np.mean(spread) <= 0:
-        return None
-    slope, t = fitted_trend(rewards)
-    drop = -slope * (n - 1)
-    if t > -3 or drop <= h.t.health.reward_drop * float(np.mean(spread)):
-        return None
-    return (
-        f"reward/mean fell by {drop:.3g} over the last {n} steps ({rewards[0]:.3g} -> {rewards[-1]:.3g}; "
-        f"fitted slope {slope:.2g}/step, t={t:.1f}; within-batch std {np.mean(spread):.3g})"
-    )
-
-
-def loss_spike(h: History) -> str | None:
-    w = h.t.health.window
-    losses = h.values("loss", 2 * w)
-    if len(losses) < 2 * w:
-        return None
-    before, now = abs(float(np.mean(losses[:w]))), abs(float(np.mean(losses[w:])))
-    # The loss is a weighted mean of ratio x advantage: a change far below the
-    # advantages' own size is noise (the GRPO loss is ~0 with one update per batch).
-    floor = 0.1 * float(np.mean(h.values("advantage/abs_mean", 2 * w) or [0.0]))
-    if now <= (1 + h.t.health.loss_spike) * before or now - before <= floor:
-        return None
-    grown = f"up {now / before - 1:.0%}" if before > 0 else "up from 0"
-    return f"|mean loss| over the last {w} steps is {now:.3g}, {grown} from {before:.3g} over the {w} before"
-
-
-def kl_runaway(h: History) -> str | None:
-    # Judged from the run's first measured KL: 0 from the base, while a continued start (a warm start, a run
-    # folder as the model) begins as far from the base as the adapters it continues already put it.
-    measured = h.last_measured("kl", len(h.steps))
-    if len(measured) < 2 or measured[-1][1] <= measured[-2][1]:
-        return None  # one value is no trend; high but no longer rising is not a runaway
-    (first, start), (_, now) = measured[0], measured[-1]
-    if now - start <= h.t.health.kl_max:
-        return None
-    trail = ", ".join(f"{kl:.3g} at step {s}" for s, kl in measured[-3:])
-    since = (
-        f", up {now - start:.3g} from the {start:.3g} it started at (step {first})" if round(start, 3) else ""
-    )
-    return f"KL to the reference is {now:.3g} and rising ({trail}){since}"
-
-
-def entropy_collapse(h: History) -> str | None:
-    w = h.t.health.window
-    if len(h.steps) < 2 * w:
-        return None
-    first = [float(r["entropy"]) for r in h.steps[:w] if _number(r.get("entropy"))]
-    recent = h.values("entropy", w)
-    if len(first) < w // 2 or len(recent) < w // 2 or np.mean(first) <= 0:
-        return None
-    start, now = float(np.mean(first)), float(np.mean(recent))
-    if now >= h.t.health.entropy_drop * start:
-        return None
-    return (
-        f"token entropy {now:.3g} over the last {w} steps, {now / start:.0%} of its {start:.3g} "
-        f"over the first {w}"
-    )
-
-
-def truncated(h: History) -> str | None:
-    fracs = h.values("completion/truncated_frac", h.t.health.window)
-    if len(fracs) < h.t.health.window or np.mean(fracs) <= h.t.health.truncated_frac:
-        return None
-    limit = f" ({h.t.token_budget} tokens)" if h.t.token_budget else ""
-    lengths = h.values("completion/mean_length", h.t.health.window)
-    mean_len = f", mean length {np.mean(lengths):.1f}" if lengths else ""
-    return (
-        f"{np.mean(fracs):.0%} of completions were cut at the token budget{limit} over the last {len(fracs)} steps"
-        f"{mean_len}"
-    )
-
-
-def advantage_blowup(h: History) -> str | None:
-    low, high = h.latest("advantage/min"), h.latest("advantage/max")
-    r_low, r_high = h.latest("reward/min"), h.latest("reward/max")
-    if None in (low, high, r_low, r_high) or r_high - r_low <= 0:
-        return None
-    biggest, span = max(abs(low), abs(high)), r_high - r_low
-    if biggest <= h.t.health.adv_factor * span:
-        return None
-    return (
-        f"advantages reach {biggest:.3g} at step {h.step} while rewards span only {span:.3g} "
-        f"({biggest / span:.0f}x)"
-    )
-
-
-def lr_too_low(h: History) -> str | None:
-    w = h.t.health.window
-    # Only steps at full learning rate: warmup and the end of the decay are meant to move little. Steps
-    # with no gradient (every group alike) move nothing at any lr: reward_collapse and zero_std say why.
-    rows = [
-        r
-        for r in h.steps[-w:]
-        if (h.t.lr is None or (_number(r.get("lr")) and r["lr"] >= 0.5 * h.t.lr)) and not _silent(r)
-    ]
-    sizes = [float(r["update/rel_change"]) for r in rows if _number(r.get("update/rel_change"))]
-    if len(sizes) < w or np.median(sizes) >= h.t.health.min_update:
-        return None
-    rewards = h.values("reward/mean", w)
-    if len(rewards) >= 3 and fitted_trend(rewards)[1] >= 2:
-        return None  # small steps, but the reward is climbing: leave it be
-    lr = h.latest("lr")
-    at = f" at lr {lr:.2g}" if lr is not None else ""
-    return (
-        f"each update moved the weights by {np.median(sizes):.2g} of their norm (median of the last {w} "
-        f"steps){at}, and reward/mean is not rising"
-    )
-
-
-def judge_unreadable(h: History) -> str | None:
-    fracs = h.values("judge/unreadable_frac", h.t.health.window)
-    if len(fracs) < 2 or np.mean(fracs) <= h.t.health.judge_unreadable:
-        return None  # two steps suffice to warn early: the judge itself does not change during a run
-    example = h.steps[-1].get("judge/unreadable_example")
-    said = f"; it said {example[:80]!r}" if isinstance(example, str) else ""
-    return (
-        f"{np.mean(fracs):.0%} of the judge's answers over the last {len(fracs)} steps were not a score{said}"
-    )
-
-
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -315,7 +105,8 @@ RULES: tuple[Rule, ...] = (
         "the clip, not the gradient, now sets every update: if the norm is steady raise max_grad_norm "
         "(1.5-2.0), if it keeps growing lower lr",
         "health_clip_frac",
-        "seed 001: 'grad=0.99-1.00 (consistently at clip limit)' is a warning sign; raise max_grad_norm to 1.5-2.0",
+        "seed 001: 'grad=0.99-1.00 (consistently at clip limit)' is a warning sign; raise max_grad_norm to "
+        "1.5-2.0",
     ),
     Rule(
         "grad_spike",
@@ -333,7 +124,8 @@ RULES: tuple[Rule, ...] = (
         "raise temperature (e.g. 0.8-1.0) or group_size so completions of a prompt differ; if the groups all "
         "succeed, the prompts are too easy: use harder data",
         "health_zero_std",
-        "seed 001: hard-cap era frac_zero_std 0.50-1.00 with grad 0.0000: no learning; temperature 0.7 -> 0.8",
+        "seed 001: hard-cap era frac_zero_std 0.50-1.00 with grad 0.0000: no learning; temperature 0.7 -> "
+        "0.8",
     ),
     Rule(
         "reward_collapse",
@@ -343,7 +135,8 @@ RULES: tuple[Rule, ...] = (
         "on completions.jsonl (a cap or saturated score?), prefer a multiplicative penalty to a cap, raise "
         "temperature; if the task is solved, stop or use harder prompts",
         "health_window",
-        "seed 001: a hard reward cap gave 'loss=0.0000 grad=0.0000 (reward collapse)'; a x0.3 penalty fixed it",
+        "seed 001: a hard reward cap gave 'loss=0.0000 grad=0.0000 (reward collapse)'; a x0.3 penalty fixed "
+        "it",
     ),
     Rule(
         "reward_down",
@@ -370,7 +163,8 @@ RULES: tuple[Rule, ...] = (
         "reference (the base: on a continued start beta also pulls it back past where it started); look for "
         "runaway text in completions.jsonl",
         "health_kl_max",
-        "seed 003: kl_penalty 0.1 too low, 'allowing model to drift'; README: lr 5e-4 gave KL > 5 in 20 steps",
+        "seed 003: kl_penalty 0.1 too low, 'allowing model to drift'; README: lr 5e-4 gave KL > 5 in 20 "
+        "steps",
     ),
     Rule(
         "entropy_collapse",
@@ -397,7 +191,8 @@ RULES: tuple[Rule, ...] = (
         "dividing by a small group std amplifies reward noise: use scale_rewards none (the default) or a "
         "larger scale_eps",
         "health_adv_factor",
-        "seed 004: std 0.04 for rewards [0.62, 0.68, 0.71, 0.65] amplifies advantages 25x; keep max < 10x range",
+        "seed 004: std 0.04 for rewards [0.62, 0.68, 0.71, 0.65] amplifies advantages 25x; keep max < 10x "
+        "range",
     ),
     Rule(
         "lr_too_low",
@@ -405,7 +200,8 @@ RULES: tuple[Rule, ...] = (
         lr_too_low,
         "AdamW moves each weight by about lr per step whatever the gradient: raise lr (3-10x)",
         "health_min_update",
-        "seed 000: lr 1e-6 made updates tiny; back at 1e-5 the run reached 70% accuracy; seed 002 stalled at 5e-7",
+        "seed 000: lr 1e-6 made updates tiny; back at 1e-5 the run reached 70% accuracy; seed 002 stalled at "
+        "5e-7",
     ),
     Rule(
         "judge_unreadable",
@@ -440,7 +236,8 @@ class HealthMonitor:
 
     @classmethod
     def from_config(cls, config, resumed_from: Path | None = None, budget: int | None = None, accuracy=None):
-        """The monitor of a run (accuracy: its task's accuracy reward's name); resuming, caught up on metrics.jsonl."""
+        """The monitor of a run (accuracy: its task's accuracy reward's name); resuming, caught up on
+        metrics.jsonl."""
         monitor = cls(
             Thresholds.from_config(config, budget, accuracy), max_nonfinite=config.max_nonfinite_steps
         )

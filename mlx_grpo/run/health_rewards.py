@@ -107,7 +107,8 @@ def answer_collapse(h) -> str | None:
     shares = h.values("completion/top_share", window)
     if len(shares) >= window and np.mean(shares) > h.t.health.collapse_share and len(example) <= 20:
         return (
-            f"one short answer makes up {np.mean(shares):.0%} of the completions over the last {window} steps, "
+            f"one short answer makes up {np.mean(shares):.0%} of the completions over the last {window} "
+            "steps, "
             f"e.g. {example!r}"
         )
     lengths = h.values("completion/mean_length")
@@ -165,7 +166,8 @@ REWARD_RULES = (
         "a side reward took over the advantages",
         reward_takeover,
         "the main reward rarely varies inside a group, so a small side reward decides every update: use "
-        "--shaping gated (side rewards count only where the main reward varies), zero or lower the side reward, "
+        "--shaping gated (side rewards count only where the main reward varies), zero or lower the side "
+        "reward, "
         "raise group_size, or pick prompts the model sometimes solves (--curriculum ued, --prefilter K; "
         "docs/rare-rewards.md)",
         "health_takeover_share",
@@ -175,17 +177,21 @@ REWARD_RULES = (
         "answer_collapse",
         "answers collapsed to a short pattern",
         answer_collapse,
-        "the policy found a short answer that some reward likes: read completions.jsonl, drop or gate the reward "
+        "the policy found a short answer that some reward likes: read completions.jsonl, drop or gate the "
+        "reward "
         "that pays for it, and lower lr",
         "health_collapse_share",
-        "SmolLM2-135M on GSM8K: 258 of 287 answers in steps 9-18 were a single digit; completions 201 -> 50 tokens",
+        "SmolLM2-135M on GSM8K: 258 of 287 answers in steps 9-18 were a single digit; completions 201 -> 50 "
+        "tokens",
     ),
     (
         "accuracy_collapse",
         "right answers collapsed during training",
         accuracy_collapse,
-        "read completions.jsonl from the steps of the fall for what the reward now pays (partial credit for trivial "
-        "answers, an echo of the input); pay only for the task's own success (weight its accuracy reward, zero the "
+        "read completions.jsonl from the steps of the fall for what the reward now pays (partial credit for "
+        "trivial "
+        "answers, an echo of the input); pay only for the task's own success (weight its accuracy reward, "
+        "zero the "
         "partial credit), lower lr, or resume from a checkpoint before the fall; see docs/health.md",
         "none (constants ACCURACY_STEPS, ACCURACY_FLOOR, ACCURACY_FALL in health_rewards.py)",
         "OCaml on Qwen2.5-Coder-0.5B: 15/32 programs passing at step 1, 0 from step 7, "

@@ -96,34 +96,42 @@ TOOL_RULES = (
         "no_tool_calls_parse",
         "the model's tool calls cannot be read",
         no_tool_calls_parse,
-        "the calls are written in a form the parser does not read: compare one with the call format in prompt.txt; "
-        "set --tool-style (hermes, llama3 or mistral) to the style the model writes, or state the format in the "
+        "the calls are written in a form the parser does not read: compare one with the call format in "
+        "prompt.txt; "
+        "set --tool-style (hermes, llama3 or mistral) to the style the model writes, or state the format in "
+        "the "
         "system prompt (--system-prompt)",
         "health_tool_parse_fail",
-        "seed 004: Qwen2.5-7B on MuSiQue with vLLM's hermes call parser did not learn where GSM8K did, and its "
+        "seed 004: Qwen2.5-7B on MuSiQue with vLLM's hermes call parser did not learn where GSM8K did, and "
+        "its "
         "diagnostics were left blank: nothing showed whether the calls were read",
     ),
     (
         "stopped_calling_tools",
         "the model stopped calling tools",
         stopped_calling_tools,
-        "the policy learned to answer without looking anything up: read the latest episodes (mlx-grpo inspect "
-        "RUN_DIR --step N), reward what a lookup brings (multihop: support_reward, e.g. --reward-weights 1,0,0.2), "
+        "the policy learned to answer without looking anything up: read the latest episodes (mlx-grpo "
+        "inspect "
+        "RUN_DIR --step N), reward what a lookup brings (multihop: support_reward, e.g. --reward-weights "
+        "1,0,0.2), "
         "lower lr, or resume from a checkpoint before the fall",
         "health_tool_call_drop",
-        "seed 004: 'single-step (GSM8K) works, multi-step tool-based (MuSiQue) doesn't', with no record of what "
+        "seed 004: 'single-step (GSM8K) works, multi-step tool-based (MuSiQue) doesn't', with no record of "
+        "what "
         "the episodes did with their tools",
     ),
     (
         "answers_without_searching",
         "most answers come without any tool call",
         answers_without_searching,
-        "answers without a lookup are guesses or memorised: check in completions.jsonl (mlx-grpo inspect RUN_DIR "
+        "answers without a lookup are guesses or memorised: check in completions.jsonl (mlx-grpo inspect "
+        "RUN_DIR "
         "--step N) whether the questions can be answered closed-book, turn on the retrieval-recall reward "
         "(multihop: support_reward, e.g. --reward-weights 1,0,0.2); if no episode ever calls, check that "
         "prompt.txt shows the tools and how to call them",
         "health_closed_book",
-        "seed 004: MuSiQue with tools did not learn; exact match pays a closed-book guess as much as a looked-up "
+        "seed 004: MuSiQue with tools did not learn; exact match pays a closed-book guess as much as a "
+        "looked-up "
         "answer, and MuSiQue is built so that guessing rarely works",
     ),
 )

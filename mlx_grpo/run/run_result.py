@@ -1,5 +1,5 @@
-"""What a run ends with (RunResult: the accuracies and the summary line) and the held-out checks that measure them,
-shared by `train` (trainer.py), `sft` (sft.py) and the warm start between them (warm_start.py)."""
+"""What a run ends with (RunResult: the accuracies and the summary line) and the held-out checks that measure
+them, shared by `train` (trainer.py), `sft` (sft.py) and the warm start between them (warm_start.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ class RunResult:
                     f"on {self.eval_n} held-out problems"
                 )
             return (
-                f"accuracy not checked before -> {start:.2f} after the warm start -> {self.accuracy_after:.2f} "
+                f"accuracy not checked before -> {start:.2f} after the warm start -> "
+                f"{self.accuracy_after:.2f} "
                 f"({self.accuracy_after - start:+.2f}) on {self.eval_n} held-out problems"
             )
         gain = self.accuracy_after - self.accuracy_before

@@ -68,7 +68,8 @@ def make_optimizer(config: TrainConfig) -> optim.Optimizer:
 
 def keeps_reference(config: TrainConfig) -> bool:
     """Whether the reference is a copy of the starting weights rather than the base with adapters off:
-    when it is refreshed, or with full fine-tuning (no adapters to switch off) when KL is in the loss or watched."""
+    when it is refreshed, or with full fine-tuning (no adapters to switch off) when KL is in the loss or
+    watched."""
     o = config.objective
     return o.ref_refresh_every > 0 or (config.fine_tune_type == "full" and (o.beta > 0 or o.kl_every > 0))
 
@@ -110,8 +111,9 @@ def continued_config(config: TrainConfig, start: RunModel) -> TrainConfig:
 
 
 def starting_run(config: TrainConfig, writable: Path | None = None) -> tuple[TrainConfig, RunModel | None]:
-    """The run or adapter folder `config.model` names (None for a plain model), and the config with its adapter
-    settings; read before anything is written or loaded, so a broken or clashing folder costs nothing."""
+    """The run or adapter folder `config.model` names (None for a plain model), and the config with its
+    adapter settings; read before anything is written or loaded, so a broken or clashing folder costs
+    nothing."""
     start = read_run_model(config.model)
     if start is None:
         return config, None
@@ -124,7 +126,8 @@ def starting_run(config: TrainConfig, writable: Path | None = None) -> tuple[Tra
 
 
 def load_base(config: TrainConfig, start: RunModel | None):
-    """(model, tokenizer, weights note): the policy's base model (a starting run's original base), prepared."""
+    """(model, tokenizer, weights note): the policy's base model (a starting run's original base),
+    prepared."""
     model, tokenizer = load_policy(start.base if start is not None else config.model, keep_quantized=True)
     return model, tokenizer, prepare_base(model, config.keep_quantized, fine_tune_type=config.fine_tune_type)
 

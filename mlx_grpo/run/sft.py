@@ -57,7 +57,8 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
 
 
 def micro_batches(examples: list[Example], size: int) -> list[list[Example]]:
-    """Pieces of at most `size` rows, the longest together, so that padding to a piece's longest wastes little."""
+    """Pieces of at most `size` rows, the longest together, so that padding to a piece's longest wastes
+    little."""
     ordered = sorted(examples, key=lambda e: len(e[0]), reverse=True)
     return [ordered[i : i + size] for i in range(0, len(ordered), max(size, 1))]
 
@@ -135,9 +136,9 @@ def validation_loss(
 
 
 def guard_checks(run: SFTRun) -> None:
-    """A built-in task's held-out checks guarded as train's are (setup.py's guard_task, with this run's model):
-    rows without a column its rewards need or with a prompt too long for the context left out (on_bad_data),
-    every reward call bounded by reward_timeout; the screen's notes join the run's warnings."""
+    """A built-in task's held-out checks guarded as train's are (setup.py's guard_task, with this run's
+    model): rows without a column its rewards need or with a prompt too long for the context left out
+    (on_bad_data), every reward call bounded by reward_timeout; the screen's notes join the run's warnings."""
     known = len(run.task.warnings)
     guard_task(run.task, run.config, run.tokenizer, context_length(run.model))
     run.warnings += run.task.warnings[known:]

@@ -43,7 +43,8 @@ Example = tuple[list[int], list[float]]  # token ids, 1.0 on each token the mode
 
 
 def within_validation_tokens(examples: list[Example], warnings: list[str]) -> list[Example]:
-    """The first held-out examples that fit MAX_VALIDATION_TOKENS (at least one), noted when some are left out."""
+    """The first held-out examples that fit MAX_VALIDATION_TOKENS (at least one), noted when some are left
+    out."""
     kept, total = [], 0
     for ids, flags in examples:
         if kept and total + len(ids) > MAX_VALIDATION_TOKENS:

@@ -34,7 +34,8 @@ def step_metrics(
     update_s: float,
     start: float,
 ) -> dict:
-    """The step's rewards, advantages, filters, lengths, speeds, time and memory (the step began at `start`)."""
+    """The step's rewards, advantages, filters, lengths, speeds, time and memory (the step began at
+    `start`)."""
     g = config.group_size
     grouped = sampled.rewards.reshape(-1, g)
     lengths = np.array(

@@ -4,8 +4,9 @@
 curriculum's pick), samples `group_size` completions for each and scores them,
 then shapes and filters them (shaping.py's step_rewards, which the API's
 Trainer.update calls too). With DAPO dynamic sampling it samples further
-rounds (bounded) until enough groups carry signal. With several ranks (distributed.py) each samples a share of whole
-prompts and every rank gets the whole step back.
+rounds (bounded) until enough groups carry signal. With several ranks
+(distributed.py) each samples a share of whole prompts and every rank gets the
+whole step back.
 
 Every random draw is keyed by (seed, step, round, prompt, member), so a step
 samples the same completions whether the run was resumed before it, and

@@ -27,7 +27,8 @@ def load_task(config: TrainConfig) -> Task:
 
 
 def _judge(config: TrainConfig, rows: list[dict], default_rubric: str | None) -> RewardFn:
-    """The judge reward (rewards/judge.py); a rubric or judge that cannot work is a ConfigError, before training."""
+    """The judge reward (rewards/judge.py); a rubric or judge that cannot work is a ConfigError, before
+    training."""
     from rewards.judge import JudgeError, load_rubric, make_judge_reward
 
     try:

@@ -100,7 +100,8 @@ def run_step(run: RunState, step: int) -> tuple[dict, list]:
 
 
 def refresh_reference_if_due(run: RunState, step: int, metrics: dict) -> None:
-    """After step `step`'s update: the reference's refresh every `ref_refresh_every` steps (marked in metrics)."""
+    """After step `step`'s update: the reference's refresh every `ref_refresh_every` steps (marked in
+    metrics)."""
     c = run.config
     o = c.objective
     if o.ref_refresh_every and step % o.ref_refresh_every == 0:

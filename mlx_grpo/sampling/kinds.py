@@ -275,7 +275,8 @@ class MultiTurn:
         return episode_record(tokenizer, episode)
 
     def prompt_as_seen(self, tokenizer, row: dict) -> str:
-        """A row's first observation exactly as the model reads it: template, system prompt and tools included."""
+        """A row's first observation exactly as the model reads it: template, system prompt and tools
+        included."""
         env = self.task.make_env(row)
         if hasattr(env, "bind"):
             env.bind(tokenizer)

@@ -15,8 +15,9 @@ turns, or when it reaches `max_episode_tokens` tokens after the first prompt
 never goes to the environment).
 
 The result is one `Episode` per (row, group member), a `Rollout` as
-`rollout.Completion` is (update/batch.py; `truncated` when cut at the budget): `tokens` is everything after the first prompt (model
-turns and observations in order), `logprobs` the behaviour log-prob of each
+`rollout.Completion` is (update/batch.py; `truncated` when cut at the budget):
+`tokens` is everything after the first prompt (model turns and observations in
+order), `logprobs` the behaviour log-prob of each
 sampled token (0 on observation tokens) and `mask` 1 on the model's tokens and
 0 on the environment's, so the loss and its gradient see the model's tokens
 only (batch.build_batch takes the mask from here).

@@ -59,7 +59,8 @@ class Completion:
 
     @property
     def truncated(self) -> bool:
-        """Cut at max_tokens before the model ended it: what "cut" means everywhere (an Episode has the same)."""
+        """Cut at max_tokens before the model ended it: what "cut" means everywhere (an Episode has the
+        same)."""
         return self.finish_reason == "length"
 
     @property

@@ -51,7 +51,8 @@ class LoadReport:
 
 
 def _text(x) -> bool:
-    """A string the tokenizer can take: JSON's \\ud800 escapes give lone surrogates, which UTF-8 cannot encode."""
+    """A string the tokenizer can take: JSON's \\ud800 escapes give lone surrogates, which UTF-8 cannot
+    encode."""
     if not isinstance(x, str):
         return False
     try:
@@ -100,7 +101,8 @@ def jsonl_records(f, report: LoadReport):
 
 
 def _checked(records, report: LoadReport, problem_of: Callable, unit: str) -> list[tuple[int, dict]]:
-    """(number, row) of the records `problem_of` finds nothing wrong with; the others skipped into `report`."""
+    """(number, row) of the records `problem_of` finds nothing wrong with; the others skipped into
+    `report`."""
     rows = []
     for number, row in records:
         problem = problem_of(row)

@@ -164,7 +164,8 @@ def base_task(config: TrainConfig) -> Task:
         reference = actions = None
     if make_env is not None and ((config.data and not reads_data) or config.reward_file or config.reward):
         raise ConfigError(
-            f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not apply"
+            f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not "
+            "apply"
         )
     if make_env is not None and not functions and config.shaping != "always":
         raise ConfigError(

@@ -62,7 +62,8 @@ def prompt_text(row) -> str:
 
 
 def row_key(row) -> str:
-    """A short, stable hash of a row's prompt (prompt_text), and of its name when it has one (IDENTITY_COLUMNS)."""
+    """A short, stable hash of a row's prompt (prompt_text), and of its name when it has one
+    (IDENTITY_COLUMNS)."""
     text = prompt_text(row)
     if isinstance(row, dict):
         names = [str(row[c]) for c in IDENTITY_COLUMNS if isinstance(row.get(c), (str, int))]

@@ -37,7 +37,8 @@ from jinja2 import TemplateError
 from .calls import ToolCall
 
 FALLBACK_INSTRUCTIONS = (
-    "You can call functions to help answer. Their signatures, one JSON object a line:\n<tools>\n{schemas}\n</tools>\n"
+    "You can call functions to help answer. Their signatures, one JSON object a "
+    "line:\n<tools>\n{schemas}\n</tools>\n"
     "To call one, write a JSON object with its name and arguments between tags, one call per block:\n"
     '<tool_call>\n{{"name": "function_name", "arguments": {{"argument": "value"}}}}\n</tool_call>\n'
     "The results come back as <tool_response> blocks. When you know the answer, give it without a call."

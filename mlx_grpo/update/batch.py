@@ -80,7 +80,8 @@ class MicroBatch:
 
 
 def prompt_runs(parts: list[MicroBatch]) -> list[range]:
-    """Indices of `parts` in runs that share one prompt pass: each cut group's pieces, else one micro-batch."""
+    """Indices of `parts` in runs that share one prompt pass: each cut group's pieces, else one
+    micro-batch."""
     runs, start = [], 0
     while start < len(parts):
         end, group = start + 1, parts[start].piece_of

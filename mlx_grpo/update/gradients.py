@@ -62,7 +62,8 @@ _fallback_reported = False  # the compiled update's fallback is reported once a 
 def micro_batch_gradients(
     model: nn.Module, parts: list[MicroBatch], refs: list | None, after_prompt: AfterPrompt, loss_of: LossOf
 ) -> Iterator[tuple[mx.array, dict, dict]]:
-    """(loss, stats, gradients) for each micro-batch, evaluated; each cut group adds one (0, {}, prompt's share)."""
+    """(loss, stats, gradients) for each micro-batch, evaluated; each cut group adds one (0, {}, prompt's
+    share)."""
     dropout = _dropout_active(model)
     # A compiled trace would hold one dropout mask as a constant: with dropout, run traced.
     compiled = COMPILE_ON_CPU and on_cpu() and not dropout
@@ -170,7 +171,8 @@ def lowest_trained_layer(model: nn.Module) -> int:
 
 
 def _varying(flat_size: int, lowest: int) -> list[int]:
-    """Indices into a flat prompt state (keys per layer, values per layer, last) that trained weights change."""
+    """Indices into a flat prompt state (keys per layer, values per layer, last) that trained weights
+    change."""
     layers = (flat_size - 1) // 2
     return [i for i in range(flat_size) if i == flat_size - 1 or i % layers >= lowest]
 

@@ -177,8 +177,8 @@ def _project(
     A chunk is also kept under _CHUNK_FLOATS logits, whatever the batch: with
     8 rows and a 152k vocabulary, 128 positions would be 0.6 GB per tensor.
     `differentiated`: the caller takes the gradient (the update); through a frozen
-    head (LoRA) that gradient is then worked out in the forward pass. `with_entropy=False`: zeros stand for the
-    entropies (_logprobs_and_entropy).
+    head (LoRA) that gradient is then worked out in the forward pass.
+    `with_entropy=False`: zeros stand for the entropies (_logprobs_and_entropy).
     """
     module, project = head
     if chunk_size:
