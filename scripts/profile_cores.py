@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import emit_result, machine_line, markdown_table  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+PERF_RATE = 199  # samples a second of each thread
 
 
 def thread_times() -> dict[int, float]:
@@ -46,14 +49,22 @@ class Phases:
     def __init__(self):
         self.wall: dict[str, float] = {}
         self.cpu: dict[str, dict[int, float]] = {}
+        self.spans: list[
+            tuple[str, float, float]
+        ] = []  # (phase, start, end) on CLOCK_MONOTONIC, as `perf -k`
 
     def wrap(self, name: str, fn):
         def timed(*args, **kwargs):
-            before, start = thread_times(), time.perf_counter()
+            before, start, began = (
+                thread_times(),
+                time.perf_counter(),
+                time.clock_gettime(time.CLOCK_MONOTONIC),
+            )
             try:
                 return fn(*args, **kwargs)
             finally:
                 after = thread_times()
+                self.spans.append((name, began, time.clock_gettime(time.CLOCK_MONOTONIC)))
                 self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - start
                 spent = self.cpu.setdefault(name, {})
                 for tid, seconds in after.items():
@@ -87,6 +98,40 @@ class Phases:
         return out
 
 
+def classify(dso: str, symbol: str) -> str:
+    """What a CPU sample was doing: matmul, BLAS waiting for work, MLX's other ops, the kernel, Python."""
+    if "openblas" in dso or "libblas" in dso:
+        return "BLAS waiting" if "thread_server" in symbol or "yield" in symbol else "matmul"
+    if "libmlx" in dso:
+        return "other MLX ops"
+    if dso in ("[kernel.kallsyms]", "[unknown]") or dso.startswith("[kernel"):
+        return "kernel (page faults, copies)"
+    return "Python and the rest"
+
+
+def perf_shares(data: str, spans: list[tuple[str, float, float]]) -> list[dict]:
+    """Samples of `perf record -k CLOCK_MONOTONIC` by phase, thread and what they were doing."""
+    text = subprocess.run(
+        ["perf", "script", "-i", data, "-F", "tid,time,ip,sym,dso"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    counts: dict[tuple[str, int, str], int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 3 or not parts[1].endswith(":"):
+            continue
+        tid, stamp = int(parts[0]), float(parts[1][:-1])
+        dso = line[line.rfind("(") + 1 : line.rfind(")")] if "(" in line else "[unknown]"
+        symbol = " ".join(parts[2:])
+        phase = next((name for name, a, b in spans if a <= stamp <= b), None)
+        if phase is not None:
+            key = (phase, tid, classify(dso, symbol))
+            counts[key] = counts.get(key, 0) + 1
+    return [{"phase": p, "tid": t, "doing": d, "samples": n} for (p, t, d), n in sorted(counts.items())]
+
+
 def threading_main_id() -> int:
     return os.getpid()  # the main thread's id is the process id on Linux
 
@@ -94,6 +139,12 @@ def threading_main_id() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--perf",
+        metavar="FILE",
+        help="also sample every thread with `perf record` into FILE and "
+        "say what each phase's samples were doing (matmul, BLAS waiting, MLX's other ops, ...)",
+    )
     parser.add_argument("train_flags", nargs=argparse.REMAINDER, help="-- then the flags of mlx-grpo train")
     args = parser.parse_args()
     flags = [f for f in args.train_flags if f != "--"]
@@ -111,9 +162,30 @@ def main() -> None:
 
     from mlx_grpo.cli import app
 
+    recorder = None
+    if args.perf:  # after the re-execution above, so perf follows the process that trains
+        recorder = subprocess.Popen(
+            [
+                "perf",
+                "record",
+                "-q",
+                "-k",
+                "CLOCK_MONOTONIC",
+                "-F",
+                str(PERF_RATE),
+                "-p",
+                str(os.getpid()),
+                "-o",
+                args.perf,
+            ]
+        )
+        time.sleep(1.0)
     start = time.perf_counter()
     result = CliRunner().invoke(app, ["train", *flags], catch_exceptions=False)
     wall = time.perf_counter() - start
+    if recorder is not None:
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait()
     rows = phases.rows()
     report = {
         "machine": machine_line(),
@@ -123,6 +195,7 @@ def main() -> None:
         "command_s": round(wall, 1),
         "max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
         "phases": rows,
+        "spans": phases.spans,
     }
     table = markdown_table(
         ["phase", "wall s", "CPU s", "cores busy", "busiest threads (CPU s, share of wall)"],
@@ -140,6 +213,17 @@ def main() -> None:
             for r in rows
         ],
     )
+    if args.perf:
+        report["perf"] = perf_shares(args.perf, phases.spans)
+        doing = sorted({r["doing"] for r in report["perf"]})
+        seconds: dict[tuple[str, str], float] = {}
+        for r in report["perf"]:
+            key = (r["phase"], r["doing"])
+            seconds[key] = seconds.get(key, 0.0) + r["samples"] / PERF_RATE
+        table += "\n\nCPU seconds by what they did (every thread, perf samples):\n" + markdown_table(
+            ["phase", *doing],
+            [[p, *(round(seconds.get((p, d), 0.0), 1) for d in doing)] for p in phases.wall],
+        )
     emit_result(report, args.json, table)
 
 
