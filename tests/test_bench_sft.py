@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_sft", ROOT / "scripts" / "bench_sft.py")
 bench_sft = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench_sft)
+spec = importlib.util.spec_from_file_location("bench_sft_sides", ROOT / "scripts" / "bench_sft_sides.py")
+bench_sft_sides = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench_sft_sides)
 
 # 2 rows a step of 8 prompt and 8 completion tokens; the random model's chat template adds 21 tokens
 # ("<|im_start|>user\n" 6, "<|im_end|>\n" 2, "<|im_start|>assistant\n" 11, "<|im_end|>\n" 2).
@@ -95,7 +98,8 @@ def test_rows_have_the_asked_token_lengths(tmp_path):
 
 
 def test_mlx_lm_lora_padding_by_hand():
-    assert [bench_sft.padded_width_peer(n) for n in (1, 32, 33, 37, 256, 257)] == [33, 33, 65, 65, 257, 289]
+    widths = [bench_sft_sides.padded_width_peer(n) for n in (1, 32, 33, 37, 256, 257)]
+    assert widths == [33, 33, 65, 65, 257, 289]
 
 
 @pytest.mark.parametrize(
