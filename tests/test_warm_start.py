@@ -349,3 +349,21 @@ def test_a_stage_on_other_kinds_is_not_the_run_s_check(tmp_path, stage_kinds, re
         assert stage.accuracy_before == 0.25 and stage.check == {"accuracy": 0.5, "n": 12, "seconds": 3.0}
     else:
         assert stage.accuracy_before is None and stage.check is None
+
+
+@pytest.mark.parametrize("stage_data, reused", [(None, True), ("other-rows.jsonl", False)])
+def test_a_stage_on_other_data_is_not_the_run_s_check(tmp_path, stage_data, reused):
+    """A warm start on data of its own (warm_start_data) checked that data's validation rows, not the run's:
+    the run's summary then sets no figure of those rows beside its own, and GRPO makes its own check."""
+    folder = tmp_path / "run" / ws.WARM_START_DIR
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(
+        json.dumps({"accuracy_before": 0.25, "accuracy_after": 0.5, "eval_n": 12, "eval_seconds": 3.0})
+    )
+    values = {"task": "arith", "warm_start_steps": 4, "resume": str(tmp_path / "run")}
+    config = build_config({**values, **({"warm_start_data": stage_data} if stage_data else {})})
+    stage = ws.run_warm_start(config, tmp_path / "run", emit=lambda kind, data: None)
+    if reused:
+        assert stage.accuracy_before == 0.25 and stage.check == {"accuracy": 0.5, "n": 12, "seconds": 3.0}
+    else:
+        assert stage.accuracy_before is None and stage.check is None
