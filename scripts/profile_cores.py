@@ -15,6 +15,7 @@ time beyond the worker's is the work outside matmuls, on one core.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import signal
@@ -98,15 +99,34 @@ class Phases:
         return out
 
 
+WAITING = (
+    "thread_server",
+    "sched_yield",
+    "__schedule",
+    "schedule",
+    "finish_task_switch",
+    "do_syscall_64",
+    "_raw_spin_unlock",
+    "futex",
+    "entry_SYSCALL",
+    "syscall_exit",
+    "pthread_cond",
+    "nanosleep",
+)
+MLX_COMPILED = "libC"  # the shared objects MLX compiles fused elementwise kernels into
+
+
 def classify(dso: str, symbol: str) -> str:
-    """What a CPU sample was doing: matmul, BLAS waiting for work, MLX's other ops, the kernel, Python."""
+    """What a CPU sample was doing: BLAS arithmetic or packing, waiting, MLX's other ops, page faults, ..."""
+    if any(w in symbol for w in WAITING):
+        return "waiting (yield, sleep)"
     if "openblas" in dso or "libblas" in dso:
-        return "BLAS waiting" if "thread_server" in symbol or "yield" in symbol else "matmul"
-    if "libmlx" in dso:
-        return "other MLX ops"
-    if dso in ("[kernel.kallsyms]", "[unknown]") or dso.startswith("[kernel"):
-        return "kernel (page faults, copies)"
-    return "Python and the rest"
+        return "matmul packing" if "copy" in symbol else "matmul arithmetic"
+    if "libmlx" in dso or Path(dso).name.startswith(MLX_COMPILED) or "libm.so" in dso:
+        return "MLX's other ops"
+    if dso.startswith("[kernel"):
+        return "kernel: page faults, copies" if "page" in symbol or "fault" in symbol else "kernel: other"
+    return "Python, malloc and the rest"
 
 
 def perf_shares(data: str, spans: list[tuple[str, float, float]]) -> list[dict]:
@@ -132,6 +152,19 @@ def perf_shares(data: str, spans: list[tuple[str, float, float]]) -> list[dict]:
     return [{"phase": p, "tid": t, "doing": d, "samples": n} for (p, t, d), n in sorted(counts.items())]
 
 
+def doing_table(samples: list[dict], phase_names: list[str]) -> str:
+    """CPU seconds each phase spent on each kind of work, over every thread."""
+    doing = sorted({r["doing"] for r in samples})
+    seconds: dict[tuple[str, str], float] = {}
+    for r in samples:
+        key = (r["phase"], r["doing"])
+        seconds[key] = seconds.get(key, 0.0) + r["samples"] / PERF_RATE
+    rows = [[p, *(round(seconds.get((p, d), 0.0), 1) for d in doing)] for p in dict.fromkeys(phase_names)]
+    return "CPU seconds by what they did (every thread, perf samples):\n" + markdown_table(
+        ["phase", *doing], rows
+    )
+
+
 def threading_main_id() -> int:
     return os.getpid()  # the main thread's id is the process id on Linux
 
@@ -145,9 +178,20 @@ def main() -> None:
         help="also sample every thread with `perf record` into FILE and "
         "say what each phase's samples were doing (matmul, BLAS waiting, MLX's other ops, ...)",
     )
+    parser.add_argument(
+        "--analyse",
+        metavar="JSON",
+        help="read the perf samples of an earlier --perf run again "
+        "(its --json report names the phases) and print what they did; trains nothing",
+    )
     parser.add_argument("train_flags", nargs=argparse.REMAINDER, help="-- then the flags of mlx-grpo train")
     args = parser.parse_args()
     flags = [f for f in args.train_flags if f != "--"]
+    if args.analyse:
+        earlier = json.loads(Path(args.analyse).read_text())
+        spans = [tuple(span) for span in earlier["spans"]]
+        print(doing_table(perf_shares(args.perf, spans), [name for name, *_ in spans]))
+        return
 
     from mlx_grpo.blas import blas_description, use_openblas
 
@@ -215,15 +259,7 @@ def main() -> None:
     )
     if args.perf:
         report["perf"] = perf_shares(args.perf, phases.spans)
-        doing = sorted({r["doing"] for r in report["perf"]})
-        seconds: dict[tuple[str, str], float] = {}
-        for r in report["perf"]:
-            key = (r["phase"], r["doing"])
-            seconds[key] = seconds.get(key, 0.0) + r["samples"] / PERF_RATE
-        table += "\n\nCPU seconds by what they did (every thread, perf samples):\n" + markdown_table(
-            ["phase", *doing],
-            [[p, *(round(seconds.get((p, d), 0.0), 1) for d in doing)] for p in phases.wall],
-        )
+        table += "\n\n" + doing_table(report["perf"], list(phases.wall))
     emit_result(report, args.json, table)
 
 
