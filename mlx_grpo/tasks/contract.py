@@ -107,9 +107,9 @@ class TaskModule:
         for attr in ("SYSTEM_PROMPT", "CHAT_SYSTEM_PROMPT"):
             if values[attr] is not None and not isinstance(values[attr], str):
                 fail(f"{attr} is not text")
-        for attr in ("REWARDS", "CHAT_REWARDS"):
-            if attr in chat or attr == "REWARDS":
-                _check_rewards(values[attr], attr, fail)
+        _check_rewards(values["REWARDS"], "REWARDS", fail)
+        if chat:  # all three, checked above
+            _check_rewards(values["CHAT_REWARDS"], "CHAT_REWARDS", fail)
         reads_data = getattr(module, "READS_DATA", False)
         if not isinstance(reads_data, bool):
             fail("READS_DATA is not True or False")
