@@ -138,14 +138,14 @@ def test_web_qwen_recipe_warm_starts_then_selects_tasks():
 
 def test_multihop_qwen_recipe_warm_starts_on_scripted_tool_episodes():
     """configs/multihop_qwen05.yaml: scripted tool episodes first (read each hop, then answer), then GRPO on
-    two-hop questions, the whole command within its time limit."""
+    two-hop questions for the rest of the hour, the whole command within its time limit."""
     from rewards import multihop
 
     config = _config("multihop_qwen05.yaml")
     assert (config.model, config.task, config.time_limit_minutes) == (
         "ollama:qwen2.5-coder:0.5b",
         "multihop",
-        30,
+        55,
     )
     assert config.warm_start.steps > 0 and config.warm_start.data is None  # the task's own demonstrations
     task = load_task(config)
