@@ -20,12 +20,16 @@ GRPO's final evaluation, GRPO takes no step.
 
 from __future__ import annotations
 
+import gc
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+import mlx.core as mx
+
 from ..config import ConfigError, TrainConfig, dump_yaml, with_settings
+from ..sampling import fixed_decode
 from ..tasks.registry import BUILTIN_TASKS
 from . import checkpoint as ckpt
 from .run_folder import prepare_run_folder
@@ -106,6 +110,7 @@ def run_warm_start(config: TrainConfig, run_dir: Path, emit: Callable[[str, dict
             raise KeyboardInterrupt(
                 str(e).replace(f"mlx-grpo sft --resume {folder}", f"mlx-grpo train --resume {run_dir}")
             ) from None
+        release_stage_model()
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     check = None
     # A stage on other kinds or other data checked other rows: neither of its checks is the run's (GRPO makes
@@ -123,6 +128,16 @@ def run_warm_start(config: TrainConfig, run_dir: Path, emit: Callable[[str, dict
     return WarmStart(
         folder, summary.get("accuracy_before") if same_tasks else None, check, ran_now=not finished
     )
+
+
+def release_stage_model() -> None:
+    """Free the stage's model before GRPO loads its own, so the command's peak memory is the larger stage's,
+    not both together. sft's run drops its model and optimizer when it returns, but the compiled decode
+    steps of its check after the last step (sampling/fixed_decode.py) still hold the model's weights until
+    the next decode, which comes after GRPO's load; MLX's allocator also keeps the freed buffers cached."""
+    fixed_decode.release()
+    gc.collect()  # none today, but a reference cycle through the model would keep it until a collection
+    mx.clear_cache()
 
 
 def grpo_config(config: TrainConfig, stage: WarmStart | None) -> TrainConfig:
