@@ -20,7 +20,7 @@ from .cli_options import (
     _SettingsCommand,
     _train_signature,
     _UsageError,
-    _web_kinds,
+    _all_or_typed,
     _with_evaluation_options,
 )
 from .config import JUDGE_KEYS, ConfigError, build_config, file_settings_not_read
@@ -127,7 +127,7 @@ def _evaluation(options: dict, run_dir, model):
             "reward_file": str(options["reward_file"]) if options["reward_file"] else None,
             "reward": options["reward"] or None,
             "max_tokens": options["max_tokens"],
-            "web_kinds": _web_kinds(options["web_kinds"]),
+            **{k: _all_or_typed(options[k]) for k in ("web_kinds", "multihop_hops", "multihop_chains")},
             "decode_concurrency": options["decode_concurrency"],
             **{k: options[k] for k in JUDGE_KEYS},
             "eval_num_problems": options["n"],

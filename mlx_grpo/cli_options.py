@@ -56,10 +56,13 @@ class _SettingsCommand(typer.core.TyperCommand):
 
 
 def _option_type(name: str):
-    """The CLI type of a setting: lists are repeatable flags, everything else optional."""
+    """The CLI type of a setting: a list is comma-separated text (--reward repeats), everything else
+    optional."""
     hint = _HINTS[name]
     if name == "reward":
         return Optional[List[str]]
+    if typing.get_origin(hint) is list:  # list[int] is not list[int] | None: its args are the item's
+        return Optional[str]  # comma-separated, e.g. --multihop-hops 2,3
     base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
     if typing.get_origin(base) is list:
         return Optional[str]  # comma-separated, e.g. --reward-weights 1,0.2
@@ -151,6 +154,15 @@ _EVALUATION_OPTIONS = {
             '"all" for all 12; default: the run\'s web_kinds',
         ),
     ),
+    # The multihop task's own settings, as train reads them (their help is the setting's): a run trained on
+    # 2-hop questions is scored on 3-hop ones with --multihop-hops 3.
+    **{
+        name: (
+            _option_type(name),
+            typer.Option(None, help=f'{field_help()[name]} (or "all"); default: the run\'s'),
+        )
+        for name in ("multihop_hops", "multihop_chains")
+    },
     "reward_file": (Optional[Path], typer.Option(None, help="Python file defining reward functions")),
     "reward": (Optional[List[str]], typer.Option(None, help="reward function name(s)")),
     "judge": (
@@ -192,6 +204,7 @@ def _with_evaluation_options(command):
     return command
 
 
-def _web_kinds(typed: str | None) -> str | list | None:
-    """--web-kinds as typed; "all" is the empty list that means every kind (a run's own list would stand)."""
+def _all_or_typed(typed: str | None) -> str | list | None:
+    """A list flag of compare and eval (--web-kinds, --multihop-hops, --multihop-chains) as typed; "all" is
+    the empty list that means every one (left untyped, the run's own list would stand)."""
     return [] if typed is not None and typed.strip().lower() == "all" else typed

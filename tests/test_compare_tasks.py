@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from mlx_grpo.cli import _web_kinds, app
+from mlx_grpo.cli import _all_or_typed, app
 from mlx_grpo.evaluation import compare as cmp
 from mlx_grpo.run.task_setup import load_task
 
@@ -176,7 +176,7 @@ def test_web_kinds_flag_scores_other_kinds_than_the_run_trained_on(tmp_path):
     (run / "config.yaml").write_text("task: web\nweb_kinds: [fact/1, shop/1]\neval_num_problems: 24\n")
 
     def kinds(typed):
-        config = cmp.task_config(run, None, {"web_kinds": _web_kinds(typed)})
+        config = cmp.task_config(run, None, {"web_kinds": _all_or_typed(typed)})
         return sorted({row["kind"] for row in load_task(config).test_rows})
 
     assert kinds(None) == ["fact/1", "shop/1"]

@@ -90,7 +90,8 @@ def load_model(spec: ModelSpec, keep_quantized: bool = False):
 def guard(task: Task, settings: Settings, specs: list[ModelSpec]) -> None:
     """The task guarded, in place, as `train` guards it (run/setup.py's guard_task): its rows screened with
     each model's tokenizer and context, so every model answers the same rows a run's held-out check would,
-    and every reward call bounded by reward_timeout.
+    and every reward call bounded by reward_timeout. Unlike a run, it needs no train rows: data of held-out
+    questions alone is scored.
 
     Each model's tokenizer and context length are read from its files before any answers are decoded or
     looked up in the cache, without loading its weights (models/screen_info.py; adapters change neither),
@@ -98,7 +99,7 @@ def guard(task: Task, settings: Settings, specs: list[ModelSpec]) -> None:
     config = settings.run_config or TrainConfig(sampling=settings.sampling)
     for name in dict.fromkeys(spec.model for spec in specs):
         tokenizer, context = _as_compare_error(ModelSpec(name), lambda: read_tokenizer(name))
-        guard_task(task, config, tokenizer, context)
+        guard_task(task, config, tokenizer, context, training=False)
 
 
 def generate(

@@ -74,15 +74,24 @@ def keeps_reference(config: TrainConfig) -> bool:
     return o.ref_refresh_every > 0 or (config.fine_tune_type == "full" and (o.beta > 0 or o.kl_every > 0))
 
 
-def guard_task(task: Task, config: TrainConfig, tokenizer, context: int | None) -> Task:
+def guard_task(
+    task: Task, config: TrainConfig, tokenizer, context: int | None, training: bool = True
+) -> Task:
     """The task as a run uses it, in place: rows screened against its rewards and the model's context
     (bad rows and prompts too long for the model left out, on_bad_data), and every reward call bounded by
     reward_timeout. `train`, `eval` and `compare` all call it, so their accuracies are over the same rows
     and none of them waits forever on a reward. Calling it again (another model) screens the rows again.
     `context`: the model's length in positions (models/screen_info.py: of a loaded model, or read from its
-    files without loading it), None where unknown."""
+    files without loading it), None where unknown. `training`: a task with no train rows is refused (eval
+    and compare, which score held-out rows alone, pass False)."""
     screen_task(
-        task, tokenizer, context, config.sampling.max_tokens, config.max_prompt_tokens, config.on_bad_data
+        task,
+        tokenizer,
+        context,
+        config.sampling.max_tokens,
+        config.max_prompt_tokens,
+        config.on_bad_data,
+        training,
     )
     task.reward_functions = [with_timeout(fn, config.reward_timeout) for fn in task.reward_functions]
     if task.accuracy_reward is not None:

@@ -385,13 +385,20 @@ def screen_rows(
 
 
 def screen_task(
-    task, tokenizer, context: int | None, max_tokens: int, max_prompt_tokens: int | None, on_bad: str
+    task,
+    tokenizer,
+    context: int | None,
+    max_tokens: int,
+    max_prompt_tokens: int | None,
+    on_bad: str,
+    training: bool = True,
 ) -> None:
     """Check a task's train and eval rows against its rewards and the model's context (its length in
     positions, None: unknown), in place. Only the tokenizer and the context are needed, not the model's
     weights (models/screen_info.py reads both from a model's files).
 
-    Skipped rows become warnings on the task; no usable training row left is a DataError.
+    Skipped rows become warnings on the task; no usable training row left is a DataError when `training`
+    (compare and eval score held-out rows alone: data of test questions only needs no train rows).
     """
     needed = required_columns(task.reward_functions)
     limit = prompt_token_limit(context, max_tokens, max_prompt_tokens)
@@ -406,8 +413,8 @@ def screen_task(
         getattr(task, "prompt_format", None),
     )
     task.warnings += [note] if note else []
-    if not task.train_rows:
-        raise DataError(f"{task.name}: no usable training rows ({note})")
+    if training and not task.train_rows:
+        raise DataError(f"{task.name}: no usable training rows" + (f" ({note})" if note else ""))
     eval_needed = required_columns([task.accuracy_reward]) if task.accuracy_reward else {}
     task.eval_rows, note = screen_rows(
         task.eval_rows,

@@ -1,5 +1,10 @@
-"""MuSiQue rows for `--task multihop --data ...`: a local JSONL (or a folder of train/validation
+"""MuSiQue rows for `--task multihop --data ...`: a local JSONL (or a folder of train/validation/test
 files) or a Hugging Face dataset in MuSiQue's format, such as `bdsaglam/musique-mini`.
+
+A folder's files: train.jsonl, validation.jsonl (or valid.jsonl) and test.jsonl, or MuSiQue's dev.jsonl
+as test when there is no test.jsonl (MuSiQue's own test answers are not public). A folder with held-out
+files and no train.jsonl is a set of questions to score (`compare`, `eval`): its train split is empty,
+which a training run refuses.
 
 A row needs "question", "answer" and "paragraphs" ([{"title", "paragraph_text",
 "is_supporting"}]); "answer_aliases", "question_decomposition" and "id" are
@@ -77,15 +82,31 @@ def _jsonl(path: Path, report: LoadReport):
             yield f"line {number}", record
 
 
+def _split_file(folder: Path, split: str) -> Path | None:
+    names = SPLIT_FILES[split] + (("dev",) if split == "test" else ())
+    return next((folder / f"{n}.jsonl" for n in names if (folder / f"{n}.jsonl").is_file()), None)
+
+
+def held_out_only(spec: str) -> bool:
+    """A folder of questions to score only: held-out files and no train.jsonl."""
+    path = Path(spec).expanduser()
+    return (
+        path.is_dir()
+        and _split_file(path, "train") is None
+        and any(_split_file(path, split) for split in ("validation", "test"))
+    )
+
+
 def _records(spec: str, split: str, report: LoadReport) -> list[tuple[str, object]]:
     path = Path(spec).expanduser()
     if path.is_file():
         return _jsonl(path, report) if split == "train" else []
     if path.is_dir():
-        names = SPLIT_FILES[split] + (("dev",) if split == "test" else ())
-        found = next((path / f"{n}.jsonl" for n in names if (path / f"{n}.jsonl").is_file()), None)
+        found = _split_file(path, split)
         if found is None and split == "train":
-            raise DataError(f"{path}: no train.jsonl in this folder")
+            raise DataError(
+                f"{path}: no train.jsonl (nor test.jsonl, dev.jsonl or validation.jsonl) in this folder"
+            )
         report.source = str(found or path)
         return _jsonl(found, report) if found else []
     if path.suffix in (".jsonl", ".json") or spec.startswith((".", "/", "~")):
@@ -104,7 +125,9 @@ def _records(spec: str, split: str, report: LoadReport) -> list[tuple[str, objec
 
 def load_musique(spec: str, split: str, on_bad: str = "skip") -> tuple[list[dict], str | None]:
     """The task rows of one split ("train", "validation" or "test"; MuSiQue's "dev" is test) and a note about
-    skipped rows, if any."""
+    skipped rows (or a folder's missing train.jsonl), if any."""
+    if split == "train" and held_out_only(spec):
+        return [], f"{spec} has no train.jsonl: its questions are to score (compare, eval), not to train on"
     report = LoadReport(source=spec, on_bad=on_bad)
     rows = []
     for where, raw in _records(spec, split, report):
