@@ -17,6 +17,8 @@ from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
 from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
+from .quantized import quantized_modules
+
 FINE_TUNE_TYPES = ("lora", "dora", "full")
 _ADAPTER_TYPES = (LoRALinear, LoRASwitchLinear, LoRAEmbedding, DoRALinear, DoRAEmbedding)
 
@@ -32,6 +34,13 @@ def prepare_for_training(model: nn.Module, fine_tune_type: str = "lora", lora: d
     num_layers = len(model.layers) if lora["num_layers"] in (-1, None) else int(lora["num_layers"])
     params = {k: lora[k] for k in ("rank", "scale", "dropout")}
     if fine_tune_type == "full":
+        # A quantized layer's weights stay frozen through unfreeze(): full fine-tuning would skip them
+        # silently (a base loaded for adapters keeps its lookup-only embedding quantized: quantized.py).
+        if quantized_modules(model):
+            raise ValueError(
+                "full fine-tuning needs float weights, but the base has quantized layers: "
+                "prepare_base(model, fine_tune_type='full') widens them all on the CPU"
+            )
         model.unfreeze()
     else:
         model.freeze()
