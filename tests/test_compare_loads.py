@@ -1,6 +1,6 @@
 """`eval` and `compare` load each model's weights once, to answer: screening a task's rows (run/setup.py's
 guard_task) reads the tokenizer and the context length from the model's files (models/screen_info.py),
-the very ones a load gives."""
+the very ones a load gives. It holds one model at a time."""
 
 import json
 import shutil
@@ -133,3 +133,29 @@ def test_compare_and_eval_load_each_model_once(tiny_run, tmp_path, counted_loads
     )
     assert result.exit_code == 0, result.output
     assert counted_loads == {str(base): 1}
+
+
+def test_compare_lets_go_of_the_base_before_it_loads_the_trained_model(tiny_model_path, monkeypatch):
+    """compare holds one model at a time: when the trained model loads, nothing holds the base's weights
+    (the compiled decode steps of the base's answers held them until the next decode)."""
+    import weakref
+
+    from compare_setup import task_and_settings
+
+    from mlx_grpo.evaluation import compare as cmp
+
+    loaded, alive_at_load = [], []
+    real = cmp.load_model
+
+    def recording(spec, keep_quantized=False):
+        alive_at_load.append([ref() is not None for ref in loaded])
+        model, tokenizer = real(spec, keep_quantized)
+        loaded.append(weakref.ref(model))
+        return model, tokenizer
+
+    monkeypatch.setattr(cmp, "load_model", recording)
+    spec = cmp.ModelSpec(str(tiny_model_path))
+    task, settings = task_and_settings(str(tiny_model_path), n=2, max_tokens=4)
+    settings.cache = False  # both models decode
+    cmp.compare(spec, spec, task, settings)
+    assert alive_at_load == [[], [False]]

@@ -24,12 +24,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-import mlx.core as mx
 
 from ..config import TrainConfig
 from ..models.loading import GGUFError, ModelNotInstalled, StoreError, load_policy
 from ..models.screen_info import read_tokenizer
 from ..run.setup import guard_task
+from ..sampling import fixed_decode
 from ..sampling.kinds import rollouts_for
 from ..sampling.rollout import SamplingConfig
 from ..stats import CONFIDENCE, PairedResult, compare_paired, paired_parts
@@ -179,7 +179,7 @@ def generate_or_reuse(
         progress(0)
     answers, rollouts, seconds = generate(model, tokenizer, task, rows, settings, progress)
     del model
-    mx.clear_cache()  # the next model gets the memory
+    fixed_decode.release()  # the next model gets the memory: the compiled decode steps hold this one
     if key:
         kept_as = (
             [answer_cache.episode_dict(r) for r in rollouts] if episodes else [asdict(a) for a in answers]

@@ -20,13 +20,11 @@ GRPO's final evaluation, GRPO takes no step.
 
 from __future__ import annotations
 
-import gc
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-import mlx.core as mx
 
 from ..config import ConfigError, TrainConfig, dump_yaml, with_settings
 from ..sampling import fixed_decode
@@ -133,11 +131,8 @@ def run_warm_start(config: TrainConfig, run_dir: Path, emit: Callable[[str, dict
 def release_stage_model() -> None:
     """Free the stage's model before GRPO loads its own, so the command's peak memory is the larger stage's,
     not both together. sft's run drops its model and optimizer when it returns, but the compiled decode
-    steps of its check after the last step (sampling/fixed_decode.py) still hold the model's weights until
-    the next decode, which comes after GRPO's load; MLX's allocator also keeps the freed buffers cached."""
+    steps of its check after the last step still hold the model's weights until the next decode."""
     fixed_decode.release()
-    gc.collect()  # none today, but a reference cycle through the model would keep it until a collection
-    mx.clear_cache()
 
 
 def grpo_config(config: TrainConfig, stage: WarmStart | None) -> TrainConfig:

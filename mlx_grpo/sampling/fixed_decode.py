@@ -29,6 +29,7 @@ argmax(filtered log-probs / T + Gumbel noise from key (r, t)).
 from __future__ import annotations
 
 import copy
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -139,8 +140,12 @@ def slots_seen(slot: int, length: int) -> int:
 
 
 def release() -> None:
-    """Drop the compiled steps (and with them the last sampling model's weights)."""
+    """Drop the compiled steps, and with them the last sampling model's weights, and hand MLX's cached
+    buffers back: whoever loads the next model (GRPO after its warm start, compare's second model) gets
+    the memory, instead of holding two models at once until the next decode replaces these steps."""
     _last["model"], _last["steps"] = None, {}
+    gc.collect()  # none today, but a reference cycle through the model would keep it until a collection
+    mx.clear_cache()
 
 
 # A prefix shared by every prompt (a base model's few-shot frame) is prefilled once when at least this long.
