@@ -155,3 +155,34 @@ def test_multihop_qwen_recipe_warm_starts_on_scripted_tool_episodes():
     # the scripted episode reads both supporting paragraphs, then answers
     actions = multihop.reference_actions(row)
     assert len(actions) == 3 and actions[-1] == row["answer"] and all("<tool_call>" in a for a in actions[:2])
+
+
+def test_gsm8k_warm_qwen_recipe_warm_starts_on_train_solutions_only(tmp_path):
+    """configs/gsm8k_warm_qwen05.yaml: gsm8k_qwen05.yaml's GRPO stage after a warm start on worked solutions;
+    the demonstrations are train rows, none of them a validation or test problem."""
+    if not (GSM8K_DATA / "test.jsonl").is_file():
+        pytest.skip("shared GSM8K data not found")
+    from mlx_grpo.run.sft_setup import task_rows
+    from mlx_grpo.run.warm_start import check_demonstrations, warm_start_config
+    from mlx_grpo.tasks.splits import prompt_text, row_key, side_of
+
+    config = _config("gsm8k_warm_qwen05.yaml", data=str(GSM8K_DATA))
+    grpo = _config("gsm8k_qwen05.yaml", data=str(GSM8K_DATA))
+    same = ("lr", "batch_size", "group_size", "steps", "time_limit_minutes", "lora_rank", "reward_weights")
+    assert {k: getattr(config, k) for k in same} == {k: getattr(grpo, k) for k in same}
+    assert config.sampling == grpo.sampling and config.objective == grpo.objective
+    assert (config.warm_start.steps, config.warm_start.batch_size, config.warm_start.data) == (16, 4, None)
+    check_demonstrations(config)  # the task's own demonstrations: no warm_start_data needed
+    stage = warm_start_config(config, tmp_path / "warm_start", resume=False)
+    task = load_task(stage)
+    train, held_out = task_rows(task, stage)
+    assert len(train) == 16 * 4 and held_out == task.eval_rows[: len(held_out)]
+    test = {prompt_text(row) for row in gsm8k.load_rows("test", config)}
+    # the folder has a test file, so only validation is carved from train (by each question's hash)
+    assert all(side_of(row_key(row)) != "validation" and prompt_text(row) not in test for row in train)
+    validation = {row_key(row) for row in held_out}
+    assert not validation & {row_key(row) for row in train}
+    # each demonstration is the row's worked solution, calculator notes dropped, ending in its answer
+    for row in train:
+        solution = task.reference_answer(row)
+        assert "<<" not in solution and solution.strip().splitlines()[-1].startswith("#### ")
