@@ -71,7 +71,6 @@ def test_both_sides_every_phase_timed_and_counted(capsys, tmp_path):
         phases = figures["phases"]
         assert set(phases) == set(profile_sft.PHASES), side
         assert all(phases[name]["seconds"] > 0 for name in MEASURED), (side, phases)
-        assert phases["forward_backward"]["seconds"] >= phases["forward"]["seconds"], (side, phases)
         assert phases["backward"]["seconds"] == pytest.approx(
             phases["forward_backward"]["seconds"] - phases["forward"]["seconds"]
         )
@@ -85,10 +84,12 @@ def test_both_sides_every_phase_timed_and_counted(capsys, tmp_path):
         forward, backward = by_hand(2, width)
         assert figures["flops_per_step"] == {"forward": forward, "backward": backward}, side
         assert phases["forward_backward"]["flops"] == phases["step"]["flops"] == forward + backward
+        # backward is a difference of two medians: on a loaded machine it can come out <= 0, and then
+        # has no rate rather than a negative one
         for name in ("forward", "backward", "forward_backward", "step"):
-            assert phases[name]["gflops"] == pytest.approx(
-                phases[name]["flops"] / phases[name]["seconds"] / 1e9
-            )
+            seconds = phases[name]["seconds"]
+            rate = phases[name]["flops"] / seconds / 1e9 if seconds > 0 else None
+            assert phases[name]["gflops"] == pytest.approx(rate)
         assert "flops" not in phases["optimizer"] and "flops" not in phases["batch"]
     assert (
         printed["mlx_lm_lora"]["trainable_parameters"]
