@@ -2,7 +2,8 @@
 
 One step takes the next `batch_size` demonstrations (each epoch a fresh order drawn from the
 seed and the epoch's number alone, so a resumed run takes the same ones), pads each
-micro-batch of `micro_batch_size` rows to its longest, sums the micro-batches' gradients of
+micro-batch of `micro_batch_size` rows (fewer on a CPU when their activations would pass train's
+budget, update/batch.py) to its longest, sums the micro-batches' gradients of
 the loss normalised by the batch's trained tokens (update/sft_loss.py), clips their global
 norm at `max_grad_norm` (the norm before clipping is logged) and steps AdamW on train's
 warmup + cosine schedule. A step whose loss or gradient is not finite leaves the weights
@@ -33,6 +34,7 @@ from mlx.utils import tree_map
 
 from ..config import TrainConfig
 from ..models.screen_info import context_length
+from ..update.batch import memory_bound_size
 from ..update.sft_loss import pad_rows, sft_gradients, sft_loss
 from . import distributed as dist
 from . import run_result, step_update
@@ -87,7 +89,11 @@ def sft_step(
     start = time.perf_counter()
     count = trained_count(examples)
     grads, loss_sum = None, 0.0
-    for part in micro_batches(examples, micro_batch_size):
+    # train's CPU rule: fewer rows a pass when their activations would pass the budget
+    # (exact at any size: the loss is normalised by the whole batch's trained tokens)
+    longest = max(len(ids) for ids, _ in examples)
+    size = memory_bound_size(micro_batch_size, model, longest - 1)
+    for part in micro_batches(examples, size):
         tokens, trained = pad_rows(part, pad_id)
         loss, g = sft_gradients(model, tokens, trained, max(count, 1), head_chunk(model, tokens, chunk))
         grads = g if grads is None else tree_map(mx.add, grads, g)
