@@ -12,7 +12,9 @@ memory free when the rollout starts (Linux: MemAvailable; Metal: the
 recommended working set; CUDA: the device's memory), less what MLX already
 holds on a GPU, or `MLX_GRPO_DECODE_MEMORY_GB` gigabytes when set. A rollout's
 peak stays within about 1.3x its buffers (turn_cache.py, fixed_decode.py), so a
-quarter leaves the rest for the weights, the update and everything else.
+quarter leaves the rest for the weights, the update and everything else. The
+same budget bounds what an update's pass keeps for its backward pass before its
+layers are recomputed instead (update/recompute.py).
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from mlx.utils import tree_flatten
 from ..device import on_cpu
 from .batch import MicroBatch, prompt_runs
 from .logprobs import prompt_pass
+from .recompute import needs_recompute, recomputed_layers
 
 # (model, prompt_pass state, micro-batch) -> (log-probs, entropy) of its completion tokens
 AfterPrompt = Callable[[nn.Module, tuple, MicroBatch], tuple[mx.array, mx.array]]
@@ -75,11 +76,14 @@ def micro_batch_gradients(
     )
     for run in prompt_runs(parts):
         run_refs = [refs[i] for i in run] if refs else [None] * len(run)
+        # Completion passes too long to keep their activations recompute each layer (recompute.py).
+        recompute = any(needs_recompute(model, *parts[i].completions.shape) for i in run)
         if len(run) == 1 or dropout:
             for i, ref in zip(run, run_refs):
-                yield _whole(model, parts[i], ref, after_prompt, loss_of, compiled)
+                yield _whole(model, parts[i], ref, after_prompt, loss_of, compiled, recompute)
         else:
-            yield from _pieces(model, [parts[i] for i in run], run_refs, after_prompt, loss_of, compiled)
+            pieces = [parts[i] for i in run]
+            yield from _pieces(model, pieces, run_refs, after_prompt, loss_of, compiled, recompute)
 
 
 def _dropout_active(model: nn.Module) -> bool:
@@ -88,12 +92,18 @@ def _dropout_active(model: nn.Module) -> bool:
     )
 
 
-def _evaluated(model: nn.Module, fn: Callable, compiled: bool, *args) -> tuple:
-    """`fn(*args)` = (loss, stats, *gradients), evaluated; `compiled`: with `fn` compiled whole.
+def _evaluated(model: nn.Module, fn: Callable, compiled: bool, *args, recompute: bool = False) -> tuple:
+    """`fn(*args)` = (loss, stats, *gradients), evaluated; `compiled`: with `fn` compiled whole;
+    `recompute`: with the model's layers recomputed in the backward pass (recompute.py).
 
     Compiled afresh for every call: a call with new shapes traces anew anyway, and this way no
     trace is kept from one piece to the next, so what a piece reads besides its arguments (its
     micro-batch, the shared prompt's state) is safely a constant of its trace."""
+    with recomputed_layers(model, recompute):
+        return _evaluated_as_is(model, fn, compiled, *args)
+
+
+def _evaluated_as_is(model: nn.Module, fn: Callable, compiled: bool, *args) -> tuple:
     if compiled:
         names = []
 
@@ -132,7 +142,9 @@ def _report_fallback(error: Exception) -> None:
         _fallback_reported = True  # after the warning: where warnings are errors (the suite), each one raises
 
 
-def _whole(model, mb: MicroBatch, ref, after_prompt: AfterPrompt, loss_of: LossOf, compiled: bool):
+def _whole(
+    model, mb: MicroBatch, ref, after_prompt: AfterPrompt, loss_of: LossOf, compiled: bool, recompute: bool
+):
     def loss_fn(model):
         state = prompt_pass(model, mb.prompts, mb.left_padding)
         logp, entropy = after_prompt(model, state, mb)
@@ -142,7 +154,7 @@ def _whole(model, mb: MicroBatch, ref, after_prompt: AfterPrompt, loss_of: LossO
         (loss, stats), grads = nn.value_and_grad(model, loss_fn)(model)
         return loss, stats, grads
 
-    return _evaluated(model, value_and_grad, compiled)
+    return _evaluated(model, value_and_grad, compiled, recompute=recompute)
 
 
 def _flat_state(state) -> list[mx.array]:
@@ -186,7 +198,13 @@ def _with_varying(state: list[mx.array], varying: list[int], values: list[mx.arr
 
 
 def _pieces(
-    model, pieces: list[MicroBatch], refs: list, after_prompt: AfterPrompt, loss_of: LossOf, compiled: bool
+    model,
+    pieces: list[MicroBatch],
+    refs: list,
+    after_prompt: AfterPrompt,
+    loss_of: LossOf,
+    compiled: bool,
+    recompute: bool,
 ):
     first = pieces[0]
     state = _flat_state(prompt_pass(model, first.prompts, first.left_padding))
@@ -211,7 +229,7 @@ def _pieces(
             return loss, stats, grads, grads_of_state
 
         loss, stats, grads, grads_of_state = _evaluated(
-            model, value_and_grad, compiled, [state[i] for i in varying]
+            model, value_and_grad, compiled, [state[i] for i in varying], recompute=recompute
         )
         state_grads = (
             grads_of_state if state_grads is None else [a + b for a, b in zip(state_grads, grads_of_state)]

@@ -24,6 +24,7 @@ from ..device import on_cpu
 from ..models.heads import output_head
 from . import gradients
 from .logprobs import _logprobs_and_entropy, _project
+from .recompute import needs_recompute
 
 
 def trained_positions(trained: mx.array) -> mx.array:
@@ -96,7 +97,8 @@ def sft_gradients(
         return loss, {}, grads
 
     compiled = gradients.COMPILE_ON_CPU and on_cpu() and not gradients._dropout_active(model)
-    loss, _, grads = gradients._evaluated(model, value_and_grad, compiled)
+    recompute = needs_recompute(model, *tokens.shape)  # a row too long to keep its activations
+    loss, _, grads = gradients._evaluated(model, value_and_grad, compiled, recompute=recompute)
     return loss, grads
 
 

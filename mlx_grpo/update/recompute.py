@@ -1,0 +1,82 @@
+"""Layers recomputed in the backward pass, for passes too long to keep their activations.
+
+A backward pass needs what each layer computed on the way forward: at 0.5B about
+2.7 MB a position (attention scores, MLP intermediates), 4 GB for one 1,500-token
+web episode. Cutting a micro-batch into rows (batch.memory_bound_size) stops at one
+row; past that, each transformer layer runs under `mx.checkpoint`, which keeps
+only the layer's input and works the rest out again, one layer at a time, when
+the backward pass reaches it. That costs one more forward pass through the
+layers and changes no value: the same operations run on the same inputs.
+
+It is used where a pass's estimated activations (batch.activation_bytes_per_position)
+would exceed the memory budget the decode uses (sampling/width.py: a quarter of the
+memory free, or MLX_GRPO_DECODE_MEMORY_GB): on a large machine only the longest
+episodes pay for it, on a small one every pass that would not fit.
+
+`mx.checkpoint` passes gradients only to its arguments, so everything a layer is
+differentiated through goes in as one: the layer's trainable weights, its input,
+and the prompt's keys and values a completion pass attends to. A pass that writes
+a cache (the prompt pass that fills it) runs as it is.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from typing import Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..sampling.width import memory_budget
+from .batch import activation_bytes_per_position
+
+
+def needs_recompute(model: nn.Module, rows: int, positions: int, budget: int | None = None) -> bool:
+    """Whether a pass of `rows` x `positions` would keep more activations than the budget allows."""
+    per_position = activation_bytes_per_position(model)
+    if not per_position:
+        return False
+    budget = memory_budget() if budget is None else budget
+    return rows * positions * per_position > budget
+
+
+def _pure_cache(cache) -> bool:
+    """A cache a layer only reads from (the prompt's keys and values, set before the pass)."""
+    return getattr(cache, "keys", None) is not None and getattr(cache, "offset", 0) > 0
+
+
+def _recomputed_call(original):
+    def call(self, x, mask=None, cache=None):
+        if cache is not None and not _pure_cache(cache):
+            return original(self, x, mask, cache)
+        read_only = [] if cache is None else [cache.keys, cache.values]
+
+        def layer(params, x, *keys_values):
+            self.update(params)
+            local = None
+            if cache is not None:  # the same cache over the traced keys and values
+                local = copy.copy(cache)
+                local.keys, local.values = keys_values
+            return original(self, x, mask, local)
+
+        return mx.checkpoint(layer)(self.trainable_parameters(), x, *read_only)
+
+    return call
+
+
+@contextmanager
+def recomputed_layers(model: nn.Module, enabled: bool = True) -> Iterator[None]:
+    """Inside, every transformer layer of `model` is recomputed in the backward pass (see above)."""
+    kinds = {type(layer) for layer in getattr(model, "layers", [])} if enabled else set()
+    originals = {kind: kind.__dict__.get("__call__") for kind in kinds}
+    try:
+        for kind in kinds:
+            kind.__call__ = _recomputed_call(kind.__call__)
+        yield
+    finally:
+        for kind, original in originals.items():
+            if original is None:  # it was inherited: inherit it again
+                del kind.__call__
+            else:
+                kind.__call__ = original
