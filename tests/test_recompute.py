@@ -16,7 +16,7 @@ from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import load_policy
 from mlx_grpo.sampling import width
 from mlx_grpo.update import gradients, recompute
-from mlx_grpo.update.batch import activation_bytes_per_position, build_batch, batch_shape, micro_batches
+from mlx_grpo.update.batch import batch_shape, build_batch, micro_batches
 from mlx_grpo.update.sft_loss import sft_gradients
 from test_micro_batch_padding import _completions, _loss_and_gradients
 from tiny import build_tiny_model
@@ -48,12 +48,14 @@ def _checkpoints(monkeypatch) -> list:
 
 
 def test_the_decision_compares_a_pass_with_the_budget(tiny_model_path):
+    """The tiny model: 2 layers, hidden 32, 4 heads. A row of 10 positions keeps
+    4 x 2 x (24 x 32 x 10 + 2 x 4 x 10 x 10) = 67,840 bytes."""
     model, _ = load_policy(str(tiny_model_path))
-    per_position = activation_bytes_per_position(model)
-    assert per_position > 0
-    assert not recompute.needs_recompute(model, 2, 10, budget=20 * per_position)
-    assert recompute.needs_recompute(model, 2, 11, budget=20 * per_position)
-    assert recompute.needs_recompute(model, 3, 10, budget=20 * per_position)
+    assert recompute.kept_activation_bytes(model, 1, 10) == 67_840
+    assert recompute.kept_activation_bytes(model, 3, 10) == 3 * 67_840
+    assert not recompute.needs_recompute(model, 2, 10, budget=2 * 67_840)
+    assert recompute.needs_recompute(model, 2, 11, budget=2 * 67_840)
+    assert recompute.needs_recompute(model, 3, 10, budget=2 * 67_840)
 
 
 @pytest.mark.parametrize("compiled", [True, False])

@@ -1,15 +1,16 @@
 """Layers recomputed in the backward pass, for passes too long to keep their activations.
 
 A backward pass needs what each layer computed on the way forward: at 0.5B about
-2.7 MB a position (attention scores, MLP intermediates), 4 GB for one 1,500-token
-web episode. Cutting a micro-batch into rows (batch.memory_bound_size) stops at one
-row; past that, each transformer layer runs under `mx.checkpoint`, which keeps
-only the layer's input and works the rest out again, one layer at a time, when
-the backward pass reaches it. That costs one more forward pass through the
-layers and changes no value: the same operations run on the same inputs.
+5 GB for one 1,100-token web episode, most of it the attention's scores, which
+grow with the square of the length. Cutting a micro-batch into rows
+(batch.memory_bound_size) stops at one row; past that, each transformer layer
+runs under `mx.checkpoint`, which keeps only the layer's input and works the
+rest out again, one layer at a time, when the backward pass reaches it. That
+costs one more forward pass through the layers and changes no value: the same
+operations run on the same inputs.
 
-It is used where a pass's estimated activations (batch.activation_bytes_per_position)
-would exceed the memory budget the decode uses (sampling/width.py: a quarter of the
+It is used where a pass's estimated activations (kept_activation_bytes) would
+exceed the memory budget the decode uses (sampling/width.py: a quarter of the
 memory free, or MLX_GRPO_DECODE_MEMORY_GB): on a large machine only the longest
 episodes pay for it, on a small one every pass that would not fit.
 
@@ -29,16 +30,31 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..sampling.width import memory_budget
-from .batch import activation_bytes_per_position
+
+
+def kept_activation_bytes(model: nn.Module, rows: int, positions: int) -> int | None:
+    """A float32 estimate of what a pass of `rows` x `positions` keeps for the backward pass through
+    its layers (None: shape unknown).
+
+    About 24 floats per hidden unit, layer and position (batch.activation_bytes_per_position's
+    layer term), and two position-by-position score matrices a head and layer (the attention's
+    scores and their softmax): quadratic in the length, they are most of a long episode's."""
+    args = getattr(model, "args", None)
+    try:
+        layers, hidden, heads = args.num_hidden_layers, args.hidden_size, args.num_attention_heads
+    except (AttributeError, TypeError):
+        return None
+    per_row = 4 * layers * (24 * hidden * positions + 2 * heads * positions * positions)
+    return rows * per_row
 
 
 def needs_recompute(model: nn.Module, rows: int, positions: int, budget: int | None = None) -> bool:
     """Whether a pass of `rows` x `positions` would keep more activations than the budget allows."""
-    per_position = activation_bytes_per_position(model)
-    if not per_position:
+    kept = kept_activation_bytes(model, rows, positions)
+    if not kept:
         return False
     budget = memory_budget() if budget is None else budget
-    return rows * positions * per_position > budget
+    return kept > budget
 
 
 def _pure_cache(cache) -> bool:
