@@ -48,14 +48,16 @@ def _checkpoints(monkeypatch) -> list:
 
 
 def test_the_decision_compares_a_pass_with_the_budget(tiny_model_path):
-    """The tiny model: 2 layers, hidden 32, 4 heads. A row of 10 positions keeps
-    4 x 2 x (24 x 32 x 10 + 2 x 4 x 10 x 10) = 67,840 bytes."""
+    """The tiny model: 2 layers, hidden 32, MLP 64, 4 heads. A row of 10 positions keeps 4 bytes x 2
+    layers x ((4 x 64 + 12 x 32) x 10 + 2 x 4 heads x 10 x 10) = 57,600 bytes; after a prompt of 5,
+    the scores are 10 x 15: 60,800."""
     model, _ = load_policy(str(tiny_model_path))
-    assert recompute.kept_activation_bytes(model, 1, 10) == 67_840
-    assert recompute.kept_activation_bytes(model, 3, 10) == 3 * 67_840
-    assert not recompute.needs_recompute(model, 2, 10, budget=2 * 67_840)
-    assert recompute.needs_recompute(model, 2, 11, budget=2 * 67_840)
-    assert recompute.needs_recompute(model, 3, 10, budget=2 * 67_840)
+    assert recompute.kept_activation_bytes(model, 1, 10) == 57_600
+    assert recompute.kept_activation_bytes(model, 3, 10) == 3 * 57_600
+    assert recompute.kept_activation_bytes(model, 1, 10, context=15) == 60_800
+    assert not recompute.needs_recompute(model, 2, 10, budget=2 * 57_600)
+    assert recompute.needs_recompute(model, 2, 11, budget=2 * 57_600)
+    assert recompute.needs_recompute(model, 2, 10, context=15, budget=2 * 57_600)
 
 
 @pytest.mark.parametrize("compiled", [True, False])

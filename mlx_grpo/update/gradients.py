@@ -77,13 +77,19 @@ def micro_batch_gradients(
     for run in prompt_runs(parts):
         run_refs = [refs[i] for i in run] if refs else [None] * len(run)
         # Completion passes too long to keep their activations recompute each layer (recompute.py).
-        recompute = any(needs_recompute(model, *parts[i].completions.shape) for i in run)
+        recompute = any(_needs_recompute(model, parts[i]) for i in run)
         if len(run) == 1 or dropout:
             for i, ref in zip(run, run_refs):
                 yield _whole(model, parts[i], ref, after_prompt, loss_of, compiled, recompute)
         else:
             pieces = [parts[i] for i in run]
             yield from _pieces(model, pieces, run_refs, after_prompt, loss_of, compiled, recompute)
+
+
+def _needs_recompute(model: nn.Module, mb: MicroBatch) -> bool:
+    """Whether the micro-batch's completion pass, attending to its prompt, recomputes its layers."""
+    rows, width = mb.completions.shape
+    return needs_recompute(model, rows, width, context=mb.prompts.shape[1] + width)
 
 
 def _dropout_active(model: nn.Module) -> bool:

@@ -1,8 +1,8 @@
 """Layers recomputed in the backward pass, for passes too long to keep their activations.
 
 A backward pass needs what each layer computed on the way forward: at 0.5B about
-5 GB for one 1,100-token web episode, most of it the attention's scores, which
-grow with the square of the length. Cutting a micro-batch into rows
+5 GB for one web episode of ~1,100 tokens, most of it the attention's scores,
+which grow with the square of the length. Cutting a micro-batch into rows
 (batch.memory_bound_size) stops at one row; past that, each transformer layer
 runs under `mx.checkpoint`, which keeps only the layer's input and works the
 rest out again, one layer at a time, when the backward pass reaches it. That
@@ -32,25 +32,32 @@ import mlx.nn as nn
 from ..sampling.width import memory_budget
 
 
-def kept_activation_bytes(model: nn.Module, rows: int, positions: int) -> int | None:
-    """A float32 estimate of what a pass of `rows` x `positions` keeps for the backward pass through
-    its layers (None: shape unknown).
+def kept_activation_bytes(
+    model: nn.Module, rows: int, positions: int, context: int | None = None
+) -> int | None:
+    """A float32 estimate of what a pass of `rows` x `positions`, attending to `context` positions
+    (its own and a prompt's before them; default: its own), keeps for the backward pass through its
+    layers (None: shape unknown).
 
-    About 24 floats per hidden unit, layer and position (batch.activation_bytes_per_position's
-    layer term), and two position-by-position score matrices a head and layer (the attention's
-    scores and their softmax): quadratic in the length, they are most of a long episode's."""
+    Per position and layer, the MLP's four intermediates (gate, up, their activation and product)
+    and about 12 vectors of the hidden size (norms, queries, keys, values, attention output,
+    residuals, adapters); per head and layer, two score matrices of positions x context (the
+    attention's scores and their softmax), which make most of a long episode's."""
     args = getattr(model, "args", None)
     try:
         layers, hidden, heads = args.num_hidden_layers, args.hidden_size, args.num_attention_heads
+        per_position = 4 * args.intermediate_size + 12 * hidden
     except (AttributeError, TypeError):
         return None
-    per_row = 4 * layers * (24 * hidden * positions + 2 * heads * positions * positions)
-    return rows * per_row
+    context = positions if context is None else context
+    return 4 * rows * layers * (per_position * positions + 2 * heads * positions * context)
 
 
-def needs_recompute(model: nn.Module, rows: int, positions: int, budget: int | None = None) -> bool:
-    """Whether a pass of `rows` x `positions` would keep more activations than the budget allows."""
-    kept = kept_activation_bytes(model, rows, positions)
+def needs_recompute(
+    model: nn.Module, rows: int, positions: int, context: int | None = None, budget: int | None = None
+) -> bool:
+    """Whether a pass (kept_activation_bytes' arguments) would keep more than the budget allows."""
+    kept = kept_activation_bytes(model, rows, positions, context)
     if not kept:
         return False
     budget = memory_budget() if budget is None else budget
