@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from mlx_grpo.models.adapters import prepare_for_training
 from mlx_grpo.models.loading import load_policy
-from mlx_grpo.sampling import width
+from mlx_grpo.models import memory
 from mlx_grpo.update import gradients, recompute
 from mlx_grpo.update.batch import batch_shape, build_batch, micro_batches
 from mlx_grpo.update.sft_loss import sft_gradients
@@ -32,7 +32,7 @@ def _lora_model(path):
 
 
 def _budget(monkeypatch, gigabytes: str):
-    monkeypatch.setenv(width.ENV, gigabytes)
+    monkeypatch.setenv(memory.ENV, gigabytes)
 
 
 def _checkpoints(monkeypatch) -> list:

@@ -10,7 +10,7 @@ costs one more forward pass through the layers and changes no value: the same
 operations run on the same inputs.
 
 It is used where a pass's estimated activations (kept_activation_bytes) would
-exceed the memory budget the decode uses (sampling/width.py: a quarter of the
+exceed the memory budget the decode uses (models/memory.py: a quarter of the
 memory free, or MLX_GRPO_DECODE_MEMORY_GB): on a large machine only the longest
 episodes pay for it, on a small one every pass that would not fit.
 
@@ -29,7 +29,7 @@ from typing import Iterator
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..sampling.width import memory_budget
+from ..models.memory import memory_budget
 
 
 def kept_activation_bytes(
