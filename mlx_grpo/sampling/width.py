@@ -9,11 +9,11 @@ max_episode_tokens. So the width is
 
 and sequences beyond it go in later waves. The budget is a quarter of the
 memory free when the rollout starts, or `MLX_GRPO_DECODE_MEMORY_GB` gigabytes
-when set (models/memory.py). A rollout's
-peak stays within about 1.3x its buffers (turn_cache.py, fixed_decode.py), so a
-quarter leaves the rest for the weights, the update and everything else. The
-same budget bounds what an update's pass keeps for its backward pass before its
-layers are recomputed instead (update/recompute.py).
+when set (models/memory.py). A rollout's peak stays within about 1.3x its
+buffers (turn_cache.py, fixed_decode.py), so a quarter leaves the rest for the
+weights, the update and everything else. The same budget bounds what an
+update's pass keeps for its backward pass before its layers are recomputed
+instead (update/recompute.py).
 """
 
 from __future__ import annotations

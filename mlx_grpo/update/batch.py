@@ -167,7 +167,9 @@ def activation_bytes_per_position(model) -> int | None:
 
     About 24 floats per hidden unit and layer (the layers' inputs, attention and
     MLP intermediates, the adapters') and 4 per vocabulary entry (logits, their
-    exponentials and gradients); fitted to SmolLM2-135M's measured 2.2 MB.
+    exponentials and gradients); fitted to SmolLM2-135M's measured 2.2 MB. It sets how many rows a
+    micro-batch takes; whether one pass recomputes its layers is recompute.kept_activation_bytes'
+    estimate, which also counts the attention's scores (quadratic in the length).
     """
     args = getattr(model, "args", None)
     try:
