@@ -18,6 +18,7 @@ from .models.adapters import FINE_TUNE_TYPES
 from .update.advantages import SCALE_MODES
 from .update.losses import LOSS_TYPES
 
+WEB_REWARDS = ("partial", "solved")  # rewards/web_browsing/env.py's partial_credit
 SHAPING = ("always", "gated", "scaled")  # tasks/shaping.py applies them
 TOOL_STYLES = (
     "hermes",
@@ -42,6 +43,14 @@ def validate(config) -> None:
             need(not isinstance(v, int) or name == "seed" or abs(v) < 2**31, f"{name} is too large: {v}")
     need(
         c.max_turns >= 1 and c.max_episode_tokens >= 1, "max_turns and max_episode_tokens must be at least 1"
+    )
+    need(
+        c.web_reward in WEB_REWARDS,
+        f"web_reward must be one of {', '.join(WEB_REWARDS)}; got {c.web_reward!r}",
+    )
+    need(
+        c.web_reward == "partial" or c.task == "web",
+        f"web_reward chooses how the web task pays its episodes; task is {c.task!r}",
     )
     need(c.curriculum in ("none", "ued"), f"curriculum must be none or ued; got {c.curriculum!r}")
     need(c.tool_timeout > 0, f"tool_timeout must be > 0 seconds, got {c.tool_timeout}")

@@ -49,6 +49,11 @@ class TaskOptions:
     web_kinds: list[str] = setting(
         [], "web task: only these families/levels (fact/1 ... account/3); empty: all"
     )
+    web_reward: str = setting(
+        "partial",
+        "web task: what an unsolved episode's success pays: partial (the fraction of the task's "
+        "constraints met) | solved (nothing)",
+    )
     multihop_hops: list[int] = setting(
         [], "multihop task: questions of these many hops (2, 3, 4); empty: all"
     )

@@ -264,3 +264,31 @@ def test_no_episode_that_answers_at_once_outscores_one_that_acted_first():
         if env.state.answer is not None:  # (a first step that is the task's final act ends it unanswered)
             acted.append(env.reward())
     assert max(at_once) < min(acted), (max(at_once), min(acted))
+
+
+@pytest.mark.parametrize("web_reward, wrong_day_success", [("partial", 4 / 5), ("solved", 0.0)])
+def test_web_reward_setting_decides_what_a_wrong_booking_pays(web_reward, wrong_day_success):
+    """The run's `web_reward` reaches each episode's environment: an unsolved booking pays its
+    constraints' fraction or nothing; a solved one pays 1 either way."""
+    from mlx_grpo.config import build_config
+    from mlx_grpo.run.task_setup import load_task
+
+    config = build_config({"task": "web", "model": None, "web_kinds": ["travel/1"], "web_reward": web_reward})
+    task = load_task(config)
+    row = next(r for r in task.train_rows if r["kind"] == "travel/1")
+    actions = make_task(row["family"], row["difficulty"], row["seed"]).oracle_actions()
+    env = task.make_env(row)
+    env.reset()
+    for action in actions:
+        *_, info = env.step(action)
+    assert info["solved"] and info["reward_parts"]["success"] == 1.0
+
+    wrong = next(d for d in ("Monday", "Sunday") if f"[{d}]" not in " ".join(actions))
+    edited = [a if not a.startswith("select[3]") else f"select[3][{wrong}]" for a in actions]
+    if edited == actions:
+        edited = actions[:-1] + [f"select[3][{wrong}]", actions[-1]]
+    env = task.make_env(row)
+    env.reset()
+    for action in edited:
+        *_, info = env.step(action)
+    assert not info["solved"] and info["reward_parts"]["success"] == pytest.approx(wrong_day_success)

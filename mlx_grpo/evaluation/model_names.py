@@ -32,6 +32,7 @@ _TASK_KEYS = (
     "prompt_format",
     "stop",
     "web_kinds",
+    "web_reward",
     "multihop_hops",
     "multihop_chains",
     "tools",

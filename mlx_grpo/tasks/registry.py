@@ -162,12 +162,14 @@ def base_task(config: TrainConfig) -> Task:
             False,
         )
         reference = actions = None
-    if make_env is not None and ((config.data and not reads_data) or config.reward_file or config.reward):
+    # An environment with no reward functions of completions totals its episodes' rewards itself (web).
+    scores_itself = (make_env is not None or factory is not None) and not functions
+    if scores_itself and ((config.data and not reads_data) or config.reward_file or config.reward):
         raise ConfigError(
             f"task {config.task!r} is scored by its environment: --data, --reward-file and --reward do not "
             "apply"
         )
-    if make_env is not None and not functions and config.shaping != "always":
+    if scores_itself and config.shaping != "always":
         raise ConfigError(
             f"task {config.task!r} totals its episodes' rewards in its environment: --shaping "
             f"{config.shaping} needs rewards the trainer weighs (--shaping always)"
@@ -204,7 +206,7 @@ def base_task(config: TrainConfig) -> Task:
             )
         functions = [by_name[n][0] for n in config.reward]
         weights = [1.0] * len(functions)
-    elif not functions and make_env is None:
+    elif not functions and not scores_itself:
         functions = _custom_rewards(config)
         weights = [1.0] * len(functions)
     if config.reward_weights is not None:

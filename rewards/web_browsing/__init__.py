@@ -20,7 +20,7 @@ from .training import (
     SYSTEM_PROMPT,
     accuracy_reward,
     load_rows,
-    make_env,
+    episode_factory,
     recommended_settings,
     reference_actions,
 )
@@ -43,7 +43,7 @@ __all__ = [
     "SYSTEM_PROMPT",
     "accuracy_reward",
     "load_rows",
-    "make_env",
+    "episode_factory",
     "recommended_settings",
     "reference_actions",
 ]

@@ -12,6 +12,7 @@ booking, a saved form) or after `task.max_steps` actions.
 
 The reward has named parts, logged separately (see REWARD_WEIGHTS):
   success     the checker's score: 1 when every constraint is met, else the fraction met
+              (with partial_credit=False, 0 unless every one is: the `web_reward: solved` setting)
   format      the fraction of turns that were one well-formed action, paid only in an episode
               that acted on the page (a click, search, ... that worked) before it answered:
               answering at once is no format to reward (docs/real-models.md, the web shortcut)
@@ -30,8 +31,9 @@ INVALID_PENALTY, INVALID_FLOOR = 0.1, 0.5
 
 
 class WebEnv:
-    def __init__(self, task, max_steps: int | None = None):
+    def __init__(self, task, max_steps: int | None = None, partial_credit: bool = True):
         self.task = task
+        self.partial_credit = partial_credit
         self.world = task.world()
         self.max_steps = max_steps or task.max_steps
         self.reset()
@@ -78,7 +80,7 @@ class WebEnv:
         success, _ = self.task.check(self.state)
         solved = success >= 1.0
         return {
-            "success": success,
+            "success": success if self.partial_credit else float(solved),
             "format": self.well_formed / self.steps if self.acted else 0.0,
             "efficiency": min(1.0, len(self.task.plan) / self.steps) if solved else 0.0,
             "invalid": -min(INVALID_FLOOR, INVALID_PENALTY * self.invalid) if self.invalid else 0.0,

@@ -1,8 +1,10 @@
 """The web task for `mlx-grpo train --task web` (the task protocol of mlx_grpo/tasks/registry.py).
 
-It is a multi-turn task: `make_env(row)` gives the row's WebEnv, which scores
+It is a multi-turn task: `episode_factory` gives each row its WebEnv, which scores
 the episode; there are no reward functions of completions (REWARDS is empty)
-and accuracy is the fraction of held-out episodes solved.
+and accuracy is the fraction of held-out episodes solved. The `web_reward` setting
+chooses what an unsolved episode's success part pays: the fraction of the task's
+constraints met (partial) or nothing (solved).
 
 Rows are task descriptions ({"task_id", "family", "difficulty", "seed",
 "kind", "instruction", "prompt"}); `web_kinds` keeps only some kinds
@@ -120,8 +122,10 @@ def _held_out_ids(kinds, splits: tuple[str, ...]) -> set[str]:
     return {t.task_id for split in splits for t in tasks_of(kinds, per_split, HELD_OUT_SEEDS[split])}
 
 
-def make_env(row: dict) -> WebEnv:
-    return WebEnv(task_from_row(row))
+def episode_factory(config, functions, weights, system_prompt):
+    """make_env for the registry: each row its WebEnv, paying partial success as `web_reward` says."""
+    partial_credit = config.task_options.web_reward == "partial"
+    return lambda row: WebEnv(task_from_row(row), partial_credit=partial_credit)
 
 
 def reference_actions(row: dict) -> list[str]:
