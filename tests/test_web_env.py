@@ -8,8 +8,8 @@ from rewards.web_browsing import FAMILIES, WebEnv, generate_tasks, make_task, pa
 from rewards.web_browsing.actions import ACTION_HELP
 
 
-def run(task, actions):
-    env = WebEnv(task)
+def run(task, actions, env=None):
+    env = env or WebEnv(task)
     env.reset()
     info, done = {}, False
     for a in actions:
@@ -17,6 +17,15 @@ def run(task, actions):
         if done:
             break
     return env, done, info
+
+
+def booking_with_wrong_day(task) -> list[str]:
+    """A travel task's scripted booking with another day selected: all but one constraint met."""
+    actions = task.oracle_actions()
+    wrong_day = next(d for d in ("Monday", "Sunday") if d != task.goal["date"])
+    if not any(a.startswith("select[3]") for a in actions):
+        return actions[:-1] + [f"select[3][{wrong_day}]", actions[-1]]
+    return [a if not a.startswith("select[3]") else f"select[3][{wrong_day}]" for a in actions]
 
 
 def test_generator_is_deterministic_distinct_and_covers_every_family_and_level():
@@ -136,13 +145,7 @@ def test_answer_checker_is_exact_up_to_case_and_spaces():
 
 def test_partial_credit_for_constraints_partly_met():
     task = make_task("travel", 1, seed=4)
-    actions = task.oracle_actions()
-    # the same form with the wrong day: 4 of 5 constraints
-    wrong_day = next(d for d in ("Monday", "Sunday") if d != task.goal["date"])
-    edited = [a if not a.startswith("select[3]") else f"select[3][{wrong_day}]" for a in actions]
-    if not any(a.startswith("select[3]") for a in actions):
-        edited = actions[:-1] + [f"select[3][{wrong_day}]", actions[-1]]
-    env, done, info = run(task, edited)
+    env, done, info = run(task, booking_with_wrong_day(task))  # 4 of 5 constraints
     assert done and info["reward_parts"]["success"] == pytest.approx(4 / 5)
     assert info["constraints"]["date"] is False and info["reward_parts"]["efficiency"] == 0.0
 
@@ -276,19 +279,9 @@ def test_web_reward_setting_decides_what_a_wrong_booking_pays(web_reward, wrong_
     config = build_config({"task": "web", "model": None, "web_kinds": ["travel/1"], "web_reward": web_reward})
     task = load_task(config)
     row = next(r for r in task.train_rows if r["kind"] == "travel/1")
-    actions = make_task(row["family"], row["difficulty"], row["seed"]).oracle_actions()
-    env = task.make_env(row)
-    env.reset()
-    for action in actions:
-        *_, info = env.step(action)
+    web_task = make_task(row["family"], row["difficulty"], row["seed"])
+    _, _, info = run(web_task, web_task.oracle_actions(), env=task.make_env(row))
     assert info["solved"] and info["reward_parts"]["success"] == 1.0
 
-    wrong = next(d for d in ("Monday", "Sunday") if f"[{d}]" not in " ".join(actions))
-    edited = [a if not a.startswith("select[3]") else f"select[3][{wrong}]" for a in actions]
-    if edited == actions:
-        edited = actions[:-1] + [f"select[3][{wrong}]", actions[-1]]
-    env = task.make_env(row)
-    env.reset()
-    for action in edited:
-        *_, info = env.step(action)
+    _, _, info = run(web_task, booking_with_wrong_day(web_task), env=task.make_env(row))
     assert not info["solved"] and info["reward_parts"]["success"] == pytest.approx(wrong_day_success)
