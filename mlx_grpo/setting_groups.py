@@ -62,6 +62,14 @@ class TaskOptions:
     )
 
 
+def task_options_of(task: str | None) -> tuple[str, ...]:
+    """The TaskOptions a built-in task reads: those named after it (web_kinds and web_reward for web)."""
+    return tuple(f.name for f in dataclasses.fields(TaskOptions) if f.name.startswith(f"{task}_"))
+
+
+TASK_OPTIONS = tuple(f.name for f in dataclasses.fields(TaskOptions))
+
+
 @dataclass
 class ObjectiveSettings:
     """The objective: the loss, its clipping, KL and entropy terms, advantage scaling and the

@@ -238,12 +238,16 @@ def test_what_an_episode_depends_on_is_in_its_key(tiny_model_path, tmp_path, mon
         settings.run_config, task_options=replace(settings.run_config.task_options, web_kinds=["form/2"])
     )
     keys.add(answer_cache.cache_key(spec, task, rows, replace(settings, run_config=other_kinds)))
+    solved_only = replace(
+        settings.run_config, task_options=replace(settings.run_config.task_options, web_reward="solved")
+    )
+    keys.add(answer_cache.cache_key(spec, task, rows, replace(settings, run_config=solved_only)))
     keys.add(
         answer_cache.cache_key(
             spec, task, rows, replace(settings, run_config=replace(settings.run_config, tool_timeout=1.0))
         )
     )
-    assert len(keys) == 6
+    assert len(keys) == 7
 
     package = tmp_path / "envcode" / "web_env_copy"  # the task's own package, as a copy that can be edited
     package.mkdir(parents=True)
@@ -258,6 +262,25 @@ def test_what_an_episode_depends_on_is_in_its_key(tiny_model_path, tmp_path, mon
 
     monkeypatch.setattr(answer_cache, "EPISODE_CODE", answer_cache.EPISODE_CODE[1:])  # mlx-grpo's turn loop
     assert answer_cache.cache_key(spec, task, rows, settings) not in (key, before)
+
+
+def test_another_tasks_options_leave_an_episodes_key_as_it_was(tiny_model_path):
+    """A multihop episode's key holds multihop's options and none of the web task's: a web option added or
+    changed does not make every multihop answer decode again."""
+    spec = cmp.ModelSpec(str(tiny_model_path))
+    config = cmp.task_config(
+        None, str(tiny_model_path), {"task": "multihop", "eval_num_problems": 2, "max_tokens": 4}
+    )
+    task, settings = load_task(config), cmp.build_settings(config, cache=True)
+    rows = cmp.select_rows(task, "test", 2)
+    key = answer_cache.cache_key(spec, task, rows, settings)
+
+    def with_options(**options):
+        run_config = replace(config, task_options=replace(config.task_options, **options))
+        return answer_cache.cache_key(spec, task, rows, replace(settings, run_config=run_config))
+
+    assert with_options(web_reward="solved", web_kinds=["fact/1"]) == key
+    assert with_options(multihop_hops=[3]) != key
 
 
 def test_a_tools_files_code_is_in_its_episodes_key(tiny_model_path, tmp_path):

@@ -24,8 +24,9 @@ A multi-turn task's episodes are kept too, with their environments' scores (an
 episode is scored as it is played, so nothing scores it anew). Their key adds
 everything an episode depends on: the whole rows (a web row's family, level and
 seed make its environment), the episode limits (max_turns, max_episode_tokens),
-the run's task settings (model_names.py's task_settings: web_kinds, multihop_*,
-tools, tool_timeout, tool_style, rewards and their weights, reward_timeout, ...),
+the run's task settings (model_names.py's task_settings: the task's own options
+such as web_kinds or multihop_hops, not another task's; tools, tool_timeout,
+tool_style, rewards and their weights, reward_timeout, ...),
 and a hash of the code that plays and scores episodes: the task's own module or
 package (rewards/web_browsing/, rewards/multihop/), the file its make_env is
 written in, a --tools or --reward-file file, and mlx-grpo's turn loop and tool

@@ -19,6 +19,7 @@ from pathlib import Path
 from ..config import JUDGE_KEYS, READS, ConfigError, TrainConfig, build_config, load_yaml
 from ..models.loading import EMBEDDED_MODEL, PACKAGED_MODELS
 from ..models.run_models import is_run_folder, read_run_model, run_dir_of
+from ..setting_groups import TASK_OPTIONS, task_options_of
 from ..tasks.registry import recommended_settings
 
 # Settings a run folder passes on to a comparison: what its task and prompts were.
@@ -31,10 +32,7 @@ _TASK_KEYS = (
     "system_prompt",
     "prompt_format",
     "stop",
-    "web_kinds",
-    "web_reward",
-    "multihop_hops",
-    "multihop_chains",
+    *TASK_OPTIONS,
     "tools",
     "tool_timeout",
     "tool_style",
@@ -134,9 +132,10 @@ def _task_settings(settings: dict) -> dict:
 
 def task_settings(config: TrainConfig) -> dict:
     """The settings of `config` that make and guard its task, by flat name (how it is sampled is compare's
-    Settings' to say)."""
+    Settings' to say). Other tasks' options are left out: a new web option changes no multihop answer."""
     flat = config.flat()
-    return {k: flat[k] for k in (*_TASK_KEYS, *_GUARD_KEYS)}
+    others = set(TASK_OPTIONS) - set(task_options_of(config.task))
+    return {k: flat[k] for k in (*_TASK_KEYS, *_GUARD_KEYS) if k not in others}
 
 
 def _layered(values: dict, over: dict) -> dict:
