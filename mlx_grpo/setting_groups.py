@@ -52,7 +52,8 @@ class TaskOptions:
     web_reward: str = setting(
         "partial",
         "web task: what an unsolved episode's success pays: partial (the fraction of the task's "
-        "constraints met) | solved (nothing)",
+        "constraints met) | solved (nothing) | progress (the constraints met beyond submitting the "
+        "untouched form, as a fraction of the rest)",
     )
     multihop_hops: list[int] = setting(
         [], "multihop task: questions of these many hops (2, 3, 4); empty: all"

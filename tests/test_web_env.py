@@ -6,6 +6,7 @@ import pytest
 
 from rewards.web_browsing import FAMILIES, WebEnv, generate_tasks, make_task, parse_action
 from rewards.web_browsing.actions import ACTION_HELP
+from rewards.web_browsing.env import progress
 
 
 def run(task, actions, env=None):
@@ -170,6 +171,7 @@ def test_shop_buying_the_wrong_product_gets_partial_credit():
     obs, done, info = env.step(f"click[{buy.id}]")
     assert done and info["constraints"] == {"category": True, "cheapest": False, "one_order": True}
     assert info["reward_parts"]["success"] == pytest.approx(2 / 3)
+    assert progress(info["constraints"], env.untouched) == pytest.approx(1 / 2)  # one_order is no progress
 
 
 def test_efficiency_falls_with_detours():
@@ -269,16 +271,69 @@ def test_no_episode_that_answers_at_once_outscores_one_that_acted_first():
     assert max(at_once) < min(acted), (max(at_once), min(acted))
 
 
-@pytest.mark.parametrize("web_reward, wrong_day_success", [("partial", 4 / 5), ("solved", 0.0)])
+def test_progress_pays_only_what_an_untouched_episode_would_not_have():
+    """Hand-worked: (episode, partial success, progress success) for the pays an unsolved episode gets."""
+    account = make_task("account", 1, seed=0)  # set the language to French, then save
+    travel = make_task("travel", 1, seed=0)  # Zelmi -> Quiri, Thursday, economy (the form's default), 3
+    cases = [
+        (account, ["click[5]"], 1 / 2, 0.0),  # saved at once: only "others_unchanged" met
+        (
+            account,
+            ["select[4][French]", "type[2][x@mail.example]", "click[5]"],
+            1 / 2,
+            0.0,
+        ),  # and a guard broke
+        (account, account.oracle_actions(), 1.0, 1.0),
+        # One city typed into both fields: the class is the form's default, no progress; 3 of the other 4.
+        (
+            travel,
+            ["type[1][Zelmi]", "type[2][Zelmi]", "select[3][Thursday]", "select[5][3]", "click[6]"],
+            4 / 5,
+            3 / 4,
+        ),
+        # Cities and day right, the party left at 1, the class changed from its default: 3 of 4, less 1.
+        (
+            travel,
+            ["type[1][Zelmi]", "type[2][Quiri]", "select[3][Thursday]", "select[4][business]", "click[6]"],
+            3 / 5,
+            1 / 2,
+        ),
+    ]
+    for task, actions, partial_pays, progress_pays in cases:
+        pays = {"partial": partial_pays, "progress": progress_pays, "solved": float(partial_pays == 1)}
+        for pay, expected in pays.items():
+            _, done, info = run(task, actions, env=WebEnv(task, pay=pay))
+            assert done and info["reward_parts"]["success"] == pytest.approx(expected), (actions, pay)
+
+
+def test_web_reward_values_are_the_environments():
+    from mlx_grpo.config_checks import WEB_REWARDS
+    from rewards.web_browsing.env import PAYS
+
+    assert WEB_REWARDS == PAYS
+    with pytest.raises(ValueError, match="pay must be one of"):
+        WebEnv(make_task("fact", 1, seed=0), pay="half")
+
+
+@pytest.mark.parametrize(
+    "web_reward, wrong_day_success", [("partial", 4 / 5), ("solved", 0.0), ("progress", 3 / 4)]
+)
 def test_web_reward_setting_decides_what_a_wrong_booking_pays(web_reward, wrong_day_success):
     """The run's `web_reward` reaches each episode's environment: an unsolved booking pays its
-    constraints' fraction or nothing; a solved one pays 1 either way."""
+    constraints' fraction, nothing, or its progress (the class is the form's default: no progress);
+    a solved one pays 1 every way."""
     from mlx_grpo.config import build_config
     from mlx_grpo.run.task_setup import load_task
 
     config = build_config({"task": "web", "model": None, "web_kinds": ["travel/1"], "web_reward": web_reward})
     task = load_task(config)
-    row = next(r for r in task.train_rows if r["kind"] == "travel/1")
+    row = next(
+        r
+        for r in task.train_rows
+        if (goal := make_task(r["family"], r["difficulty"], r["seed"]).goal)["class"] == "economy"
+        and goal["date"] != "Monday"
+        and goal["passengers"] != "1"
+    )
     web_task = make_task(row["family"], row["difficulty"], row["seed"])
     _, _, info = run(web_task, web_task.oracle_actions(), env=task.make_env(row))
     assert info["solved"] and info["reward_parts"]["success"] == 1.0

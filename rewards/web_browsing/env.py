@@ -11,8 +11,11 @@ The episode ends on `answer[...]`, on the task's final act (an order, a
 booking, a saved form) or after `task.max_steps` actions.
 
 The reward has named parts, logged separately (see REWARD_WEIGHTS):
-  success     the checker's score: 1 when every constraint is met, else the fraction met
-              (with partial_credit=False, 0 unless every one is: the `web_reward: solved` setting)
+  success     1 when every constraint is met; for an unsolved episode, by `pay` (the `web_reward`
+              setting): partial, the fraction of the constraints met; solved, 0; progress, the
+              constraints met beyond those an episode that does nothing asked meets (the final
+              act on the untouched page: a form saved or searched with its defaults; the guards:
+              no other setting changed, one order), as a fraction of the rest, never below 0
   format      the fraction of turns that were one well-formed action, paid only in an episode
               that acted on the page (a click, search, ... that worked) before it answered:
               answering at once is no format to reward (docs/real-models.md, the web shortcut)
@@ -28,13 +31,37 @@ from .world import BrowserState
 
 REWARD_WEIGHTS = {"success": 1.0, "format": 0.1, "efficiency": 0.2, "invalid": 1.0}
 INVALID_PENALTY, INVALID_FLOOR = 0.1, 0.5
+PAYS = ("partial", "solved", "progress")  # what an unsolved episode's success pays (above)
+# Constraints against overdoing: any careless final act keeps them, so keeping them is no progress.
+GUARDS = ("others_unchanged", "one_order")
+
+
+def untouched_met(task, world) -> set[str]:
+    """The constraints an episode meets without doing what its task asks: those the task's final act meets
+    on the untouched page (a form saved, or searched and booked, with its defaults), and the guards."""
+    state = BrowserState(task.start_url, account=dict(world.account), saves=1)
+    defaults = {"from": "", "to": "", **form_defaults(state, "travel")}
+    state.flight_searches, state.bookings = [defaults], [defaults]
+    _, met = task.check(state)
+    return {name for name, kept in met.items() if kept} | set(GUARDS)
+
+
+def progress(met: dict[str, bool], untouched: set[str]) -> float:
+    """The constraints met beyond those an untouched episode meets, as a fraction of those it misses; a
+    constraint the untouched page met and the episode broke (a guard, a default) counts against it."""
+    baseline = sum(name in untouched for name in met)
+    room = len(met) - baseline
+    return max(0.0, (sum(met.values()) - baseline) / room) if room else 0.0
 
 
 class WebEnv:
-    def __init__(self, task, max_steps: int | None = None, partial_credit: bool = True):
+    def __init__(self, task, max_steps: int | None = None, pay: str = "partial"):
+        if pay not in PAYS:
+            raise ValueError(f"pay must be one of {', '.join(PAYS)}; got {pay!r}")
         self.task = task
-        self.partial_credit = partial_credit
+        self.pay = pay
         self.world = task.world()
+        self.untouched = untouched_met(task, self.world)
         self.max_steps = max_steps or task.max_steps
         self.reset()
 
@@ -77,10 +104,14 @@ class WebEnv:
         return text, self.done, info
 
     def reward_parts(self) -> dict[str, float]:
-        success, _ = self.task.check(self.state)
-        solved = success >= 1.0
+        score, met = self.task.check(self.state)
+        solved = score >= 1.0
+        if solved or self.pay == "partial":
+            success = score
+        else:
+            success = progress(met, self.untouched) if self.pay == "progress" else 0.0
         return {
-            "success": success if self.partial_credit else float(solved),
+            "success": success,
             "format": self.well_formed / self.steps if self.acted else 0.0,
             "efficiency": min(1.0, len(self.task.plan) / self.steps) if solved else 0.0,
             "invalid": -min(INVALID_FLOOR, INVALID_PENALTY * self.invalid) if self.invalid else 0.0,

@@ -4,7 +4,8 @@ It is a multi-turn task: `episode_factory` gives each row its WebEnv, which scor
 the episode; there are no reward functions of completions (REWARDS is empty)
 and accuracy is the fraction of held-out episodes solved. The `web_reward` setting
 chooses what an unsolved episode's success part pays: the fraction of the task's
-constraints met (partial) or nothing (solved).
+constraints met (partial), nothing (solved), or the fraction met of those that
+doing nothing the task asks would miss (progress; env.py's untouched_met).
 
 Rows are task descriptions ({"task_id", "family", "difficulty", "seed",
 "kind", "instruction", "prompt"}); `web_kinds` keeps only some kinds
@@ -123,9 +124,8 @@ def _held_out_ids(kinds, splits: tuple[str, ...]) -> set[str]:
 
 
 def episode_factory(config, functions, weights, system_prompt):
-    """make_env for the registry: each row its WebEnv, paying partial success as `web_reward` says."""
-    partial_credit = config.task_options.web_reward == "partial"
-    return lambda row: WebEnv(task_from_row(row), partial_credit=partial_credit)
+    """make_env for the registry: each row its WebEnv, paying an unsolved episode as `web_reward` says."""
+    return lambda row: WebEnv(task_from_row(row), pay=config.task_options.web_reward)
 
 
 def reference_actions(row: dict) -> list[str]:
