@@ -361,9 +361,11 @@ def test_tool_episodes_are_kept_with_their_tool_metrics(tiny_model_path, tmp_pat
 
 
 def test_an_adapters_key_is_its_weights_not_the_files_beside_them(tiny_model_path, tmp_path):
-    """A run folder gains logs and compare reports after training: the same adapter keeps its key; new weights
-    or another adapter config get another."""
+    """A run folder gains logs and compare reports after training: the same adapter keeps its key, and so does
+    a copy of the folder; new weights (even of the same size and time) or another adapter config get
+    another."""
     import os
+    import shutil
 
     run = tmp_path / "run"
     run.mkdir()
@@ -378,8 +380,13 @@ def test_an_adapters_key_is_its_weights_not_the_files_beside_them(tiny_model_pat
     (run / "metrics.jsonl").write_text("{}\n")
     assert answer_cache.cache_key(spec, task, rows, settings) == key
 
-    (run / "adapters.safetensors").write_bytes(b"new weights")
+    copy = shutil.copytree(run, tmp_path / "run-copy")  # other path, other modification times
+    assert answer_cache.cache_key(replace(spec, adapter=str(copy), run_dir=copy), task, rows, settings) == key
+
+    before = (run / "adapters.safetensors").stat()
+    (run / "adapters.safetensors").write_bytes(b"Weights")  # the same size, then the same time
+    os.utime(run / "adapters.safetensors", ns=(before.st_atime_ns, before.st_mtime_ns))
     retrained = answer_cache.cache_key(spec, task, rows, settings)
     assert retrained != key
-    os.utime(run / "adapter_config.json", ns=(1, 1))
+    (run / "adapter_config.json").write_text('{"fine_tune_type": "dora"}')
     assert answer_cache.cache_key(spec, task, rows, settings) not in (key, retrained)

@@ -7,9 +7,10 @@ same, so each model's answers are written to the cache folder (models/gguf.py:
 $MLX_GRPO_CACHE, else ~/.cache/mlx-grpo) as answers/<key>.json, and read back
 instead of decoding.
 
-The key hashes everything the answers depend on: the model's files and the
-adapter's weights and config (path, and each file's name, size and modification
-time; a run folder's logs and reports are not the adapter), the prompts as
+The key hashes everything the answers depend on: the model's files (path, and
+each file's name, size and modification time) and the adapter's weights and
+config (their contents: a copied run folder keeps its answers; its logs and
+reports are not the adapter), the prompts as
 the task frames them (the rows' prompts, system prompt, plain-text frame, stop
 strings), the sampling settings, samples per prompt, seed and decode width,
 MLX's version and device, and the code that decodes: mlx-grpo's version, the
@@ -155,12 +156,19 @@ def cache_key(spec, task, rows: list[dict], settings) -> str:
 
 
 def adapter_fingerprint(adapter: str) -> list:
-    """The adapter folder's path and the name, size and modification time of the files a load reads
-    (ADAPTER_FILES): a run folder also holds logs, metrics and reports that grow after training (a compare
-    written into it, a log beside it), and they must not make its answers look new."""
+    """The name and sha256 of each file a load reads of the adapter folder (ADAPTER_FILES): a run folder also
+    holds logs, metrics and reports that grow after training, and they must not make its answers look new;
+    and a copy of the folder (`cp -r RUN RUN-1h`) has the answers of the folder it was copied from."""
     folder = Path(adapter).expanduser()
-    files = [folder / name for name in ADAPTER_FILES]
-    return [str(adapter), *[(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]]
+    return [(name, file_digest(folder / name)) for name in ADAPTER_FILES if (folder / name).is_file()]
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def cacheable(task, settings) -> bool:
