@@ -8,6 +8,7 @@ outside a run (models/adapters.py), so it sits below both.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -47,6 +48,15 @@ def remove_quietly(path: Path) -> None:
         path.unlink()
     except OSError:
         pass
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256, read in blocks (a checkpoint's weights can be gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from ..files import CheckpointError, atomic_write_json
+from ..files import CheckpointError, atomic_write_json, file_sha256
 from ..models.gguf import CONVERTER_VERSION, cache_root
 from ..models.loading import model_fingerprint
 from ..sampling import rollout as decoding
@@ -160,15 +160,7 @@ def adapter_fingerprint(adapter: str) -> list:
     holds logs, metrics and reports that grow after training, and they must not make its answers look new;
     and a copy of the folder (`cp -r RUN RUN-1h`) has the answers of the folder it was copied from."""
     folder = Path(adapter).expanduser()
-    return [(name, file_digest(folder / name)) for name in ADAPTER_FILES if (folder / name).is_file()]
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return [(name, file_sha256(folder / name)) for name in ADAPTER_FILES if (folder / name).is_file()]
 
 
 def cacheable(task, settings) -> bool:

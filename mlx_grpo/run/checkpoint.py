@@ -22,7 +22,6 @@ newest intact one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..files import (
     CheckpointError,
     atomic_write_text,
+    file_sha256,
     fsync_dir,
     fsync_file,
     os_reason,
@@ -75,14 +75,6 @@ def ensure_writable(run_dir: Path) -> None:
         remove_quietly(stale)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def checkpoint_name(step: int) -> str:
     return f"step_{step:06d}"
 
@@ -106,7 +98,7 @@ def _write_folder(
     files = {}
     for f in sorted(tmp.iterdir()):
         fsync_file(f)
-        files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        files[f.name] = {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
     # Written last: a folder with a manifest is a folder whose other files are complete.
     with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
         json.dump({"step": step, "files": files}, f, indent=2, sort_keys=True)
@@ -230,7 +222,7 @@ def verify_checkpoint(folder: Path) -> str | None:
         size = path.stat().st_size
         if size != expected["bytes"]:
             return f"{name} has {size} bytes, expected {expected['bytes']}"
-        if _sha256(path) != expected["sha256"]:
+        if file_sha256(path) != expected["sha256"]:
             return f"{name} does not match its sha256 checksum"
     return None
 
