@@ -280,3 +280,15 @@ def test_each_setting_is_defined_once():
     ]
     assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
     assert len(FIELDS) == len(names) and set(GROUP_KEYS) <= set(FIELDS)
+
+
+def test_every_task_option_is_named_after_the_task_that_reads_it():
+    """compare's episode key holds a task's own options only (task_options_of, by the name's prefix): an
+    option named after no built-in task would be left out of every key, and answers played under another
+    value of it would be reused."""
+    from mlx_grpo.setting_groups import TASK_OPTIONS, task_options_of
+    from mlx_grpo.tasks.registry import BUILTIN_TASKS
+
+    owned = [name for task in BUILTIN_TASKS for name in task_options_of(task)]
+    assert sorted(owned) == sorted(TASK_OPTIONS)
+    assert task_options_of("web") == ("web_kinds", "web_reward")
