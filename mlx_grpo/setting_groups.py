@@ -44,7 +44,8 @@ class SamplingSettings:
 
 @dataclass
 class TaskOptions:
-    """A built-in task's own options (the web and multihop tasks read them): flat names, unprefixed."""
+    """A built-in task's own options (the web and multihop tasks read them): flat names, unprefixed, each
+    beginning with its task's name (task_options_of reads them by it)."""
 
     web_kinds: list[str] = setting(
         [], "web task: only these families/levels (fact/1 ... account/3); empty: all"
