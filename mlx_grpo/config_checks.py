@@ -18,11 +18,8 @@ from .models.adapters import FINE_TUNE_TYPES
 from .update.advantages import SCALE_MODES
 from .update.losses import LOSS_TYPES
 
-WEB_REWARDS = (
-    "partial",
-    "solved",
-    "progress",
-)  # rewards/web_browsing/env.py's PAYS (a test keeps both equal)
+# rewards/web_browsing/env.py's PAYS (a test keeps both equal)
+WEB_REWARDS = ("partial", "solved", "progress")
 SHAPING = ("always", "gated", "scaled")  # tasks/shaping.py applies them
 TOOL_STYLES = (
     "hermes",

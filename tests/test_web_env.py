@@ -277,12 +277,8 @@ def test_progress_pays_only_what_an_untouched_episode_would_not_have():
     travel = make_task("travel", 1, seed=0)  # Zelmi -> Quiri, Thursday, economy (the form's default), 3
     cases = [
         (account, ["click[5]"], 1 / 2, 0.0),  # saved at once: only "others_unchanged" met
-        (
-            account,
-            ["select[4][French]", "type[2][x@mail.example]", "click[5]"],
-            1 / 2,
-            0.0,
-        ),  # and a guard broke
+        # The right language, and the email changed too: a guard broke.
+        (account, ["select[4][French]", "type[2][x@mail.example]", "click[5]"], 1 / 2, 0.0),
         (account, account.oracle_actions(), 1.0, 1.0),
         # One city typed into both fields: the class is the form's default, no progress; 3 of the other 4.
         (

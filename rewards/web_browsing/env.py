@@ -25,6 +25,8 @@ The reward has named parts, logged separately (see REWARD_WEIGHTS):
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from .actions import ACTION_HELP, Action, format_action, parse_action
 from .sites import form_defaults, page, press
 from .world import BrowserState
@@ -61,7 +63,6 @@ class WebEnv:
         self.task = task
         self.pay = pay
         self.world = task.world()
-        self.untouched = untouched_met(task, self.world)
         self.max_steps = max_steps or task.max_steps
         self.reset()
 
@@ -102,6 +103,11 @@ class WebEnv:
             info.update(self._final_info())
             text = "Episode finished.\n" + text
         return text, self.done, info
+
+    @cached_property
+    def untouched(self) -> set[str]:
+        """untouched_met of this task: read only by `progress` pay, so made on first use."""
+        return untouched_met(self.task, self.world)
 
     def reward_parts(self) -> dict[str, float]:
         score, met = self.task.check(self.state)

@@ -4,8 +4,8 @@ It is a multi-turn task: `episode_factory` gives each row its WebEnv, which scor
 the episode; there are no reward functions of completions (REWARDS is empty)
 and accuracy is the fraction of held-out episodes solved. The `web_reward` setting
 chooses what an unsolved episode's success part pays: the fraction of the task's
-constraints met (partial), nothing (solved), or the fraction met of those that
-doing nothing the task asks would miss (progress; env.py's untouched_met).
+constraints met (partial), nothing (solved), or what it met beyond an episode
+that saves or submits the untouched form (progress; env.py's `progress`).
 
 Rows are task descriptions ({"task_id", "family", "difficulty", "seed",
 "kind", "instruction", "prompt"}); `web_kinds` keeps only some kinds
